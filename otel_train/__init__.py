@@ -1,0 +1,90 @@
+"""otel_train: OpenTelemetry traces and metrics for PyTorch training loops.
+
+The public API is this small facade (CONVENTIONS.md §1); everything else is private.
+Importing the package is light: no torch, no OpenTelemetry SDK until `init()` runs.
+
+    import otel_train
+
+    otel_train.init()                        # once; optional (the first span initialises from OTEL_* env)
+    for batch in loader:
+        with otel_train.step():              # one training step
+            with otel_train.span("train.forward"):
+                loss = model(batch)
+            ...
+    otel_train.shutdown()                    # optional: also at exit and on SIGTERM
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from otel_train import _recorder, _runtime
+from otel_train._distributed import RunInfo, format_traceparent, region_span_id, step_span_id, trace_id_for
+
+__all__ = ["init", "span", "step", "tag", "event", "inject", "link", "shutdown", "RunInfo"]
+
+_recorder.auto_init = _runtime.auto_init
+
+
+def init(**overrides: Any) -> RunInfo | None:
+    """Configure once (idempotent): settings as keyword arguments beat `OTEL_*` / `OTEL_TRAIN_*`
+    environment variables, which beat the defaults (README "Configuration").
+
+    Also accepts `span_processors=[...]` and `metric_readers=[...]`: your own OpenTelemetry SDK
+    span processors / metric readers, which then run in this process beside the exporter.
+    Returns this process's `RunInfo` (run id, ranks), or None when disabled.
+    """
+    return _runtime.init(**overrides)
+
+
+def _span(name: str, **attrs: Any) -> _recorder._Region:
+    """Time a region: `with span("train.forward"):`, `@span("load")` or `async with span(...)`."""
+    return _recorder._Region(name, attrs or None)
+
+
+span = _span
+
+
+def step(n: int | None = None, epoch: int | None = None, **attrs: Any) -> _recorder._Step:
+    """Mark one training step: `with otel_train.step(n):` (n defaults to the previous step + 1)."""
+    return _recorder._Step(n, epoch, attrs or None)
+
+
+def tag(name: str) -> None:
+    """Tag the current step (`checkpoint`, `eval`, `gc` or any word); between steps, the one just ended."""
+    _recorder.tag(str(name))
+
+
+def event(name: str, **attrs: Any) -> None:
+    """Record an instant (a loss spike, an LR change) on the current span."""
+    _recorder.event(str(name), attrs)
+
+
+def inject() -> dict[str, str]:
+    """The W3C trace context of the current span (`{"traceparent": ...}`), to send with a sample."""
+    st = _runtime.state()
+    if st is None or st.run is None or st.closed:
+        return {}
+    run = st.run
+    region = _recorder.current_region()
+    rec = _recorder.active()
+    if region is not None:
+        step_n, _ = _recorder._step_ref(region.step)
+        return {"traceparent": format_traceparent(trace_id_for(run.run_id, step_n),
+                                                  region_span_id(st.salt, region.seq))}
+    if rec is not None and isinstance(rec.step, _recorder._Step):
+        n = rec.step.n
+        return {"traceparent": format_traceparent(trace_id_for(run.run_id, n),
+                                                  step_span_id(run.run_id, n, run.rank, run.restart))}
+    return {}
+
+
+def link(carrier: Mapping[str, str] | str | None) -> None:
+    """Link the current step (or, between steps, the next one) to the span in `carrier`."""
+    _recorder.link(carrier)
+
+
+def shutdown(timeout_s: float | None = None) -> None:
+    """Flush and stop, bounded by `timeout_s` (default OTEL_TRAIN_SHUTDOWN_TIMEOUT_S, 5 s)."""
+    _runtime.shutdown(timeout_s)

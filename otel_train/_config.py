@@ -1,0 +1,280 @@
+"""Configuration: one dataclass; explicit argument > environment variable > default.
+
+Every field may arrive as a string (from the environment) or as a typed value (from
+`otel_train.init(**overrides)`). `__post_init__` parses each one; an invalid value logs one
+message naming the setting, the value and what is allowed, and falls back to the default,
+so a typo never stops a training run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from otel_train import semconv
+
+_log = logging.getLogger("otel_train")
+
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+class _Invalid(ValueError):
+    """Raised by a parser; its message says what is allowed."""
+
+
+def _parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise _Invalid("expected true or false")
+
+
+def _int_at_least(minimum: int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        try:
+            number = int(value.strip()) if isinstance(value, str) else value
+        except ValueError:
+            number = None
+        if isinstance(number, bool) or not isinstance(number, int) or number < minimum:
+            raise _Invalid(f"expected an integer >= {minimum}")
+        return number
+
+    return parse
+
+
+def _float_above(minimum: float) -> Callable[[Any], float]:
+    def parse(value: Any) -> float:
+        try:
+            number = float(value.strip() if isinstance(value, str) else value)
+        except (TypeError, ValueError):
+            raise _Invalid(f"expected a number > {minimum:g}") from None
+        if not number > minimum or number != number or number == float("inf"):
+            raise _Invalid(f"expected a number > {minimum:g}")
+        return number
+
+    return parse
+
+
+def _one_of(*choices: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        text = value.strip().lower() if isinstance(value, str) else value
+        if text not in choices:
+            raise _Invalid("expected one of " + ", ".join(choices))
+        return text
+
+    return parse
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _Invalid("expected a non-empty string")
+    return value.strip()
+
+
+def _optional_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return _text(value)
+
+
+def _endpoint(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = _text(value)
+    if "://" not in text:
+        raise _Invalid("expected a URL such as http://127.0.0.1:4317 (scheme http or https)")
+    scheme = text.split("://", 1)[0].lower()
+    if scheme not in ("http", "https"):
+        raise _Invalid("expected a URL whose scheme is http or https")
+    return text
+
+
+def _protocol(value: Any) -> str:
+    text = _one_of("grpc", "http/protobuf", "http/json")(value)
+    if text == "http/json":
+        # The Python OTLP exporters speak grpc and http/protobuf only.
+        raise _Invalid("expected grpc or http/protobuf (http/json is not available in Python)")
+    return text
+
+
+def _exporter(value: Any) -> str:
+    # OTEL_TRACES_EXPORTER may list several; the first one we know wins.
+    text = value.strip().lower() if isinstance(value, str) else value
+    if not isinstance(text, str):
+        raise _Invalid("expected one of auto, otlp, file, console, none")
+    for name in (part.strip() for part in text.split(",")):
+        if name in ("auto", "otlp", "file", "console", "none"):
+            return name
+    raise _Invalid("expected one of auto, otlp, file, console, none")
+
+
+def _device_timing(value: Any) -> str:
+    if isinstance(value, bool):
+        return "auto" if value else "off"
+    text = value.strip().lower() if isinstance(value, str) else value
+    if text in _TRUE:
+        return "auto"
+    if text in _FALSE:
+        return "off"
+    return _one_of("auto", "off")(text)
+
+
+@dataclass
+class _Spec:
+    env: tuple[str, ...]
+    parse: Callable[[Any], Any]
+
+
+@dataclass
+class Config:
+    """Everything `otel_train.init()` can be told; the README documents each field."""
+
+    disabled: bool = False
+    """OTEL_SDK_DISABLED: when true every API call is a no-op and nothing is instrumented."""
+    service_name: str = semconv.DEFAULT_SERVICE_NAME
+    """OTEL_SERVICE_NAME: the `service.name` resource attribute."""
+    run_id: str | None = None
+    """OTEL_TRAIN_RUN_ID (after TORCHELASTIC_RUN_ID): shared by all ranks of one run; generated when unset."""
+    role: str = semconv.ROLE_TRAINER
+    """OTEL_TRAIN_ROLE: `trainer` or `inference` (the `ml.role` resource attribute)."""
+    traces_exporter: str = "auto"
+    """OTEL_TRACES_EXPORTER: auto (otlp when an endpoint is set, else file), otlp, file, console, none."""
+    metrics_exporter: str = "auto"
+    """OTEL_METRICS_EXPORTER: same choices as traces_exporter."""
+    endpoint: str | None = None
+    """OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT: the OTLP receiver."""
+    metrics_endpoint: str | None = None
+    """OTEL_EXPORTER_OTLP_METRICS_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT."""
+    protocol: str = "grpc"
+    """OTEL_EXPORTER_OTLP_TRACES_PROTOCOL / OTEL_EXPORTER_OTLP_PROTOCOL: grpc or http/protobuf."""
+    output_dir: str = "otel-train"
+    """OTEL_TRAIN_OUTPUT_DIR: where the embedded default writes `<run id>/traces-rank<R>.jsonl`."""
+    device_timing: str = "auto"
+    """OTEL_TRAIN_DEVICE_TIMING: auto (device events when the model is on an accelerator) or off."""
+    step_sample: int = 1
+    """OTEL_TRAIN_STEP_SAMPLE: export the spans of every Nth step (metrics always see every step)."""
+    buffer_size: int = 65536
+    """OTEL_TRAIN_BUFFER_SIZE: records the hot-path buffer holds before dropping the oldest."""
+    export_mode: str = "process"
+    """OTEL_TRAIN_EXPORT_MODE: process (a per-rank exporter process encodes and sends) or thread."""
+    flush_interval_ms: int = 500
+    """OTEL_TRAIN_FLUSH_INTERVAL_MS: how often the worker drains the buffer."""
+    shutdown_timeout_s: float = 5.0
+    """OTEL_TRAIN_SHUTDOWN_TIMEOUT_S: the bound on flush-and-stop at exit or SIGTERM."""
+    attribute_value_limit: int = 2048
+    """OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT: longer string attribute values are cut to this length."""
+    export_batch_size: int = 512
+    """OTEL_BSP_MAX_EXPORT_BATCH_SIZE: spans per OTLP export request."""
+    export_timeout_s: float = 10.0
+    """OTEL_EXPORTER_OTLP_TIMEOUT (ms in the environment): the bound on one export request."""
+    metric_interval_ms: int = 10000
+    """OTEL_METRIC_EXPORT_INTERVAL: how often metrics are exported."""
+    headers: str | None = None
+    """OTEL_EXPORTER_OTLP_HEADERS: `key=value,key2=value2` sent with every export."""
+
+    def __post_init__(self) -> None:
+        for name, spec in _SPECS.items():
+            value = getattr(self, name)
+            default = _DEFAULTS[name]
+            if value is None or value == default:
+                continue
+            try:
+                setattr(self, name, spec.parse(value))
+            except _Invalid as err:
+                _warn_invalid(name, spec, value, str(err), default)
+                setattr(self, name, default)
+
+    @classmethod
+    def resolve(cls, overrides: Mapping[str, Any] | None = None,
+                environ: Mapping[str, str] | None = None) -> Config:
+        """Build the config: each field from `overrides`, else the environment, else its default."""
+        environ = os.environ if environ is None else environ
+        overrides = dict(overrides or {})
+        unknown = sorted(set(overrides) - set(_SPECS))
+        for key in unknown:
+            _log.warning("otel_train: init() got an unknown setting %r; allowed settings: %s. It is ignored.",
+                         key, ", ".join(sorted(_SPECS)))
+            overrides.pop(key)
+        values: dict[str, Any] = {}
+        for name, spec in _SPECS.items():
+            if name in overrides and overrides[name] is not None:
+                values[name] = _checked(name, spec, overrides[name], f"init({name}=...)", environ)
+                continue
+            for var in spec.env:
+                raw = environ.get(var)
+                if raw is not None and raw.strip():
+                    values[name] = _checked(name, spec, _env_value(var, raw), var, None)
+                    break
+        return cls(**values)
+
+
+def _env_value(var: str, raw: str) -> str:
+    if var in ("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"):
+        # The spec gives this one in milliseconds; the field holds seconds.
+        try:
+            return str(float(raw) / 1000.0)
+        except ValueError:
+            return raw
+    return raw
+
+
+def _checked(name: str, spec: _Spec, value: Any, source: str,
+             environ: Mapping[str, str] | None) -> Any:
+    """Parse one value; on failure warn naming `source` and fall back (to the env, then default)."""
+    try:
+        return spec.parse(value)
+    except _Invalid as err:
+        default = _DEFAULTS[name]
+        _log.warning("otel_train: %s=%r is not valid: %s; using the default %r.",
+                     source, value, err, default)
+        if environ is not None:
+            for var in spec.env:
+                raw = environ.get(var)
+                if raw is not None and raw.strip():
+                    return _checked(name, spec, _env_value(var, raw), var, None)
+        return default
+
+
+def _warn_invalid(name: str, spec: _Spec, value: Any, why: str, default: Any) -> None:
+    source = spec.env[0] if spec.env else name
+    _log.warning("otel_train: %s=%r is not valid: %s; using the default %r.", source, value, why, default)
+
+
+_SPECS: dict[str, _Spec] = {
+    "disabled": _Spec(("OTEL_SDK_DISABLED",), _parse_bool),
+    "service_name": _Spec(("OTEL_SERVICE_NAME",), _text),
+    "run_id": _Spec((semconv.ENV_RUN_ID,), _optional_text),
+    "role": _Spec((semconv.ENV_ROLE,), _one_of(semconv.ROLE_TRAINER, semconv.ROLE_INFERENCE)),
+    "traces_exporter": _Spec(("OTEL_TRACES_EXPORTER",), _exporter),
+    "metrics_exporter": _Spec(("OTEL_METRICS_EXPORTER",), _exporter),
+    "endpoint": _Spec(("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"), _endpoint),
+    "metrics_endpoint": _Spec(("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"),
+                              _endpoint),
+    "protocol": _Spec(("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"), _protocol),
+    "output_dir": _Spec((semconv.ENV_OUTPUT_DIR,), _text),
+    "device_timing": _Spec((semconv.ENV_DEVICE_TIMING,), _device_timing),
+    "step_sample": _Spec((semconv.ENV_STEP_SAMPLE,), _int_at_least(1)),
+    "buffer_size": _Spec((semconv.ENV_BUFFER_SIZE,), _int_at_least(64)),
+    "export_mode": _Spec((semconv.ENV_EXPORT_MODE,), _one_of("process", "thread")),
+    "flush_interval_ms": _Spec((semconv.ENV_FLUSH_INTERVAL,), _int_at_least(1)),
+    "shutdown_timeout_s": _Spec((semconv.ENV_SHUTDOWN_TIMEOUT,), _float_above(0.0)),
+    "attribute_value_limit": _Spec(("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",), _int_at_least(1)),
+    "export_batch_size": _Spec(("OTEL_BSP_MAX_EXPORT_BATCH_SIZE",), _int_at_least(1)),
+    "export_timeout_s": _Spec(("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"),
+                              _float_above(0.0)),
+    "metric_interval_ms": _Spec(("OTEL_METRIC_EXPORT_INTERVAL",), _int_at_least(1)),
+    "headers": _Spec(("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"), _optional_text),
+}
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Config)}
+assert set(_SPECS) == set(_DEFAULTS), "every Config field needs a spec"
+
+
+def env_names() -> dict[str, tuple[str, ...]]:
+    """Field name -> the environment variables read for it (for the README and `--help`)."""
+    return {name: spec.env for name, spec in _SPECS.items()}

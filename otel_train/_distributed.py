@@ -1,0 +1,155 @@
+"""Distributed context: who this process is in the run, and the ids every rank agrees on.
+
+The run id and ranks come from torchrun / torchelastic variables, else OTEL_TRAIN_RUN_ID,
+else a generated id shared by all ranks of one launch. Trace ids and step span ids are
+derived from `(run id, step)` so that all ranks' spans for step N land in one trace with no
+communication; other span ids are derived from a per-process salt and a sequence number,
+so the worker (or `inject()`) can name a span before it has ended.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from otel_train import semconv
+
+_log = logging.getLogger("otel_train")
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """This process's place in the run (the `ml.*` resource attributes)."""
+
+    run_id: str
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    node_rank: int = 0
+    restart: int = 0
+    role: str = semconv.ROLE_TRAINER
+    instance_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+
+    def resource_attributes(self) -> dict[str, Any]:
+        return {
+            semconv.ML_RUN_ID: self.run_id,
+            semconv.ML_RANK: self.rank,
+            semconv.ML_LOCAL_RANK: self.local_rank,
+            semconv.ML_WORLD_SIZE: self.world_size,
+            semconv.ML_NODE_RANK: self.node_rank,
+            semconv.ML_ROLE: self.role,
+            semconv.ML_RESTART: self.restart,
+            semconv.SERVICE_INSTANCE_ID: self.instance_id,
+        }
+
+
+def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        _log.warning("otel_train: %s=%r is not an integer; using %d.", name, raw, default)
+        return default
+
+
+def detect_run_info(run_id: str | None, role: str, environ: Mapping[str, str] | None = None) -> RunInfo:
+    """Ranks from torchrun variables; run id from `run_id`, TORCHELASTIC_RUN_ID, or a shared generated one."""
+    environ = os.environ if environ is None else environ
+    rank = _env_int(environ, "RANK", 0)
+    world = _env_int(environ, "WORLD_SIZE", 1)
+    return RunInfo(
+        run_id=run_id or _run_id_from_env(environ),
+        rank=rank,
+        local_rank=_env_int(environ, "LOCAL_RANK", 0),
+        world_size=world,
+        node_rank=_env_int(environ, "GROUP_RANK", 0),
+        restart=_env_int(environ, "TORCHELASTIC_RESTART_COUNT", 0),
+        role=role,
+    )
+
+
+def _run_id_from_env(environ: Mapping[str, str]) -> str:
+    elastic = environ.get("TORCHELASTIC_RUN_ID", "")
+    if elastic and elastic != "none":
+        return elastic
+    if "WORLD_SIZE" in environ and "MASTER_PORT" in environ:
+        # torchrun without --rdzv-id: every rank of this launch shares the launcher's identity.
+        # On one node the agent (our parent) and its start time name the launch; across nodes
+        # only the rendezvous address is shared, so say how to make it unique.
+        seed = f"{environ.get('MASTER_ADDR', '')}:{environ['MASTER_PORT']}"
+        local_world = _env_int(environ, "LOCAL_WORLD_SIZE", 0)
+        if local_world and local_world == _env_int(environ, "WORLD_SIZE", 1):
+            seed += f"/{os.getppid()}/{_process_start_ticks(os.getppid())}"
+        else:
+            _log.warning("otel_train: multi-node run without --rdzv-id or %s; the run id is derived from "
+                         "MASTER_ADDR:MASTER_PORT and may repeat across runs.", semconv.ENV_RUN_ID)
+        return "run-" + hashlib.blake2b(seed.encode(), digest_size=6).hexdigest()
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def _process_start_ticks(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return "0"
+
+
+def _digest_int(text: str, size: int) -> int:
+    value = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=size).digest(), "big")
+    return value or 1  # all-zero ids are invalid in OTLP
+
+
+def trace_id_for(run_id: str, step: int | None) -> int:
+    """The trace of step `step` of run `run_id` (one per step, the same on every rank)."""
+    return _digest_int(f"otel_train/trace/{run_id}/{'init' if step is None else step}", 16)
+
+
+def step_span_id(run_id: str, step: int, rank: int, restart: int = 0) -> int:
+    """Span id of rank `rank`'s `train.step` span; rank 0's is the root of the step's trace."""
+    return _digest_int(f"otel_train/step/{run_id}/{step}/{rank}/{restart}", 8)
+
+
+def region_span_id(salt: int, seq: int) -> int:
+    """Span id of the `seq`-th region of the process with `salt` (splitmix64, never zero)."""
+    z = (salt + seq * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) or 1
+
+
+def new_salt() -> int:
+    return secrets.randbits(64)
+
+
+def format_traceparent(trace_id: int, span_id: int, sampled: bool = True) -> str:
+    return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
+
+
+def parse_traceparent(carrier: Mapping[str, Any] | str | None) -> tuple[int, int] | None:
+    """`(trace_id, span_id)` from a W3C `traceparent` (a dict carrier or the header itself)."""
+    if carrier is None:
+        return None
+    header = carrier if isinstance(carrier, str) else carrier.get("traceparent")
+    if not isinstance(header, str):
+        return None
+    parts = header.strip().split("-")
+    if len(parts) < 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    try:
+        trace_id, span_id = int(parts[1], 16), int(parts[2], 16)
+    except ValueError:
+        return None
+    if not trace_id or not span_id:
+        return None
+    return trace_id, span_id

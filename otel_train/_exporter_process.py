@@ -1,0 +1,64 @@
+"""The per-rank exporter process: reads wire records from stdin, exports spans and metrics.
+
+Started by the training process (`ProcessSink`); never imports torch. Messages are
+length-prefixed pickles: `("setup", dict)`, then `("batch", records, dropped totals)`…,
+then `("shutdown", seconds)`. End of input (the trainer died) is a shutdown too. After each
+message it writes one JSON line of progress to stdout, which the trainer reads to report
+exactly what was lost if it has to kill this process at the shutdown bound.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import signal
+import struct
+import sys
+import time
+from typing import Any, BinaryIO
+
+_FRAME = struct.Struct("<I")
+
+
+def _read(stream: BinaryIO) -> Any:
+    header = stream.read(_FRAME.size)
+    if len(header) < _FRAME.size:
+        return None
+    (size,) = _FRAME.unpack(header)
+    payload = stream.read(size)
+    if len(payload) < size:
+        return None
+    return pickle.loads(payload)
+
+
+def _report(stats: dict[str, int]) -> None:
+    sys.stdout.write(json.dumps(stats) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> int:
+    # Ctrl-C reaches the whole process group; the trainer decides when we stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stdin = sys.stdin.buffer
+    first = _read(stdin)
+    if first is None or first[0] != "setup":
+        return 1
+    from otel_train._pipeline import ExportPipeline
+
+    setup = first[1]
+    pipeline = ExportPipeline(setup)
+    timeout_s = float(setup["config"]["shutdown_timeout_s"])
+    while True:
+        message = _read(stdin)
+        if message is None or message[0] == "shutdown":
+            budget = timeout_s if message is None else float(message[1])
+            stats = pipeline.shutdown(time.monotonic() + budget)
+            _report({**stats, "final": 1})
+            return 0
+        if message[0] == "batch":
+            pipeline.feed(message[1], message[2])
+            _report(pipeline.stats())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,358 @@
+"""The hot path: entering and leaving a region appends one object to a bounded buffer.
+
+Nothing here talks to the OpenTelemetry SDK, formats a string, allocates a dict per call or
+takes a lock. A region *is* its record: `__enter__` stores the parent region, the step and
+a `perf_counter_ns` reading on the (slotted) object; `__exit__` stores the end time and
+appends the object to a `deque(maxlen=capacity)`, so a full buffer drops the oldest record
+(counted in `Recorder.dropped`). The worker drains the deque and does everything else.
+
+Parentage: a `ContextVar` holds the innermost open region (so threads and asyncio tasks
+each see their own); regions opened outside any region belong to the open `train.step`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
+from typing import Any, TypeVar
+
+from otel_train import semconv
+from otel_train._clock import Clock, SystemClock
+
+_log = logging.getLogger("otel_train")
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+# Record kinds as the worker sees them after draining.
+KIND_SPAN = 0
+KIND_STEP = 1
+KIND_TAG = 2  # a tag for a step that has already ended (checkpoint after step N)
+KIND_EVENT = 3  # an event for a step that has already ended
+
+_current: ContextVar[_Region | None] = ContextVar("otel_train_region", default=None)
+
+
+class Recorder:
+    """Per-process state of the hot path; one instance lives in `_rec` while enabled."""
+
+    def __init__(self, capacity: int, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock or SystemClock()
+        self.now: Callable[[], int] = self.clock.perf_ns
+        self.cap = capacity
+        self.buf: deque[Any] = deque(maxlen=capacity)
+        self.dropped = 0
+        self.seq = itertools.count(1)
+        self.step: _Step | _After | None = None
+        self.next_step = 0
+        self.pending_links: list[Any] = []
+
+    def append(self, record: Any) -> None:
+        buf = self.buf
+        if len(buf) == self.cap:
+            self.dropped += 1
+        buf.append(record)
+
+    def drain(self, limit: int) -> list[Any]:
+        """Pop up to `limit` records, oldest first (called by the worker only)."""
+        pop = self.buf.popleft
+        out = []
+        try:
+            for _ in range(limit):
+                out.append(pop())
+        except IndexError:
+            pass
+        return out
+
+    def open_records(self) -> list[_Region | _Step]:
+        """Regions still open in the calling context, innermost first, then the open step."""
+        out: list[_Region | _Step] = []
+        region = _current.get()
+        while region is not None:
+            if getattr(region, "rec", None) is self and not hasattr(region, "t1"):
+                out.append(region)
+            region = region.parent
+        if isinstance(self.step, _Step):
+            out.append(self.step)
+        return out
+
+
+_rec: Recorder | None = None
+#: Set by `_runtime`: initialise from the environment on first use (a region entered before
+#: `init()`), returning the recorder or None when disabled / shut down.
+auto_init: Callable[[], Recorder | None] = lambda: None
+
+
+def install(recorder: Recorder | None) -> None:
+    global _rec
+    _rec = recorder
+
+
+def active() -> Recorder | None:
+    return _rec
+
+
+class _Region:
+    """One timed region (`otel_train.span`); usable as a context manager or a decorator."""
+
+    __slots__ = ("name", "attrs", "rec", "parent", "token", "seq", "step", "t0", "t1",
+                 "exc", "events", "dev", "truncated")
+
+    def __init__(self, name: str, attrs: dict[str, Any] | None) -> None:
+        self.name = name
+        self.attrs = attrs
+        self.events: list[tuple[str, int, dict[str, Any] | None]] | None = None
+        self.dev: Any = None
+
+    def __enter__(self) -> _Region:
+        r = _rec
+        if r is None:
+            r = auto_init()
+            if r is None:
+                self.rec = None
+                return self
+        self.rec = r
+        self.parent = _current.get()
+        self.token = _current.set(self)
+        self.seq = next(r.seq)
+        self.step = r.step
+        self.t0 = r.now()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        r = self.rec
+        if r is None:
+            return
+        self.t1 = r.now()
+        self.exc = exc_type
+        try:
+            _current.reset(self.token)
+        except ValueError:  # exited in another context (e.g. a different asyncio task)
+            _current.set(self.parent)
+        buf = r.buf
+        if len(buf) == r.cap:
+            r.dropped += 1
+        buf.append(self)
+
+    async def __aenter__(self) -> _Region:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def __call__(self, fn: _F) -> _F:
+        """Decorate `fn` (sync or async): each call runs in a fresh region of this name."""
+        name, attrs = self.name, self.attrs
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                with _Region(name, attrs):
+                    return await fn(*args, **kwargs)
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with _Region(name, attrs):
+                return fn(*args, **kwargs)
+        return wrapper  # type: ignore[return-value]
+
+
+class _After:
+    """Marks "between steps, after step `step`": spans here join that step's trace as siblings."""
+
+    __slots__ = ("step",)
+
+    def __init__(self, step: _Step) -> None:
+        self.step = step
+
+
+class _Step:
+    """One training step (`otel_train.step`), explicit or driven by automatic detection."""
+
+    __slots__ = ("n", "epoch", "rec", "seq", "t0", "t1", "tags", "events", "links", "attrs",
+                 "micro_batches", "exc", "dev", "truncated")
+
+    def __init__(self, n: int | None, epoch: int | None, attrs: dict[str, Any] | None = None) -> None:
+        self.n = n
+        self.epoch = epoch
+        self.attrs = attrs
+        self.micro_batches = 0
+        self.dev: Any = None
+
+    def __enter__(self) -> _Step:
+        r = _rec
+        if r is None:
+            r = auto_init()
+            if r is None:
+                self.rec = None
+                return self
+        self.rec = r
+        if isinstance(r.step, _Step):
+            _log.warning("otel_train: step %s began while step %s was still open; closing step %s first.",
+                         self.n if self.n is not None else r.next_step, r.step.n, r.step.n)
+            r.step.__exit__(None, None, None)
+        if self.n is None:
+            self.n = r.next_step
+        r.next_step = self.n + 1
+        self.seq = next(r.seq)
+        self.tags: list[str] = []
+        self.events = None
+        self.links = r.pending_links or None
+        r.pending_links = []
+        r.step = self
+        self.t0 = r.now()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        r = self.rec
+        if r is None or r.step is not self:
+            return
+        self.t1 = r.now()
+        self.exc = exc_type
+        r.step = _After(self)
+        r.append(self)
+
+    async def __aenter__(self) -> _Step:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+
+class _NoopRegion:
+    """What the API hands out when disabled: costs one call and two empty methods."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _NoopRegion:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        return None
+
+    async def __aenter__(self) -> _NoopRegion:
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        return None
+
+    def __call__(self, fn: _F) -> _F:
+        return fn
+
+
+NOOP = _NoopRegion()
+
+
+def noop_span(name: str, **attrs: Any) -> _NoopRegion:
+    return NOOP
+
+
+def tag(name: str) -> None:
+    """Tag the open step, or the step just ended when called between steps."""
+    r = _rec
+    if r is None:
+        return
+    step = r.step
+    if isinstance(step, _Step):
+        step.tags.append(name)
+    elif isinstance(step, _After):
+        r.append((KIND_TAG, step.step, name))
+    else:
+        _log.debug("otel_train: tag(%r) before the first step is ignored", name)
+
+
+def event(name: str, attrs: Mapping[str, Any] | None) -> None:
+    """An instant on the innermost open region, else the open step, else the step just ended."""
+    r = _rec
+    if r is None:
+        return
+    t = r.now()
+    payload = (name, t, dict(attrs) if attrs else None)
+    region = _current.get()
+    target: _Region | _Step | None = region if region is not None and region.rec is r else None
+    if target is None and isinstance(r.step, _Step):
+        target = r.step
+    if target is not None:
+        if target.events is None:
+            target.events = []
+        target.events.append(payload)
+    elif isinstance(r.step, _After):
+        r.append((KIND_EVENT, r.step.step, payload))
+    else:
+        _log.warning("otel_train: event(%r) outside any span or step has nowhere to go; it is dropped.", name)
+
+
+def link(carrier: Any) -> None:
+    """Link the open step (or the next one) to the span that produced a sample."""
+    r = _rec
+    if r is None or carrier is None:
+        return
+    step = r.step
+    if isinstance(step, _Step):
+        if step.links is None:
+            step.links = []
+        step.links.append(carrier)
+    else:
+        r.pending_links.append(carrier)
+
+
+def current_region() -> _Region | None:
+    region = _current.get()
+    return region if region is not None and region.rec is _rec else None
+
+
+# --- the wire form: what the worker turns records into before export ------------------
+# A plain tuple of primitives, so it can be pickled to an exporter process cheaply.
+# Fields: kind, name, seq, parent_seq, step_n, step_seq, t0_wall_ns, t1_wall_ns, attrs,
+#         events [(name, wall_ns, attrs)], links [carrier], error (type name), truncated, dev.
+W_KIND, W_NAME, W_SEQ, W_PARENT, W_STEP, W_STEP_SEQ, W_T0, W_T1, W_ATTRS, W_EVENTS, W_LINKS, \
+    W_ERROR, W_TRUNC, W_DEV = range(14)
+
+
+def _step_ref(step: Any) -> tuple[int | None, int | None]:
+    if isinstance(step, _Step):
+        return step.n, step.seq
+    if isinstance(step, _After):
+        return step.step.n, None
+    return None, None
+
+
+def _events(events: list[tuple[str, int, Any]] | None, offset: int) -> list[tuple[str, int, Any]] | None:
+    if not events:
+        return None
+    return [(name, t + offset, attrs) for name, t, attrs in events]
+
+
+def to_wire(record: Any, offset: int) -> tuple[Any, ...]:
+    """One drained record as a wire tuple; `offset` maps perf ns to wall ns."""
+    if isinstance(record, _Region):
+        parent = record.parent
+        step_n, step_seq = _step_ref(record.step)
+        return (KIND_SPAN, record.name, record.seq,
+                parent.seq if parent is not None and parent.rec is record.rec else None,
+                step_n, step_seq, record.t0 + offset, record.t1 + offset, record.attrs,
+                _events(record.events, offset), None,
+                record.exc.__name__ if record.exc is not None else None,
+                getattr(record, "truncated", False), record.dev)
+    if isinstance(record, _Step):
+        attrs = dict(record.attrs) if record.attrs else {}
+        if record.epoch is not None:
+            attrs[semconv.TRAIN_EPOCH] = record.epoch
+        if record.micro_batches:
+            attrs[semconv.TRAIN_MICRO_BATCHES] = record.micro_batches
+        if record.tags:
+            attrs[semconv.TRAIN_STEP_TAGS] = [*record.tags]
+        return (KIND_STEP, "train.step", record.seq, None, record.n, record.seq,
+                record.t0 + offset, record.t1 + offset, attrs, _events(record.events, offset),
+                [dict(c) if isinstance(c, Mapping) else c for c in record.links] if record.links else None,
+                record.exc.__name__ if record.exc is not None else None,
+                getattr(record, "truncated", False), record.dev)
+    kind, step, payload = record
+    if kind == KIND_TAG:
+        return (KIND_TAG, payload, 0, None, step.n, step.seq, 0, 0, None, None, None, None, False, None)
+    name, t, attrs = payload
+    return (KIND_EVENT, name, 0, None, step.n, step.seq, t + offset, t + offset, attrs,
+            None, None, None, False, None)

@@ -1,0 +1,214 @@
+"""Lifecycle: `init` builds the recorder, worker and sink; `shutdown` flushes within a bound.
+
+Shutdown also runs at interpreter exit and on SIGTERM (then the signal's default action is
+re-raised). A forked child (a DataLoader worker) inherits a disabled state: it is not a
+trainer, must not write into the parent's exporter pipe, and may call `init()` itself.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from otel_train import _recorder, semconv
+from otel_train._clock import Clock
+from otel_train._config import Config
+from otel_train._distributed import RunInfo, detect_run_info, new_salt
+from otel_train._worker import ENV_CHILD, LocalSink, ProcessSink, Worker
+
+_log = logging.getLogger("otel_train")
+_lock = threading.RLock()
+
+
+class _State:
+    """What `init` built; `None` fields when disabled."""
+
+    def __init__(self, cfg: Config, run: RunInfo | None, worker: Worker | None, destination: str) -> None:
+        self.cfg = cfg
+        self.run = run
+        self.worker = worker
+        self.destination = destination
+        self.salt = 0
+        self.closed = False
+
+
+_state: _State | None = None
+_forked_child = False
+_hooks_installed = False
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("otel-train")
+    except Exception:  # noqa: BLE001 - running from a source tree
+        return "0"
+
+
+def build_resource(cfg: Config, run: RunInfo) -> dict[str, Any]:
+    """Resource attributes: SDK detectors (OTEL_RESOURCE_ATTRIBUTES, process, host), then ours."""
+    from opentelemetry.sdk.resources import (OTELResourceDetector, ProcessResourceDetector, Resource,
+                                             _HostResourceDetector, get_aggregated_resources)
+    detected = get_aggregated_resources([OTELResourceDetector(), ProcessResourceDetector(),
+                                         _HostResourceDetector()], initial_resource=Resource.create({}))
+    attrs = dict(detected.attributes)
+    explicit_name = os.environ.get("OTEL_SERVICE_NAME")
+    if cfg.service_name != semconv.DEFAULT_SERVICE_NAME or explicit_name or "service.name" not in attrs or \
+            attrs["service.name"].startswith("unknown_service"):
+        attrs[semconv.SERVICE_NAME] = cfg.service_name
+    attrs.update(run.resource_attributes())
+    return attrs
+
+
+def init(span_processors: Sequence[Any] = (), metric_readers: Sequence[Any] = (),
+         clock: Clock | None = None, **overrides: Any) -> RunInfo | None:
+    """Configure once; later calls return the existing run. See `otel_train.init`."""
+    global _state
+    with _lock:
+        if _state is not None and not _state.closed:
+            if overrides or span_processors or metric_readers:
+                _log.debug("otel_train: init() called again; the first configuration stays in force")
+            return _state.run
+        if os.environ.get(ENV_CHILD) == "1":
+            overrides["disabled"] = True  # the exporter process never instruments itself
+        cfg = Config.resolve(overrides)
+        if cfg.disabled:
+            _recorder.install(None)
+            _state = _State(cfg, None, None, "disabled")
+            _set_span_factory(disabled=True)
+            return None
+        run = detect_run_info(cfg.run_id, cfg.role)
+        recorder = _recorder.Recorder(cfg.buffer_size, clock)
+        salt = new_salt()
+        from otel_train._pipeline import ExportPipeline, make_setup
+        from otel_train._sinks import describe_destination
+        setup = make_setup(cfg, run, build_resource(cfg, run), salt, _version())
+
+        def local() -> LocalSink:
+            return LocalSink(ExportPipeline(setup, span_processors, metric_readers))
+
+        sink: Any
+        if cfg.export_mode == "thread" or span_processors or metric_readers:
+            sink = local()
+        else:
+            try:
+                sink = ProcessSink(setup, local)
+            except OSError as err:
+                _log.warning("otel_train: cannot start the exporter process (%s); exporting from a thread.", err)
+                sink = local()
+        worker = Worker(recorder, sink, cfg.flush_interval_ms / 1000.0)
+        _state = _State(cfg, run, worker, describe_destination(cfg, run))
+        _state.salt = salt
+        _recorder.install(recorder)
+        _set_span_factory(disabled=False)
+        worker.start()
+        _install_process_hooks()
+        return run
+
+
+def _set_span_factory(disabled: bool) -> None:
+    # `otel_train.span` costs one call to a function returning a shared no-op when disabled.
+    package = sys.modules.get("otel_train")
+    if package is not None:
+        package.span = _recorder.noop_span if disabled else package._span  # type: ignore[attr-defined]
+
+
+def state() -> _State | None:
+    return _state
+
+
+def auto_init() -> _recorder.Recorder | None:
+    """Initialise from the environment on first use; None if disabled, shut down, or a forked child."""
+    if _state is None and not _forked_child:
+        init()
+    return _recorder.active()
+
+
+def shutdown(timeout_s: float | None = None) -> None:
+    """Flush and stop within `timeout_s` (default: OTEL_TRAIN_SHUTDOWN_TIMEOUT_S); print what happened once."""
+    with _lock:
+        st = _state
+        if st is None or st.closed or st.worker is None:
+            if st is not None:
+                st.closed = True
+            return
+        st.closed = True
+        bound = st.cfg.shutdown_timeout_s if timeout_s is None else max(0.0, float(timeout_s))
+        deadline = time.monotonic() + bound
+        recorder = st.worker.recorder
+        _truncate_open(recorder)
+        _recorder.install(None)
+        stats = st.worker.stop(deadline)
+        _report(st, recorder, stats, bound)
+
+
+def _truncate_open(recorder: _recorder.Recorder) -> None:
+    """Force-end what is still open (a SIGTERM mid-step) and mark it `otel_train.truncated`."""
+    now = recorder.now()
+    for record in recorder.open_records():
+        record.t1 = now
+        record.exc = None
+        record.truncated = True
+        if isinstance(record, _recorder._Step):
+            recorder.step = _recorder._After(record)
+        recorder.append(record)
+
+
+def _report(st: _State, recorder: _recorder.Recorder, stats: dict[str, int] | None, bound: float) -> None:
+    buffer_full = recorder.dropped
+    if stats is None:
+        msg = (f"otel_train: shutdown bound of {bound:g} s reached while still exporting to {st.destination}; "
+               f"records not yet exported are lost (buffer full: {buffer_full}).")
+    else:
+        failed = stats.get("failed", 0)
+        msg = f"otel_train: {stats.get('exported', 0)} spans exported to {st.destination}"
+        if buffer_full or failed:
+            msg += f"; dropped: {buffer_full} (buffer full), {failed} (export failed or cut off at shutdown)"
+        else:
+            msg += "; none dropped"
+    print(msg, file=sys.stderr, flush=True)
+
+
+# --- process hooks ------------------------------------------------------------------
+def _install_process_hooks() -> None:
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    atexit.register(_at_exit)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+    if threading.current_thread() is threading.main_thread():
+        try:
+            if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+                signal.signal(signal.SIGTERM, _on_sigterm)
+        except (ValueError, OSError):
+            pass
+
+
+def _at_exit() -> None:
+    shutdown()
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    try:
+        shutdown()
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _after_fork_in_child() -> None:
+    global _state, _forked_child, _lock
+    _lock = threading.RLock()  # the parent may have held it mid-fork
+    # The child keeps the parent's pipe to the exporter open but never writes to it: its
+    # worker thread did not survive the fork and its recorder is gone.
+    _recorder.install(None)
+    _state = None
+    _forked_child = True

@@ -1,0 +1,303 @@
+"""Span emission: wire records become real OpenTelemetry SDK spans with the trace shape of
+CONVENTIONS.md §2, and feed the metrics derived from the same records.
+
+Spans are built as `ReadableSpan`s directly with their final timestamps, ids and parents
+(a pre-timed, pre-parented span needs none of the work `Tracer.start_span` does), then
+handed to whatever consumes them: the SDK's span processors in thread mode, the exporter
+in the exporter process. A step span is held until the next step arrives, so tags and
+sibling spans (checkpoint, eval, GC) recorded after it still reach it.
+"""
+
+from __future__ import annotations
+
+import logging
+import numbers
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from otel_train import semconv
+from otel_train._distributed import RunInfo, parse_traceparent, region_span_id, step_span_id, trace_id_for
+from otel_train._recorder import (KIND_EVENT, KIND_SPAN, KIND_STEP, KIND_TAG, W_ATTRS, W_DEV, W_ERROR,
+                                  W_EVENTS, W_LINKS, W_NAME, W_PARENT, W_SEQ, W_STEP, W_STEP_SEQ, W_T0,
+                                  W_T1, W_TRUNC)
+
+_log = logging.getLogger("otel_train")
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_SIBLING_TAGS = {semconv.SPAN_CHECKPOINT: semconv.TAG_CHECKPOINT, semconv.SPAN_EVAL: semconv.TAG_EVAL,
+                 semconv.SPAN_GC: semconv.TAG_GC}
+_MAX_ORPHANS = 1024  # tags/events waiting for a step record that may never come
+_SCALARS = (str, bool, int, float)
+
+
+class AttributeCleaner:
+    """Makes user attributes valid OTel values; says once per (span, key) what it changed and why."""
+
+    def __init__(self, value_limit: int) -> None:
+        self.limit = value_limit
+        self._warned: set[tuple[str, str]] = set()
+
+    def clean(self, span_name: str, attrs: Mapping[Any, Any] | None) -> dict[str, Any]:
+        if not attrs:
+            return {}
+        out: dict[str, Any] = {}
+        for key, value in attrs.items():
+            if not isinstance(key, str) or not key:
+                self._warn(span_name, repr(key), "attribute keys must be non-empty strings; key made a string")
+                key = str(key) or "_"
+            out[key] = self._value(span_name, key, value)
+        return out
+
+    def _value(self, span_name: str, key: str, value: Any) -> Any:
+        if isinstance(value, str):
+            return self._cut(span_name, key, value)
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int):
+            if -(1 << 63) <= value < (1 << 63):
+                return value
+            self._warn(span_name, key, "integer does not fit in 64 bits; recorded as a string")
+            return str(value)
+        if isinstance(value, float):
+            return value
+        if isinstance(value, numbers.Integral):
+            return int(value)
+        if isinstance(value, numbers.Real):
+            return float(value)
+        if isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
+            items = list(value)
+            kinds = {type(item) for item in items}
+            if len(kinds) <= 1 and kinds <= set(_SCALARS):
+                return [self._cut(span_name, key, item) if isinstance(item, str) else item for item in items]
+            self._warn(span_name, key, "a list attribute must hold one type of str, bool, int or float; "
+                                       "recorded as a list of strings")
+            return [self._cut(span_name, key, _describe(item)) for item in items]
+        self._warn(span_name, key, f"type {type(value).__name__} is not allowed (str, bool, int, float or "
+                                   "a list of one of them); recorded as a string")
+        return self._cut(span_name, key, _describe(value))
+
+    def _cut(self, span_name: str, key: str, text: str) -> str:
+        if len(text) <= self.limit:
+            return text
+        self._warn(span_name, key, f"value of {len(text)} characters cut to {self.limit} "
+                                   "(OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT)")
+        return text[: self.limit]
+
+    def _warn(self, span_name: str, key: str, why: str) -> None:
+        if (span_name, key) in self._warned:
+            return
+        self._warned.add((span_name, key))
+        _log.warning("otel_train: span %r attribute %r: %s.", span_name, key, why)
+
+
+def _describe(value: Any) -> str:
+    # A tensor's str() would copy it to the host (a device sync): describe it instead.
+    if type(value).__name__ in ("Tensor", "Parameter") and hasattr(value, "shape"):
+        return f"<tensor shape={tuple(value.shape)} dtype={value.dtype} device={value.device}>"
+    if isinstance(value, (bytes, bytearray)):
+        return value.hex()
+    return str(value)
+
+
+class _HeldStep:
+    __slots__ = ("wire", "tags", "events", "time_s")
+
+    def __init__(self, wire: tuple[Any, ...], time_s: float) -> None:
+        self.wire = wire
+        self.tags: list[str] = list(wire[W_ATTRS].pop(semconv.TRAIN_STEP_TAGS, ()))
+        self.events: list[tuple[str, int, Any]] = list(wire[W_EVENTS] or ())
+        self.time_s = time_s
+
+
+class SpanAssembler:
+    """Wire records in, `ReadableSpan`s out (through `emit`), metrics observed on the way."""
+
+    def __init__(self, run: RunInfo, salt: int, resource: Resource, cleaner: AttributeCleaner,
+                 emit: Callable[[list[ReadableSpan]], None], step_sample: int = 1,
+                 observe: Callable[[str, float, Mapping[str, Any]], None] | None = None,
+                 version: str = "") -> None:
+        self.run = run
+        self.salt = salt
+        self.resource = resource
+        self.cleaner = cleaner
+        self.emit = emit
+        self.step_sample = step_sample
+        self.observe = observe
+        self.scope = InstrumentationScope(semconv.SCOPE_NAME, version)
+        self._held: dict[int, _HeldStep] = {}
+        self._orphans: dict[int, list[tuple[int, Any]]] = {}
+        self._siblings: deque[tuple[int, int]] = deque(maxlen=256)
+        self._prev_step_end: int | None = None
+        self._trace_ids: dict[int | None, int] = {}
+        self.spans_built = 0
+
+    # -- public ------------------------------------------------------------------------
+    def feed(self, records: Iterable[tuple[Any, ...]]) -> None:
+        out: list[ReadableSpan] = []
+        for wire in records:
+            kind = wire[0]
+            if kind == KIND_SPAN:
+                self._on_span(wire, out)
+            elif kind == KIND_STEP:
+                self._on_step(wire, out)
+            else:
+                self._on_step_note(wire)
+        if out:
+            self.spans_built += len(out)
+            self.emit(out)
+
+    def flush(self) -> None:
+        """Emit every held step (at shutdown, or when a caller must see everything now)."""
+        out: list[ReadableSpan] = []
+        for seq in sorted(self._held):
+            self._emit_step(self._held.pop(seq), out)
+        if out:
+            self.spans_built += len(out)
+            self.emit(out)
+
+    # -- records -----------------------------------------------------------------------
+    def _on_span(self, wire: tuple[Any, ...], out: list[ReadableSpan]) -> None:
+        name, step_n, step_seq = wire[W_NAME], wire[W_STEP], wire[W_STEP_SEQ]
+        attrs = self.cleaner.clean(name, wire[W_ATTRS])
+        if wire[W_DEV]:
+            attrs.update(wire[W_DEV])
+        if step_n is not None:
+            attrs[semconv.TRAIN_STEP] = step_n
+        sibling_tag = _SIBLING_TAGS.get(name)
+        parent_seq = wire[W_PARENT]
+        if sibling_tag is not None:
+            # Checkpoint / eval / GC: never inside a step; the step they belong to is tagged.
+            self._siblings.append((wire[W_T0], wire[W_T1]))
+            if step_n is not None:
+                self._add_tag(step_n, step_seq, sibling_tag)
+            parent_id = region_span_id(self.salt, parent_seq) if parent_seq is not None else None
+        elif parent_seq is not None:
+            parent_id = region_span_id(self.salt, parent_seq)
+        elif step_seq is not None:
+            parent_id = step_span_id(self.run.run_id, step_n, self.run.rank, self.run.restart)
+        else:
+            parent_id = None
+        self._observe_span(name, wire, attrs)
+        if not self._sampled(step_n):
+            return
+        out.append(self._build(name, self._trace_id(step_n), region_span_id(self.salt, wire[W_SEQ]),
+                               parent_id, False, wire, attrs, wire[W_EVENTS], None))
+
+    def _on_step(self, wire: tuple[Any, ...], out: list[ReadableSpan]) -> None:
+        t0, t1 = wire[W_T0], wire[W_T1]
+        start = self._prev_step_end if self._prev_step_end is not None and self._prev_step_end < t1 else t0
+        own_ns = (t1 - start) - self._sibling_ns(start, t1)
+        self._prev_step_end = t1
+        held = _HeldStep(wire, max(own_ns, 0) / 1e9)
+        for kind, payload in self._orphans.pop(wire[W_SEQ], ()):
+            (held.tags if kind == KIND_TAG else held.events).append(payload)
+        for seq in [s for s in self._held if s < wire[W_SEQ]]:
+            self._emit_step(self._held.pop(seq), out)
+        self._held[wire[W_SEQ]] = held
+
+    def _on_step_note(self, wire: tuple[Any, ...]) -> None:
+        if wire[0] == KIND_TAG:
+            self._add_tag(wire[W_STEP], wire[W_STEP_SEQ], wire[W_NAME])
+        elif wire[0] == KIND_EVENT:
+            payload = (wire[W_NAME], wire[W_T0], wire[W_ATTRS])
+            held = self._held.get(wire[W_STEP_SEQ])
+            if held is not None:
+                held.events.append(payload)
+            else:
+                self._orphan(wire[W_STEP_SEQ], KIND_EVENT, payload)
+
+    def _add_tag(self, step_n: int, step_seq: int | None, tag: str) -> None:
+        held = self._held.get(step_seq) if step_seq is not None else None
+        if held is None:
+            held = next((h for h in self._held.values() if h.wire[W_STEP] == step_n), None)
+        if held is not None:
+            held.tags.append(tag)
+        elif step_seq is not None:
+            self._orphan(step_seq, KIND_TAG, tag)
+
+    def _orphan(self, step_seq: int, kind: int, payload: Any) -> None:
+        if len(self._orphans) >= _MAX_ORPHANS and step_seq not in self._orphans:
+            self._orphans.pop(next(iter(self._orphans)))
+        self._orphans.setdefault(step_seq, []).append((kind, payload))
+
+    def _emit_step(self, held: _HeldStep, out: list[ReadableSpan]) -> None:
+        wire = held.wire
+        step_n = wire[W_STEP]
+        attrs = self.cleaner.clean(semconv.SPAN_STEP, wire[W_ATTRS])
+        if wire[W_DEV]:
+            attrs.update(wire[W_DEV])
+        attrs[semconv.TRAIN_STEP] = step_n
+        attrs[semconv.TRAIN_STEP_TIME_S] = held.time_s
+        if held.tags:
+            attrs[semconv.TRAIN_STEP_TAGS] = sorted(set(held.tags))
+        self._observe_step(held.time_s, attrs)
+        if not self._sampled(step_n):
+            return
+        run = self.run
+        parent = None if run.rank == 0 else step_span_id(run.run_id, step_n, 0, run.restart)
+        out.append(self._build(semconv.SPAN_STEP, self._trace_id(step_n),
+                               step_span_id(run.run_id, step_n, run.rank, run.restart), parent,
+                               parent is not None, wire, attrs, held.events, wire[W_LINKS]))
+
+    # -- helpers -----------------------------------------------------------------------
+    def _sampled(self, step_n: int | None) -> bool:
+        return step_n is None or self.step_sample == 1 or step_n % self.step_sample == 0
+
+    def _sibling_ns(self, start: int, end: int) -> int:
+        return sum(max(0, min(s1, end) - max(s0, start)) for s0, s1 in self._siblings)
+
+    def _trace_id(self, step_n: int | None) -> int:
+        trace_id = self._trace_ids.get(step_n)
+        if trace_id is None:
+            if len(self._trace_ids) > 4096:
+                self._trace_ids.clear()
+            trace_id = self._trace_ids[step_n] = trace_id_for(self.run.run_id, step_n)
+        return trace_id
+
+    def _build(self, name: str, trace_id: int, span_id: int, parent_id: int | None, parent_remote: bool,
+               wire: tuple[Any, ...], attrs: dict[str, Any], events: Any, links: Any) -> ReadableSpan:
+        if wire[W_TRUNC]:
+            attrs[semconv.TRUNCATED] = True
+        error = wire[W_ERROR]
+        if error:
+            attrs[semconv.ERROR_TYPE] = error
+        return ReadableSpan(
+            name=name,
+            context=SpanContext(trace_id, span_id, False, _SAMPLED),
+            parent=SpanContext(trace_id, parent_id, parent_remote, _SAMPLED) if parent_id else None,
+            resource=self.resource,
+            attributes=attrs,
+            events=[Event(n, self.cleaner.clean(n, a), t) for n, t, a in events] if events else (),
+            links=self._links(links),
+            kind=SpanKind.INTERNAL,
+            status=Status(StatusCode.ERROR, error) if error else Status(StatusCode.UNSET),
+            start_time=wire[W_T0],
+            end_time=wire[W_T1],
+            instrumentation_scope=self.scope,
+        )
+
+    def _links(self, carriers: Any) -> Sequence[Link]:
+        if not carriers:
+            return ()
+        links = []
+        for carrier in carriers:
+            ids = parse_traceparent(carrier)
+            if ids is None:
+                _log.warning("otel_train: link(%r) is not a W3C trace context (a dict with 'traceparent' "
+                             "as made by otel_train.inject()); it is ignored.", carrier)
+                continue
+            links.append(Link(SpanContext(ids[0], ids[1], True, _SAMPLED)))
+        return links
+
+    def _observe_span(self, name: str, wire: tuple[Any, ...], attrs: Mapping[str, Any]) -> None:
+        if self.observe is not None:
+            self.observe(name, (wire[W_T1] - wire[W_T0]) / 1e9, attrs)
+
+    def _observe_step(self, time_s: float, attrs: Mapping[str, Any]) -> None:
+        if self.observe is not None:
+            self.observe(semconv.SPAN_STEP, time_s, attrs)

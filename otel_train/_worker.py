@@ -1,0 +1,220 @@
+"""The worker: drains the hot-path buffer off the training thread and hands records on.
+
+It wakes every `flush_interval_ms`, drains in slices of `_SLICE` records and gives the GIL
+back between slices (`time.sleep(0)`), so the training thread never waits long behind it.
+Each slice becomes wire tuples, which go to a sink:
+
+- `ProcessSink` (default): pickled to a per-rank exporter process (`_exporter_process`)
+  over a pipe; span building, OTLP encoding and network I/O never compete with training
+  for the GIL. If that process cannot start or dies, the sink falls back to a
+  `LocalSink` and says so.
+- `LocalSink`: the `ExportPipeline` runs right here on the worker thread (needed when the
+  user installs their own in-process span processors).
+
+Device events (whose polling must stay in the training process) are resolved here before
+a record is handed on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from otel_train._clock import wall_offset
+from otel_train._recorder import Recorder, to_wire
+
+_log = logging.getLogger("otel_train")
+_SLICE = 256
+_FRAME = struct.Struct("<I")
+_PRIMITIVE = (str, int, float, bool, type(None))
+ENV_CHILD = "OTEL_TRAIN_EXPORTER_CHILD"
+
+
+class Sink(Protocol):
+    def send(self, records: list[tuple[Any, ...]], dropped: Mapping[str, int]) -> None: ...
+
+    def close(self, deadline: float) -> dict[str, int]: ...
+
+
+class LocalSink:
+    """Runs the export pipeline on the worker thread."""
+
+    def __init__(self, pipeline: Any) -> None:
+        self.pipeline = pipeline
+
+    def send(self, records: list[tuple[Any, ...]], dropped: Mapping[str, int]) -> None:
+        self.pipeline.feed(records, dropped)
+
+    def close(self, deadline: float) -> dict[str, int]:
+        return self.pipeline.shutdown(deadline)
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env[ENV_CHILD] = "1"
+    # `opentelemetry-instrument` injects a sitecustomize through PYTHONPATH; the exporter must
+    # not instrument itself (it would trace its own exports).
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+             if p and "auto_instrumentation" not in p]
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    return env
+
+
+class ProcessSink:
+    """Feeds a per-rank exporter process through its stdin; reads its progress from stdout."""
+
+    def __init__(self, setup: Mapping[str, Any], fallback: Callable[[], LocalSink]) -> None:
+        self._fallback_factory = fallback
+        self._fallback: LocalSink | None = None
+        self.sent = 0
+        self.progress: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "otel_train._exporter_process"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_child_env(), close_fds=True)
+        self._reader = threading.Thread(target=self._read_progress, name="otel_train-exporter-reader",
+                                        daemon=True)
+        self._reader.start()
+        self._write(("setup", dict(setup)))
+
+    def send(self, records: list[tuple[Any, ...]], dropped: Mapping[str, int]) -> None:
+        if self._fallback is not None:
+            self._fallback.send(records, dropped)
+            return
+        records = [_picklable(r) for r in records]
+        if self._write(("batch", records, dict(dropped))):
+            self.sent += len(records)
+        elif self._fallback is not None:
+            self._fallback.send(records, dropped)
+
+    def close(self, deadline: float) -> dict[str, int]:
+        if self._fallback is not None:
+            stats = self._fallback.close(deadline)
+            stats["failed"] = stats.get("failed", 0) + self.unacknowledged()
+            return stats
+        self._write(("shutdown", max(0.05, deadline - time.monotonic() - 0.2)))
+        try:
+            self.proc.stdin.close()  # type: ignore[union-attr]
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=max(0.01, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(timeout=0.5)
+        stats = dict(self.progress)
+        # Records the exporter never got to (killed at the bound) are reported, not forgotten.
+        stats["failed"] = stats.get("failed", 0) + self.unacknowledged()
+        return stats
+
+    def unacknowledged(self) -> int:
+        return max(0, self.sent - self.progress.get("received", 0))
+
+    def _write(self, message: tuple[Any, ...]) -> bool:
+        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            with self._lock:
+                stdin = self.proc.stdin
+                stdin.write(_FRAME.pack(len(payload)))  # type: ignore[union-attr]
+                stdin.write(payload)  # type: ignore[union-attr]
+                stdin.flush()  # type: ignore[union-attr]
+            return True
+        except (BrokenPipeError, OSError, ValueError) as err:
+            if self._fallback is None and message[0] != "shutdown":
+                _log.warning("otel_train: the exporter process is gone (%s); exporting from a thread "
+                             "in the training process instead.", err)
+                self._fallback = self._fallback_factory()
+            return False
+
+    def _read_progress(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            try:
+                self.progress = json.loads(line)
+            except ValueError:
+                continue
+
+
+def _picklable(record: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Replace attribute values pickle would copy expensively (tensors) or choke on."""
+    attrs = record[8]
+    if attrs and not all(type(v) in _PRIMITIVE for v in attrs.values()):
+        from otel_train._spans import _describe  # only when a non-primitive appears
+        clean = {k: v if type(v) in _PRIMITIVE or (isinstance(v, (list, tuple)) and
+                                                   all(type(i) in _PRIMITIVE for i in v))
+                 else _describe(v) for k, v in attrs.items()}
+        record = (*record[:8], clean, *record[9:])
+    return record
+
+
+class Worker:
+    """The daemon thread between the hot-path buffer and a sink."""
+
+    def __init__(self, recorder: Recorder, sink: Sink, interval_s: float,
+                 resolve: Callable[[list[Any]], list[Any]] | None = None) -> None:
+        self.recorder = recorder
+        self.sink = sink
+        self.interval_s = interval_s
+        self.resolve = resolve  # device-event resolution: returns the records ready to go
+        self._wake = threading.Event()
+        self._stop = False
+        self._busy = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="otel_train-worker", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop:
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            if self._stop:
+                break
+            self.drain()
+
+    def drain(self) -> int:
+        """Move everything in the buffer to the sink; returns how many records went."""
+        moved = 0
+        with self._busy:
+            offset = wall_offset(self.recorder.clock)
+            while True:
+                batch = self.recorder.drain(_SLICE)
+                if self.resolve is not None:
+                    batch = self.resolve(batch)
+                if not batch:
+                    break
+                try:
+                    self.sink.send([to_wire(r, offset) for r in batch], {"buffer_full": self.recorder.dropped})
+                except Exception as err:  # noqa: BLE001 - never let the worker die
+                    _log.warning("otel_train: exporting %d records failed: %s", len(batch), err)
+                moved += len(batch)
+                time.sleep(0)  # hand the GIL back to the training thread between slices
+        return moved
+
+    def stop(self, deadline: float) -> dict[str, int] | None:
+        """Final drain and sink close, bounded by `deadline` (time.monotonic seconds)."""
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        result: dict[str, int] = {}
+
+        def finish() -> None:
+            self.drain()
+            result.update(self.sink.close(deadline))
+
+        closer = threading.Thread(target=finish, name="otel_train-shutdown", daemon=True)
+        closer.start()
+        closer.join(timeout=max(0.0, deadline - time.monotonic()))
+        if closer.is_alive():
+            return None  # still blocked (an exporter ignoring its timeout): the caller reports it
+        return result
