@@ -356,3 +356,31 @@ def to_wire(record: Any, offset: int) -> tuple[Any, ...]:
     name, t, attrs = payload
     return (KIND_EVENT, name, 0, None, step.n, step.seq, t + offset, t + offset, attrs,
             None, None, None, False, None)
+
+
+# --- for automatic step detection (integrations, not the public API) ------------------
+def begin_step(n: int | None = None, epoch: int | None = None, attrs: dict[str, Any] | None = None,
+               t0: int | None = None) -> _Step | None:
+    """Open a step without a `with` block; `t0` (perf ns) backdates it to the previous boundary."""
+    step = _Step(n, epoch, attrs)
+    step.__enter__()
+    if step.rec is None:
+        return None
+    if t0 is not None:
+        step.t0 = t0
+    return step
+
+
+def end_step() -> _Step | None:
+    """Close the open step (if any) and return it."""
+    r = _rec
+    if r is None or not isinstance(r.step, _Step):
+        return None
+    step = r.step
+    step.__exit__(None, None, None)
+    return step
+
+
+def open_step() -> _Step | None:
+    r = _rec
+    return r.step if r is not None and isinstance(r.step, _Step) else None
