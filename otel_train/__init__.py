@@ -38,11 +38,10 @@ def init(**overrides: Any) -> RunInfo | None:
     return _runtime.init(**overrides)
 
 
-def _span(name: str, **attrs: Any) -> _recorder._Region:
-    """Time a region: `with span("train.forward"):`, `@span("load")` or `async with span(...)`."""
-    return _recorder._Region(name, attrs or None)
-
-
+#: `otel_train.span(name, **attrs)`: time a region — `with span("train.forward"):`,
+#: `@span("load")` on a sync or async function, or `async with span(...)`. Attribute values
+#: are str, bool, int, float or lists of one of them (others are recorded as strings).
+_span = _recorder._Region
 span = _span
 
 
@@ -72,7 +71,7 @@ def inject() -> dict[str, str]:
     if region is not None:
         step_n, _ = _recorder._step_ref(region.step)
         return {"traceparent": format_traceparent(trace_id_for(run.run_id, step_n),
-                                                  region_span_id(st.salt, region.seq))}
+                                                  region_span_id(st.salt, _recorder.seq_of(region)))}
     if rec is not None and isinstance(rec.step, _recorder._Step):
         n = rec.step.n
         return {"traceparent": format_traceparent(trace_id_for(run.run_id, n),

@@ -16,6 +16,7 @@ import functools
 import inspect
 import itertools
 import logging
+import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
@@ -45,10 +46,12 @@ class Recorder:
         self.cap = capacity
         self.buf: deque[Any] = deque(maxlen=capacity)
         self.dropped = 0
-        self.seq = itertools.count(1)
         self.step: _Step | _After | None = None
         self.next_step = 0
         self.pending_links: list[Any] = []
+        #: Called with the step right after its end time is read (device timing records the
+        #: step's end event here, before the step is appended); None when device timing is off.
+        self.step_end: Callable[[_Step], None] | None = None
 
     def append(self, record: Any) -> None:
         buf = self.buf
@@ -95,17 +98,36 @@ def active() -> Recorder | None:
     return _rec
 
 
+def seq_of(record: Any) -> int:
+    """The sequence number naming a region's span id, assigned on first need (off the hot path)."""
+    try:
+        return record.seq
+    except AttributeError:
+        with _seq_lock:
+            try:
+                return record.seq
+            except AttributeError:
+                record.seq = seq = next(_seq_counter)
+                return seq
+
+
+_seq_lock = threading.Lock()
+_seq_counter = itertools.count(1)
+
+
 class _Region:
-    """One timed region (`otel_train.span`); usable as a context manager or a decorator."""
+    """One timed region (`otel_train.span`); usable as a context manager or a decorator.
+
+    The class is its own factory (`otel_train.span is _Region`): one Python call per region.
+    Slots left unset on the hot path (`seq`, `events`, `dev`) are filled in only when needed.
+    """
 
     __slots__ = ("name", "attrs", "rec", "parent", "token", "seq", "step", "t0", "t1",
                  "exc", "events", "dev", "truncated")
 
-    def __init__(self, name: str, attrs: dict[str, Any] | None) -> None:
+    def __init__(self, name: str, **attrs: Any) -> None:
         self.name = name
         self.attrs = attrs
-        self.events: list[tuple[str, int, dict[str, Any] | None]] | None = None
-        self.dev: Any = None
 
     def __enter__(self) -> _Region:
         r = _rec
@@ -117,7 +139,6 @@ class _Region:
         self.rec = r
         self.parent = _current.get()
         self.token = _current.set(self)
-        self.seq = next(r.seq)
         self.step = r.step
         self.t0 = r.now()
         return self
@@ -149,13 +170,13 @@ class _Region:
         if inspect.iscoroutinefunction(fn):
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                with _Region(name, attrs):
+                with _Region(name, **attrs):
                     return await fn(*args, **kwargs)
             return async_wrapper  # type: ignore[return-value]
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with _Region(name, attrs):
+            with _Region(name, **attrs):
                 return fn(*args, **kwargs)
         return wrapper  # type: ignore[return-value]
 
@@ -197,7 +218,7 @@ class _Step:
         if self.n is None:
             self.n = r.next_step
         r.next_step = self.n + 1
-        self.seq = next(r.seq)
+        self.seq = next(_seq_counter)
         self.tags: list[str] = []
         self.events = None
         self.links = r.pending_links or None
@@ -211,6 +232,8 @@ class _Step:
         if r is None or r.step is not self:
             return
         self.t1 = r.now()
+        if r.step_end is not None:
+            r.step_end(self)
         self.exc = exc_type
         r.step = _After(self)
         r.append(self)
@@ -223,15 +246,15 @@ class _Step:
 
 
 class _NoopRegion:
-    """What the API hands out when disabled: costs one call and two empty methods."""
+    """What `otel_train.span` hands out when disabled.
+
+    `__enter__` / `__exit__` are assigned C-level callables below (not Python methods), so a
+    disabled `with otel_train.span(...)` costs the factory call and nothing more: `with` calls
+    them unbound, `__enter__` returns this object and `__exit__` returns "" (falsy: exceptions
+    propagate).
+    """
 
     __slots__ = ()
-
-    def __enter__(self) -> _NoopRegion:
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        return None
 
     async def __aenter__(self) -> _NoopRegion:
         return self
@@ -244,6 +267,8 @@ class _NoopRegion:
 
 
 NOOP = _NoopRegion()
+_NoopRegion.__enter__ = itertools.repeat(NOOP).__next__  # type: ignore[attr-defined]
+_NoopRegion.__exit__ = "".format  # type: ignore[attr-defined]
 
 
 def noop_span(name: str, **attrs: Any) -> _NoopRegion:
@@ -276,9 +301,10 @@ def event(name: str, attrs: Mapping[str, Any] | None) -> None:
     if target is None and isinstance(r.step, _Step):
         target = r.step
     if target is not None:
-        if target.events is None:
-            target.events = []
-        target.events.append(payload)
+        events = getattr(target, "events", None)
+        if events is None:
+            target.events = events = []
+        events.append(payload)
     elif isinstance(r.step, _After):
         r.append((KIND_EVENT, r.step.step, payload))
     else:
@@ -331,12 +357,12 @@ def to_wire(record: Any, offset: int) -> tuple[Any, ...]:
     if isinstance(record, _Region):
         parent = record.parent
         step_n, step_seq = _step_ref(record.step)
-        return (KIND_SPAN, record.name, record.seq,
-                parent.seq if parent is not None and parent.rec is record.rec else None,
-                step_n, step_seq, record.t0 + offset, record.t1 + offset, record.attrs,
-                _events(record.events, offset), None,
+        return (KIND_SPAN, record.name, seq_of(record),
+                seq_of(parent) if parent is not None and parent.rec is record.rec else None,
+                step_n, step_seq, record.t0 + offset, record.t1 + offset, record.attrs or None,
+                _events(getattr(record, "events", None), offset), None,
                 record.exc.__name__ if record.exc is not None else None,
-                getattr(record, "truncated", False), record.dev)
+                getattr(record, "truncated", False), getattr(record, "dev", None))
     if isinstance(record, _Step):
         attrs = dict(record.attrs) if record.attrs else {}
         if record.epoch is not None:

@@ -168,7 +168,10 @@ def _report(st: _State, recorder: _recorder.Recorder, stats: dict[str, int] | No
                f"records not yet exported are lost (buffer full: {buffer_full}).")
     else:
         failed = stats.get("failed", 0)
-        msg = f"otel_train: {stats.get('exported', 0)} spans exported to {st.destination}"
+        if st.destination == "none":
+            msg = f"otel_train: {stats.get('built', 0)} spans emitted (no exporter configured)"
+        else:
+            msg = f"otel_train: {stats.get('exported', 0)} spans exported to {st.destination}"
         if buffer_full or failed:
             msg += f"; dropped: {buffer_full} (buffer full), {failed} (export failed or cut off at shutdown)"
         else:

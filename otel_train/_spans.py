@@ -73,10 +73,10 @@ class AttributeCleaner:
             items = list(value)
             kinds = {type(item) for item in items}
             if len(kinds) <= 1 and kinds <= set(_SCALARS):
-                return [self._cut(span_name, key, item) if isinstance(item, str) else item for item in items]
+                return tuple(self._cut(span_name, key, item) if isinstance(item, str) else item for item in items)
             self._warn(span_name, key, "a list attribute must hold one type of str, bool, int or float; "
                                        "recorded as a list of strings")
-            return [self._cut(span_name, key, _describe(item)) for item in items]
+            return tuple(self._cut(span_name, key, _describe(item)) for item in items)
         self._warn(span_name, key, f"type {type(value).__name__} is not allowed (str, bool, int, float or "
                                    "a list of one of them); recorded as a string")
         return self._cut(span_name, key, _describe(value))
@@ -234,7 +234,7 @@ class SpanAssembler:
         attrs[semconv.TRAIN_STEP] = step_n
         attrs[semconv.TRAIN_STEP_TIME_S] = held.time_s
         if held.tags:
-            attrs[semconv.TRAIN_STEP_TAGS] = sorted(set(held.tags))
+            attrs[semconv.TRAIN_STEP_TAGS] = tuple(sorted(set(held.tags)))
         self._observe_step(held.time_s, attrs)
         if not self._sampled(step_n):
             return

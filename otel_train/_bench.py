@@ -1,0 +1,286 @@
+"""`otel-train bench overhead`: what instrumentation costs, as ratios against a baseline
+measured in the same process and run, interleaved (this machine is shared and noisy).
+
+Regions: (a) two `perf_counter_ns` calls (the floor), (b) `otel_train.span`, (c) an OTel SDK
+span (`start_as_current_span` + `BatchSpanProcessor` + OTLP exporter), and the disabled
+`otel_train.span`. Steps: a ~20 ms transformer-like step and a ~2.5 ms step with gradient
+accumulation 2 (9 regions), plain vs instrumented, exporting over OTLP gRPC to a live local
+receiver in its own process. Background costs land inside the instrumented blocks: the
+worker runs during them, and what it has left at the end of a block is drained inside the
+block's timing. Output: one `name: value` line per figure.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from otel_train import semconv
+
+_PHASE_ATTR = semconv.TRAIN_MICRO_BATCH
+
+
+# --- the live receiver ------------------------------------------------------------------
+class _Receiver:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "otel_train._bench_receiver"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.port = int(self.proc.stdout.readline())  # type: ignore[union-attr]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+
+    def spans(self) -> int:
+        self.proc.stdin.write("count\n")  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+        return int(self.proc.stdout.readline())  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        self.proc.stdin.close()  # type: ignore[union-attr]
+        self.proc.wait(timeout=10)
+
+
+def _cpu_ns(pid: int, tid: int | None = None) -> int:
+    path = f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat"
+    try:
+        with open(path, "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+# --- regions ------------------------------------------------------------------------------
+def _per_iteration_ns(body: Callable[[int], None], empty: Callable[[int], None], n: int) -> float:
+    pc = time.perf_counter_ns
+    t0 = pc()
+    body(n)
+    t1 = pc()
+    empty(n)
+    t2 = pc()
+    return max(0.0, ((t1 - t0) - (t2 - t1)) / n)
+
+
+def _empty(n: int) -> None:
+    for _ in range(n):
+        pass
+
+
+def _floor(n: int) -> None:
+    pc = time.perf_counter_ns
+    for _ in range(n):
+        pc()
+        pc()
+
+
+def _regions(factory: Callable[..., Any]) -> Callable[[int], None]:
+    def body(n: int) -> None:
+        for _ in range(n):
+            with factory("bench.region"):
+                pass
+    return body
+
+
+def bench_regions(sdk_tracer: Any, n: int, rounds: int) -> dict[str, float]:
+    import otel_train
+    from otel_train import _recorder
+
+    variants = {
+        "region_ns_floor": _floor,
+        "region_ns_otel_train": _regions(otel_train._span),
+        "region_ns_otel_sdk": _regions(sdk_tracer.start_as_current_span),
+        "region_ns_disabled": _regions(_recorder.noop_span),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, body in variants.items():
+            samples[name].append(_per_iteration_ns(body, _empty, n))
+    out = {name: statistics.median(values) for name, values in samples.items()}
+    out["sdk_over_otel_train"] = out["region_ns_otel_sdk"] / max(out["region_ns_otel_train"], 1e-9)
+    return out
+
+
+# --- steps --------------------------------------------------------------------------------
+class _Workload:
+    """A model, optimizer and cycling batches; `plain()` / `instrumented()` run one step."""
+
+    def __init__(self, size: str, seed: int = 0) -> None:
+        import torch
+        from torch import nn
+
+        torch.manual_seed(seed)
+        if size == "large":  # ~20 ms per step here
+            vocab, d, layers, batch, seq, self.accum = 512, 128, 2, 8, 64, 1
+        else:  # ~2.5 ms per step with accumulation 2
+            vocab, d, layers, batch, seq, self.accum = 64, 32, 1, 4, 8, 2
+        layer = nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True)
+        self.model = nn.Sequential(nn.Embedding(vocab, d), nn.TransformerEncoder(layer, layers,
+                                                                                 enable_nested_tensor=False),
+                                   nn.Linear(d, vocab))
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.loss = nn.CrossEntropyLoss()
+        self.vocab = vocab
+        batches = [(torch.randint(0, vocab, (batch, seq)), torch.randint(0, vocab, (batch, seq)))
+                   for _ in range(8)]
+        self._batches = batches
+        self.data = self._cycle()
+
+    def _cycle(self) -> Iterator[Any]:
+        while True:
+            yield from self._batches
+
+    def plain(self) -> None:
+        for _ in range(self.accum):
+            x, y = next(self.data)
+            out = self.model(x)
+            loss = self.loss(out.reshape(-1, self.vocab), y.reshape(-1)) / self.accum
+            loss.backward()
+        import torch
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def instrumented(self) -> None:
+        import torch
+
+        import otel_train
+        span = otel_train._span
+        with otel_train.step():
+            for mb in range(self.accum):
+                with span(semconv.SPAN_DATA, **{_PHASE_ATTR: mb}):
+                    x, y = next(self.data)
+                with span(semconv.SPAN_FORWARD, **{_PHASE_ATTR: mb}):
+                    out = self.model(x)
+                    loss = self.loss(out.reshape(-1, self.vocab), y.reshape(-1)) / self.accum
+                with span(semconv.SPAN_BACKWARD, **{_PHASE_ATTR: mb}):
+                    loss.backward()
+            with span(semconv.SPAN_OPTIMIZER):
+                with span("train.clip_grad_norm"):
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=True)
+
+    def sdk(self, tracer: Any) -> None:
+        import torch
+        span = tracer.start_as_current_span
+        with span(semconv.SPAN_STEP):
+            for mb in range(self.accum):
+                with span(semconv.SPAN_DATA, attributes={_PHASE_ATTR: mb}):
+                    x, y = next(self.data)
+                with span(semconv.SPAN_FORWARD, attributes={_PHASE_ATTR: mb}):
+                    out = self.model(x)
+                    loss = self.loss(out.reshape(-1, self.vocab), y.reshape(-1)) / self.accum
+                with span(semconv.SPAN_BACKWARD, attributes={_PHASE_ATTR: mb}):
+                    loss.backward()
+            with span(semconv.SPAN_OPTIMIZER):
+                with span("train.clip_grad_norm"):
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=True)
+
+
+def _timed_block(step: Callable[[], None], steps: int, settle: Callable[[], None] | None = None) -> float:
+    t0 = time.perf_counter_ns()
+    for _ in range(steps):
+        step()
+    if settle is not None:
+        settle()  # background work left over from this block is charged to it
+    return (time.perf_counter_ns() - t0) / steps / 1e6
+
+
+def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any | None = None,
+                sdk_flush: Callable[[], None] | None = None) -> dict[str, Any]:
+    from otel_train import _runtime
+
+    worker = _runtime.state().worker  # type: ignore[union-attr]
+    child = getattr(worker.sink, "proc", None)
+    for _ in range(3):  # warm up every path
+        work.plain()
+        work.instrumented()
+    worker.drain()
+    plain: list[float] = []
+    inst: list[float] = []
+    sdk: list[float] = []
+    worker_cpu = child_cpu = 0
+    inst_steps = 0
+    for _ in range(rounds):
+        plain.append(_timed_block(work.plain, block_steps))
+        w0, c0 = _cpu_ns(os.getpid(), worker.native_id), _cpu_ns(child.pid) if child else 0
+        inst.append(_timed_block(work.instrumented, block_steps, worker.drain))
+        worker_cpu += _cpu_ns(os.getpid(), worker.native_id) - w0
+        child_cpu += (_cpu_ns(child.pid) - c0) if child else 0
+        inst_steps += block_steps
+        if sdk_tracer is not None:
+            sdk.append(_timed_block(lambda: work.sdk(sdk_tracer), block_steps, sdk_flush))
+    out: dict[str, Any] = {
+        "plain": statistics.median(plain), "instrumented": statistics.median(inst),
+        "noise_pct": 100 * (max(plain) - min(plain)) / statistics.median(plain),
+        "worker_cpu_us_per_step": worker_cpu / inst_steps / 1e3,
+        "exporter_cpu_us_per_step": child_cpu / inst_steps / 1e3,
+    }
+    if sdk:
+        out["sdk"] = statistics.median(sdk)
+    return out
+
+
+# --- the command --------------------------------------------------------------------------
+def _print(name: str, value: float | int | str) -> None:
+    if isinstance(value, float):
+        value = f"{value:.3f}" if abs(value) < 1000 else f"{value:.0f}"
+    print(f"{name}: {value}", flush=True)
+
+
+def _sdk_tracer(endpoint: str) -> tuple[Any, Any]:
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"service.name": "otel-train-bench-sdk"}))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=True)))
+    return provider, provider.get_tracer("bench")
+
+
+def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thread")) -> int:
+    import torch
+
+    import otel_train
+    from otel_train import _runtime
+
+    rounds, block, region_n, region_rounds = (3, 5, 2000, 3) if quick else (9, 40, 20000, 9)
+    receiver = _Receiver()
+    provider, tracer = _sdk_tracer(receiver.endpoint)
+    try:
+        _print("torch_threads", torch.get_num_threads())
+        _print("load_avg_1m", os.getloadavg()[0])
+        for index, mode in enumerate(modes):
+            suffix = "" if index == 0 else f"_{mode}"
+            otel_train.init(endpoint=receiver.endpoint, protocol="grpc", export_mode=mode,
+                            run_id=f"bench-{os.getpid()}-{mode}", metric_interval_ms=60000)
+            if index == 0:
+                figures = bench_regions(tracer, region_n, region_rounds)
+                for name, value in figures.items():
+                    _print(name, value)
+            large = bench_steps(_Workload("large"), rounds, block)
+            small = bench_steps(_Workload("small"), rounds, block * 4,
+                                tracer if index == 0 else None, lambda: provider.force_flush())
+            for label, res in (("", large), ("_small", small)):
+                _print(f"step_ms_plain{label}{suffix}", res["plain"])
+                _print(f"step_ms_instrumented{label}{suffix}", res["instrumented"])
+                _print(f"step_overhead_pct{label}{suffix}", 100 * (res["instrumented"] / res["plain"] - 1))
+                _print(f"step_noise_pct{label}{suffix}", res["noise_pct"])
+                _print(f"worker_cpu_us_per_step{label}{suffix}", res["worker_cpu_us_per_step"])
+                _print(f"exporter_cpu_us_per_step{label}{suffix}", res["exporter_cpu_us_per_step"])
+                if "sdk" in res:
+                    _print(f"step_ms_sdk{label}", res["sdk"])
+                    _print(f"step_overhead_pct_sdk{label}", 100 * (res["sdk"] / res["plain"] - 1))
+            otel_train.shutdown()
+        provider.shutdown()
+        _print("receiver_spans", receiver.spans())
+    finally:
+        receiver.close()
+        _runtime.shutdown()
+    return 0

@@ -1,0 +1,60 @@
+"""The `otel-train` command line.
+
+    otel-train run train.py [args...]      run a script instrumented (like opentelemetry-instrument)
+    otel-train bench overhead [--quick]    what instrumentation costs, against a baseline in the same run
+    otel-train bench device [--steps N]    device timing: synchronisations added, device vs profiler time
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="otel-train", description="OpenTelemetry for PyTorch training.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="run a training script instrumented, unmodified",
+                         description="Run SCRIPT with automatic instrumentation (arguments pass through).")
+    run.add_argument("script", help="the training script (or -m module)")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    bench = sub.add_parser("bench", help="benchmarks (ratios against a baseline in the same run)")
+    bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    overhead = bench_sub.add_parser("overhead", help="hot-path region and training-step overhead")
+    overhead.add_argument("--quick", action="store_true", help="few rounds (a smoke run, not a measurement)")
+    overhead.add_argument("--mode", choices=("process", "thread", "both"), default="both",
+                          help="export mode(s) to measure (default: both, process first)")
+    device = bench_sub.add_parser("device", help="device timing: synchronisations and device durations")
+    device.add_argument("--steps", type=int, default=50, help="training steps per variant (default 50)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    if argv[:1] == ["run"]:
+        # Everything after the script belongs to the script, flags included.
+        if len(argv) < 2 or argv[1] in ("-h", "--help"):
+            parser.parse_args(argv)
+            return 2
+        from otel_train.run import main as run_main
+        return run_main(argv[1:])
+    args = parser.parse_args(argv)
+    if args.command == "bench" and args.bench == "overhead":
+        from otel_train._bench import run_overhead
+        modes = ("process", "thread") if args.mode == "both" else (args.mode,)
+        return run_overhead(quick=args.quick, modes=modes)
+    if args.command == "bench" and args.bench == "device":
+        if args.steps < 1:
+            parser.error("--steps must be a positive integer")
+        from otel_train._bench_device import run_device_bench
+        for name, value in run_device_bench(args.steps).items():
+            print(f"{name}: {value:.3f}" if isinstance(value, float) else f"{name}: {value}")
+        return 0
+    parser.error(f"unknown command {args.command!r}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
