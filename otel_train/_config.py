@@ -202,14 +202,15 @@ class Config:
                          key, ", ".join(sorted(_SPECS)))
             overrides.pop(key)
         values: dict[str, Any] = {}
+        warned: set[str] = set()  # one variable can feed two fields: say it once
         for name, spec in _SPECS.items():
             if name in overrides and overrides[name] is not None:
-                values[name] = _checked(name, spec, overrides[name], f"init({name}=...)", environ)
+                values[name] = _checked(name, spec, overrides[name], f"init({name}=...)", environ, warned)
                 continue
             for var in spec.env:
                 raw = environ.get(var)
                 if raw is not None and raw.strip():
-                    values[name] = _checked(name, spec, _env_value(var, raw), var, None)
+                    values[name] = _checked(name, spec, _env_value(var, raw), var, None, warned)
                     break
         return cls(**values)
 
@@ -225,19 +226,21 @@ def _env_value(var: str, raw: str) -> str:
 
 
 def _checked(name: str, spec: _Spec, value: Any, source: str,
-             environ: Mapping[str, str] | None) -> Any:
+             environ: Mapping[str, str] | None, warned: set[str]) -> Any:
     """Parse one value; on failure warn naming `source` and fall back (to the env, then default)."""
     try:
         return spec.parse(value)
     except _Invalid as err:
         default = _DEFAULTS[name]
-        _log.warning("otel_train: %s=%r is not valid: %s; using the default %r.",
-                     source, value, err, default)
+        if source not in warned:
+            warned.add(source)
+            _log.warning("otel_train: %s=%r is not valid: %s; using the default %r.",
+                         source, value, err, default)
         if environ is not None:
             for var in spec.env:
                 raw = environ.get(var)
                 if raw is not None and raw.strip():
-                    return _checked(name, spec, _env_value(var, raw), var, None)
+                    return _checked(name, spec, _env_value(var, raw), var, None, warned)
         return default
 
 

@@ -197,6 +197,7 @@ class DeviceTiming:
         self.settled = True
         if _timing is self:
             _pool = self.pool
+            _publish()
 
     def use_device(self, where: Any) -> bool:
         """Time the device `where` lives on (a module, tensor, torch.device or string)."""
@@ -209,6 +210,8 @@ class DeviceTiming:
         if events is None:
             # CPU (or no timing events): host time is the truth; stop looking.
             self.settled = True
+            if _timing is self:
+                _publish()
             return False
         self.use(events[0], device_type, events[1])
         return True
@@ -231,6 +234,19 @@ class DeviceTiming:
         except Exception as err:  # noqa: BLE001 - an odd build; never raise into training
             _log.debug("otel_train: device probe failed: %s", err)
             self.settled = True
+            if _timing is self:
+                _publish()
+        return False
+
+    def region_probe(self) -> bool:
+        """A region looking for the device (only the first `_REGION_PROBES` do)."""
+        if self.settled or self.region_probes <= 0:
+            return False
+        self.region_probes -= 1
+        if self.probe():
+            return True
+        if self.region_probes <= 0 and _timing is self:
+            _publish()  # steps keep looking; regions stop paying for it
         return False
 
     def on_step_end(self, step: _Step) -> None:
@@ -280,6 +296,7 @@ class DeviceResolver:
         self._ref: DeviceEvent | None = None
         self._ref_pool: EventPool | None = None
         self._ref_host = 0  # estimated host perf ns at which `_ref` completed
+        self._warned = False
 
     # -- Worker hooks --------------------------------------------------------------------
     def __call__(self, batch: list[Any]) -> list[Any]:
@@ -289,7 +306,7 @@ class DeviceResolver:
         now = self.now()
         while parked:
             record = parked[0]
-            if not self._resolve(record):
+            if not self._try(record):
                 if len(parked) <= self.max_parked and now - _host_end(record) <= self.max_wait_ns:
                     break  # everything behind it waits: a step never overtakes its phases
                 self._give_up(record)
@@ -306,12 +323,23 @@ class DeviceResolver:
             out.extend(self([]))
         while self.parked:
             record = self.parked.popleft()
-            if not self._resolve(record):
+            if not self._try(record):
                 self._give_up(record)
             out.append(record)
         return out
 
     # -- one record ----------------------------------------------------------------------
+    def _try(self, record: Any) -> bool:
+        try:
+            return self._resolve(record)
+        except Exception as err:  # noqa: BLE001 - a device error must not kill the worker
+            if not self._warned:
+                self._warned = True
+                _log.warning("otel_train: reading device events failed (%s); the spans concerned carry "
+                             "host time only.", err)
+            self._give_up(record)
+            return True
+
     def _resolve(self, record: Any) -> bool:
         """True when `record` is ready (its `dev` is now a dict or None); False: wait."""
         dev = getattr(record, "dev", None)
@@ -384,7 +412,7 @@ class DeviceResolver:
         for name in ("dev", "ev1"):
             event = getattr(record, name, None)
             if event is not None and type(event) is not dict:
-                if pool is not None:
+                if pool is not None and event is not self._ref:
                     self.limbo.append((pool, event))
                 setattr(record, name, None)
         self.unresolved += 1
@@ -415,27 +443,34 @@ _pool: EventPool | None = None  # read by `_DeviceRegion`; None until a device i
 
 
 class _DeviceRegion(_Region):
-    """A region that also records device events at entry and exit (cheap: `record()` only)."""
+    """A region that also records device events at entry and exit (cheap: `record()` only).
+
+    `timed` says whether this one asks for device time: `device_time=` when given, else
+    whether its name is one of `semconv.DEVICE_TIMED_SPANS`.
+    """
 
     __slots__ = ("ev1",)
 
+    def __init__(self, name: str, device_time: bool | None = None, **attrs: Any) -> None:
+        self.name = name
+        self.attrs = attrs
+        self.timed = name in _DEVICE_TIMED if device_time is None else device_time
+
     def __enter__(self) -> _DeviceRegion:
         _Region.__enter__(self)  # reads t0 before the event is recorded (the anchor relies on it)
-        if self.rec is not None:
+        if self.timed and self.rec is not None:
             pool = _pool
             if pool is None:
                 timing = _timing
-                if timing is None or timing.settled or timing.region_probes <= 0:
-                    return self
-                timing.region_probes -= 1
-                if not timing.probe():
+                if timing is None or not timing.region_probe():
+                    self.dev = None
                     return self
                 pool = _pool
             self.dev = pool.take()  # type: ignore[union-attr]
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if self.dev is not None:
+        if self.timed and self.rec is not None and self.dev is not None:
             pool = _pool
             # Recorded before the record is appended: the worker must never see half of it.
             self.ev1 = pool.take() if pool is not None else None
@@ -446,14 +481,34 @@ _DEVICE_TIMED = frozenset(semconv.DEVICE_TIMED_SPANS)
 
 
 def region_class(name: str | None = None) -> type[_Region]:
-    """The region class to time a phase with: `_DeviceRegion` while device timing is on.
+    """The class to open a phase region with; for integrations (automatic instrumentation).
 
-    For integrations (automatic instrumentation): `region_class()(semconv.SPAN_FORWARD, attrs)`.
-    With `name` given, only the span names that carry device time by default get events.
+    `region_class(semconv.SPAN_FORWARD)(semconv.SPAN_FORWARD, **attrs)`: `_DeviceRegion` while
+    device timing is choosing or has chosen a device (and, with `name`, the name is one that
+    carries device time by default), else the plain `_Region`. Cheap: call it per region.
     """
-    if _timing is None or (name is not None and name not in _DEVICE_TIMED):
-        return _Region
-    return _DeviceRegion
+    cls = _recorder.region_factory
+    if cls is _DeviceRegion and (name is None or name in _DEVICE_TIMED):
+        return _DeviceRegion
+    return _Region
+
+
+def _publish() -> None:
+    """Point `otel_train.span` (and decorated functions) at the region class now in force.
+
+    `_DeviceRegion` while a device is timed or the first regions may still find one; the
+    plain `_Region` otherwise, so a CPU-only run pays nothing for device timing.
+    """
+    timing = _timing
+    wanted = timing is not None and (timing.pool is not None or
+                                     (not timing.settled and timing.region_probes > 0))
+    cls: type[_Region] = _DeviceRegion if wanted else _Region
+    if _recorder.region_factory is cls:
+        return
+    _recorder.region_factory = cls
+    package = sys.modules.get("otel_train")
+    if package is not None and isinstance(getattr(package, "span", None), type):  # not the disabled no-op
+        package.span = cls  # type: ignore[attr-defined]
 
 
 def use_device(where: Any) -> None:
@@ -467,17 +522,20 @@ def active() -> DeviceTiming | None:
     return _timing
 
 
-def install(recorder: _recorder.Recorder, pool_size: int = _POOL_SIZE) -> DeviceResolver:
+def install(recorder: _recorder.Recorder, pool_size: int = _POOL_SIZE, max_parked: int = _MAX_PARKED,
+            max_wait_s: float = _MAX_WAIT_NS / 1e9) -> DeviceResolver:
     """Turn device timing on for `recorder`; returns the Worker's `resolve` hook."""
     global _timing, _pool
     timing = DeviceTiming(pool_size)
     _timing, _pool = timing, None
     recorder.step_end = timing.on_step_end
-    timing.probe()
-    return DeviceResolver(timing, recorder.clock)
+    if not timing.probe():
+        _publish()
+    return DeviceResolver(timing, recorder.clock, max_parked, int(max_wait_s * 1e9))
 
 
 def uninstall() -> None:
     """Turn device timing off (shutdown, or a forked child, which must not touch the parent's events)."""
     global _timing, _pool
     _timing, _pool = None, None
+    _publish()

@@ -10,10 +10,12 @@ exactly what was lost if it has to kill this process at the shutdown bound.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import signal
 import struct
 import sys
+import threading
 import time
 from typing import Any, BinaryIO
 
@@ -32,8 +34,20 @@ def _read(stream: BinaryIO) -> Any:
 
 
 def _report(stats: dict[str, int]) -> None:
-    sys.stdout.write(json.dumps(stats) + "\n")
-    sys.stdout.flush()
+    try:
+        sys.stdout.write(json.dumps(stats) + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, OSError):
+        os._exit(0)  # the trainer is gone and nobody reads: nothing left to report to
+
+
+def _watch_parent(timeout_s: float) -> None:
+    """If the trainer dies, finish within its shutdown bound instead of lingering in an export."""
+    parent = os.getppid()
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    time.sleep(timeout_s)
+    os._exit(0)
 
 
 def main() -> int:
@@ -46,8 +60,9 @@ def main() -> int:
     from otel_train._pipeline import ExportPipeline
 
     setup = first[1]
-    pipeline = ExportPipeline(setup)
     timeout_s = float(setup["config"]["shutdown_timeout_s"])
+    threading.Thread(target=_watch_parent, args=(timeout_s,), daemon=True).start()
+    pipeline = ExportPipeline(setup)
     while True:
         message = _read(stdin)
         if message is None or message[0] == "shutdown":

@@ -29,7 +29,9 @@ class TrainMetrics:
         readers = list(extra_readers)
         if exporter is not None:
             readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=interval_ms))
-        self.provider = MeterProvider(resource=resource, metric_readers=readers)
+        # shutdown_on_exit=False: our own bounded shutdown stops it; the SDK's atexit hook
+        # would export again with the exporter's full timeout to a collector that may be dead.
+        self.provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
         meter = self.provider.get_meter(semconv.SCOPE_NAME, version)
 
         def seconds(name: str, description: str) -> Any:

@@ -123,11 +123,13 @@ class _Region:
     """
 
     __slots__ = ("name", "attrs", "rec", "parent", "token", "seq", "step", "t0", "t1",
-                 "exc", "events", "dev", "truncated")
+                 "exc", "events", "dev", "truncated", "timed")
 
-    def __init__(self, name: str, **attrs: Any) -> None:
+    def __init__(self, name: str, device_time: bool | None = None, **attrs: Any) -> None:
         self.name = name
         self.attrs = attrs
+        if device_time is not None:  # kept for `__call__`; only `_device._DeviceRegion` acts on it
+            self.timed = device_time
 
     def __enter__(self) -> _Region:
         r = _rec
@@ -166,19 +168,26 @@ class _Region:
 
     def __call__(self, fn: _F) -> _F:
         """Decorate `fn` (sync or async): each call runs in a fresh region of this name."""
-        name, attrs = self.name, self.attrs
+        # The region class is looked up per call: a function decorated at import time gets
+        # device events once device timing has chosen a device (`_device`).
+        name, attrs, timed = self.name, self.attrs, getattr(self, "timed", None)
         if inspect.iscoroutinefunction(fn):
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                with _Region(name, **attrs):
+                with region_factory(name, timed, **attrs):
                     return await fn(*args, **kwargs)
             return async_wrapper  # type: ignore[return-value]
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with _Region(name, **attrs):
+            with region_factory(name, timed, **attrs):
                 return fn(*args, **kwargs)
         return wrapper  # type: ignore[return-value]
+
+
+#: The class `otel_train.span` hands out while enabled: `_Region`, or `_device._DeviceRegion`
+#: while device timing is choosing or has chosen a device (set by `_device`).
+region_factory: Callable[..., _Region] = _Region
 
 
 class _After:
@@ -397,14 +406,51 @@ def begin_step(n: int | None = None, epoch: int | None = None, attrs: dict[str, 
     return step
 
 
-def end_step() -> _Step | None:
-    """Close the open step (if any) and return it."""
+def end_step(t1: int | None = None) -> _Step | None:
+    """Close the open step (if any) and return it; `t1` (perf ns) sets its end, default now."""
     r = _rec
     if r is None or not isinstance(r.step, _Step):
         return None
     step = r.step
-    step.__exit__(None, None, None)
+    if t1 is None:
+        step.__exit__(None, None, None)
+        return step
+    # The end must be in place before the record is appended: the worker may drain it at once.
+    step.t1 = t1
+    step.exc = None
+    r.step = _After(step)
+    r.append(step)
     return step
+
+
+def record(name: str, attrs: dict[str, Any] | None, t0: int, t1: int, parent: _Region | None = None) -> None:
+    """Append a region that already happened (`t0`..`t1`, perf ns) to the open step, or the one just ended.
+
+    For detection that only knows what a region was once it is over (a batch fetch turns out
+    to feed an evaluation; a GC pause is measured by two callbacks).
+    """
+    r = _rec
+    if r is None:
+        return
+    region = _Region(name, attrs)
+    region.rec = r
+    region.parent = parent
+    region.seq = next(r.seq)
+    region.step = r.step
+    region.t0 = t0
+    region.t1 = t1
+    region.exc = None
+    r.append(region)
+
+
+def abandon(region: _Region) -> None:
+    """Leave an entered region without recording it (detection found it was not what it seemed)."""
+    if getattr(region, "rec", None) is None or hasattr(region, "t1"):
+        return
+    try:
+        _current.reset(region.token)
+    except ValueError:  # left in another context
+        _current.set(region.parent)
 
 
 def open_step() -> _Step | None:

@@ -37,6 +37,7 @@ class _State:
         self.destination = destination
         self.salt = 0
         self.closed = False
+        self.device: Any = None  # the device-timing resolver (`_device.DeviceResolver`) when on
 
 
 _state: _State | None = None
@@ -103,9 +104,14 @@ def init(span_processors: Sequence[Any] = (), metric_readers: Sequence[Any] = ()
             except OSError as err:
                 _log.warning("otel_train: cannot start the exporter process (%s); exporting from a thread.", err)
                 sink = local()
-        worker = Worker(recorder, sink, cfg.flush_interval_ms / 1000.0)
+        resolve = None
+        if cfg.device_timing == "auto":
+            from otel_train import _device
+            resolve = _device.install(recorder)  # chooses the device lazily; torch is never imported here
+        worker = Worker(recorder, sink, cfg.flush_interval_ms / 1000.0, resolve=resolve)
         _state = _State(cfg, run, worker, describe_destination(cfg, run))
         _state.salt = salt
+        _state.device = resolve
         _recorder.install(recorder)
         _set_span_factory(disabled=False)
         worker.start()
@@ -117,7 +123,8 @@ def _set_span_factory(disabled: bool) -> None:
     # `otel_train.span` costs one call to a function returning a shared no-op when disabled.
     package = sys.modules.get("otel_train")
     if package is not None:
-        package.span = _recorder.noop_span if disabled else package._span  # type: ignore[attr-defined]
+        # Enabled: `_recorder.region_factory`, which device timing points at its own region class.
+        package.span = _recorder.noop_span if disabled else _recorder.region_factory  # type: ignore[attr-defined]
 
 
 def state() -> _State | None:
@@ -143,10 +150,16 @@ def shutdown(timeout_s: float | None = None) -> None:
         bound = st.cfg.shutdown_timeout_s if timeout_s is None else max(0.0, float(timeout_s))
         deadline = time.monotonic() + bound
         recorder = st.worker.recorder
-        _truncate_open(recorder)
         _recorder.install(None)
-        stats = st.worker.stop(deadline)
-        _report(st, recorder, stats, bound)
+        try:
+            _truncate_open(recorder)
+            stats = st.worker.stop(deadline)
+            if st.device is not None:
+                from otel_train import _device
+                _device.uninstall()
+            _report(st, recorder, stats, bound)
+        except Exception as err:  # noqa: BLE001 - shutdown runs at exit and in signal handlers
+            _log.warning("otel_train: shutdown failed: %r", err)
 
 
 def _truncate_open(recorder: _recorder.Recorder) -> None:
@@ -165,7 +178,8 @@ def _report(st: _State, recorder: _recorder.Recorder, stats: dict[str, int] | No
     buffer_full = recorder.dropped
     if stats is None:
         msg = (f"otel_train: shutdown bound of {bound:g} s reached while still exporting to {st.destination}; "
-               f"records not yet exported are lost (buffer full: {buffer_full}).")
+               f"dropped: {buffer_full} (buffer full), {st.worker.pending()} still queued and the batch "
+               "being exported (cut off at shutdown)")
     else:
         failed = stats.get("failed", 0)
         if st.destination == "none":
@@ -176,6 +190,10 @@ def _report(st: _State, recorder: _recorder.Recorder, stats: dict[str, int] | No
             msg += f"; dropped: {buffer_full} (buffer full), {failed} (export failed or cut off at shutdown)"
         else:
             msg += "; none dropped"
+    device = st.device
+    if device is not None and (device.timing.skipped or device.unresolved):
+        msg += (f"; device timing: {device.timing.skipped} regions without events (event pool empty), "
+                f"{device.unresolved} records without device time (events not complete in time)")
     print(msg, file=sys.stderr, flush=True)
 
 
@@ -213,5 +231,8 @@ def _after_fork_in_child() -> None:
     # The child keeps the parent's pipe to the exporter open but never writes to it: its
     # worker thread did not survive the fork and its recorder is gone.
     _recorder.install(None)
+    device = sys.modules.get("otel_train._device")
+    if device is not None:
+        device.uninstall()  # the parent's device events are not the child's to touch
     _state = None
     _forked_child = True

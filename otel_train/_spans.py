@@ -95,6 +95,13 @@ class AttributeCleaner:
         _log.warning("otel_train: span %r attribute %r: %s.", span_name, key, why)
 
 
+def _add_device(attrs: dict[str, Any], dev: Mapping[str, Any]) -> None:
+    """Device attributes from the wire's device dict, minus its private ("_") keys."""
+    for key, value in dev.items():
+        if not key.startswith("_"):
+            attrs[key] = value
+
+
 def _describe(value: Any) -> str:
     # A tensor's str() would copy it to the host (a device sync): describe it instead.
     if type(value).__name__ in ("Tensor", "Parameter") and hasattr(value, "shape"):
@@ -164,15 +171,23 @@ class SpanAssembler:
     def _on_span(self, wire: tuple[Any, ...], out: list[ReadableSpan]) -> None:
         name, step_n, step_seq = wire[W_NAME], wire[W_STEP], wire[W_STEP_SEQ]
         attrs = self.cleaner.clean(name, wire[W_ATTRS])
-        if wire[W_DEV]:
-            attrs.update(wire[W_DEV])
+        dev = wire[W_DEV]
+        if dev:
+            _add_device(attrs, dev)
         if step_n is not None:
             attrs[semconv.TRAIN_STEP] = step_n
         sibling_tag = _SIBLING_TAGS.get(name)
         parent_seq = wire[W_PARENT]
         if sibling_tag is not None:
             # Checkpoint / eval / GC: never inside a step; the step they belong to is tagged.
-            self._siblings.append((wire[W_T0], wire[W_T1]))
+            # With device time, the sibling holds the timeline from when the device started it
+            # (before that the device was finishing the step's work) until both host and device
+            # are done with it (async eval work may outlive its host span).
+            s0, s1 = wire[W_T0], wire[W_T1]
+            if dev:
+                s0 += max(0, dev.get(semconv.WIRE_DEV_START_NS, 0))
+                s1 += max(0, dev.get(semconv.WIRE_DEV_END_NS, 0))
+            self._siblings.append((s0, s1))
             if step_n is not None:
                 self._add_tag(step_n, step_seq, sibling_tag)
             parent_id = region_span_id(self.salt, parent_seq) if parent_seq is not None else None
@@ -190,9 +205,16 @@ class SpanAssembler:
 
     def _on_step(self, wire: tuple[Any, ...], out: list[ReadableSpan]) -> None:
         t0, t1 = wire[W_T0], wire[W_T1]
-        start = self._prev_step_end if self._prev_step_end is not None and self._prev_step_end < t1 else t0
-        own_ns = (t1 - start) - self._sibling_ns(start, t1)
-        self._prev_step_end = t1
+        # The step's boundary is when the device finished its last work (its end event, mapped
+        # to the host clock), not when the host finished dispatching it: under asynchronous
+        # dispatch the host runs ahead (MaxText #4270). Without device time (CPU, or no event
+        # to spare), the host end is the boundary, which on CPU is the same thing.
+        dev = wire[W_DEV]
+        end = t1 + dev[semconv.WIRE_DEV_END_NS] if dev and semconv.WIRE_DEV_END_NS in dev else t1
+        prev = self._prev_step_end
+        start = prev if prev is not None and prev < end else t0
+        own_ns = (end - start) - self._sibling_ns(start, end)
+        self._prev_step_end = end
         held = _HeldStep(wire, max(own_ns, 0) / 1e9)
         for kind, payload in self._orphans.pop(wire[W_SEQ], ()):
             (held.tags if kind == KIND_TAG else held.events).append(payload)
@@ -230,7 +252,7 @@ class SpanAssembler:
         step_n = wire[W_STEP]
         attrs = self.cleaner.clean(semconv.SPAN_STEP, wire[W_ATTRS])
         if wire[W_DEV]:
-            attrs.update(wire[W_DEV])
+            _add_device(attrs, wire[W_DEV])
         attrs[semconv.TRAIN_STEP] = step_n
         attrs[semconv.TRAIN_STEP_TIME_S] = held.time_s
         if held.tags:

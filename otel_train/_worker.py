@@ -45,6 +45,10 @@ class Sink(Protocol):
 
     def close(self, deadline: float) -> dict[str, int]: ...
 
+    def abort(self) -> bool:
+        """Stop exporting at once (the shutdown bound is reached); True if that unblocks `close`."""
+        ...
+
 
 class LocalSink:
     """Runs the export pipeline on the worker thread."""
@@ -57,6 +61,9 @@ class LocalSink:
 
     def close(self, deadline: float) -> dict[str, int]:
         return self.pipeline.shutdown(deadline)
+
+    def abort(self) -> bool:
+        return False  # an exporter call on this thread cannot be interrupted
 
 
 def _child_env() -> dict[str, str]:
@@ -76,7 +83,9 @@ class ProcessSink:
     def __init__(self, setup: Mapping[str, Any], fallback: Callable[[], LocalSink]) -> None:
         self._fallback_factory = fallback
         self._fallback: LocalSink | None = None
+        self._aborted = False
         self.sent = 0
+        self.lost = 0
         self.progress: dict[str, int] = {}
         self._lock = threading.Lock()
         self.proc = subprocess.Popen(
@@ -96,6 +105,8 @@ class ProcessSink:
             self.sent += len(records)
         elif self._fallback is not None:
             self._fallback.send(records, dropped)
+        else:
+            self.lost += len(records)  # aborted at the shutdown bound
 
     def close(self, deadline: float) -> dict[str, int]:
         if self._fallback is not None:
@@ -114,9 +125,19 @@ class ProcessSink:
             self.proc.wait()
         self._reader.join(timeout=0.5)
         stats = dict(self.progress)
-        # Records the exporter never got to (killed at the bound) are reported, not forgotten.
-        stats["failed"] = stats.get("failed", 0) + self.unacknowledged()
+        if not stats.get("final"):
+            # Killed at the bound: whatever it had not exported is lost, and said so.
+            stats["failed"] = max(0, self.sent - stats.get("exported", 0)) + self.lost
+        else:
+            stats["failed"] = stats.get("failed", 0) + self.unacknowledged() + self.lost
         return stats
+
+    def abort(self) -> bool:
+        self._aborted = True
+        if self._fallback is not None:
+            return False
+        self.proc.kill()  # any write blocked on the full pipe now fails at once
+        return True
 
     def unacknowledged(self) -> int:
         return max(0, self.sent - self.progress.get("received", 0))
@@ -131,7 +152,7 @@ class ProcessSink:
                 stdin.flush()  # type: ignore[union-attr]
             return True
         except (BrokenPipeError, OSError, ValueError) as err:
-            if self._fallback is None and message[0] != "shutdown":
+            if self._fallback is None and message[0] != "shutdown" and not self._aborted:
                 _log.warning("otel_train: the exporter process is gone (%s); exporting from a thread "
                              "in the training process instead.", err)
                 self._fallback = self._fallback_factory()
@@ -184,39 +205,61 @@ class Worker:
                 break
             self.drain()
 
-    def drain(self) -> int:
-        """Move everything in the buffer to the sink; returns how many records went."""
+    def drain(self, final_deadline: float | None = None) -> int:
+        """Move everything in the buffer to the sink; returns how many records went.
+
+        With a `resolve` hook (device timing), records whose device events are still pending
+        stay parked in it: the buffer is emptied regardless (the hook bounds what it parks) and
+        the hook is asked again on every drain. `final_deadline` (shutdown) releases them all.
+        """
         moved = 0
         with self._busy:
             offset = wall_offset(self.recorder.clock)
             while True:
-                batch = self.recorder.drain(_SLICE)
-                if self.resolve is not None:
-                    batch = self.resolve(batch)
-                if not batch:
+                raw = self.recorder.drain(_SLICE)
+                batch = raw if self.resolve is None else self.resolve(raw)
+                if batch:
+                    moved += self._send(batch, offset)
+                if not raw:
                     break
-                try:
-                    self.sink.send([to_wire(r, offset) for r in batch], {"buffer_full": self.recorder.dropped})
-                except Exception as err:  # noqa: BLE001 - never let the worker die
-                    _log.warning("otel_train: exporting %d records failed: %s", len(batch), err)
-                moved += len(batch)
                 time.sleep(0)  # hand the GIL back to the training thread between slices
+            flush = getattr(self.resolve, "flush", None) if final_deadline is not None else None
+            if flush is not None:
+                rest = flush(final_deadline)
+                if rest:
+                    moved += self._send(rest, offset)
         return moved
 
+    def _send(self, batch: list[Any], offset: int) -> int:
+        try:
+            self.sink.send([to_wire(r, offset) for r in batch], {"buffer_full": self.recorder.dropped})
+        except Exception as err:  # noqa: BLE001 - never let the worker die
+            _log.warning("otel_train: exporting %d records failed: %s", len(batch), err)
+        return len(batch)
+
     def stop(self, deadline: float) -> dict[str, int] | None:
-        """Final drain and sink close, bounded by `deadline` (time.monotonic seconds)."""
+        """Final drain and sink close, bounded by `deadline` (time.monotonic seconds).
+
+        Returns the sink's final counts, or None if an exporter on a thread of this process is
+        still blocked at the deadline (then `pending()` records were never sent).
+        """
         self._stop = True
         self._wake.set()
-        self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
         result: dict[str, int] = {}
 
         def finish() -> None:
-            self.drain()
+            self._thread.join()
+            self.drain(final_deadline=deadline)
             result.update(self.sink.close(deadline))
 
         closer = threading.Thread(target=finish, name="otel_train-shutdown", daemon=True)
         closer.start()
         closer.join(timeout=max(0.0, deadline - time.monotonic()))
+        if closer.is_alive() and self.sink.abort():
+            closer.join(timeout=1.0)  # the abort unblocked it: collect the counts
         if closer.is_alive():
-            return None  # still blocked (an exporter ignoring its timeout): the caller reports it
+            return None
         return result
+
+    def pending(self) -> int:
+        return len(self.recorder.buf)

@@ -26,6 +26,11 @@ SPAN_DISPATCH_WAIT: Final = "pipeline.dispatch_wait"
 PHASE_SPANS: Final = (SPAN_DATA, SPAN_FORWARD, SPAN_BACKWARD, SPAN_OPTIMIZER, SPAN_COLLECTIVE)
 #: Spans that are siblings of steps, never inside one (CONVENTIONS.md §2).
 STEP_SIBLING_SPANS: Final = (SPAN_CHECKPOINT, SPAN_EVAL, SPAN_GC)
+#: Spans that record device events by default while device timing is on (`otel_train.span(name,
+#: device_time=True/False)` overrides it). Not `train.data` (host and network work: the device is
+#: idle) nor `train.gc` (a host pause).
+DEVICE_TIMED_SPANS: Final = (SPAN_FORWARD, SPAN_BACKWARD, SPAN_OPTIMIZER, SPAN_COLLECTIVE, SPAN_CHECKPOINT,
+                             SPAN_EVAL)
 
 # --- span attributes (CONVENTIONS.md §4) -------------------------------------------
 TRAIN_STEP: Final = "train.step"
@@ -45,6 +50,11 @@ COMM_GROUP_SIZE: Final = "comm.group_size"
 INFER_BATCH_SIZE: Final = "infer.batch_size"
 INFER_SAMPLES: Final = "infer.samples"
 TRUNCATED: Final = "otel_train.truncated"
+#: Private keys of the wire's device dict (W_DEV), never span attributes: where the device
+#: started / finished a region, as ns relative to its host start / end (device time mapped to
+#: the host clock by the anchor, `_device`). Every key starting with "_" is stripped.
+WIRE_DEV_START_NS: Final = "_dev.start_ns"
+WIRE_DEV_END_NS: Final = "_dev.end_ns"
 #: Standard OTel attribute: the exception type that ended a span with an error.
 ERROR_TYPE: Final = "error.type"
 

@@ -1,0 +1,859 @@
+"""Step and phase detection for unmodified PyTorch training loops: the hooks and the state machine.
+
+`install()` uses torch's own hooks where torch has them and patches (with `wrapt`) only where
+it has none; `uninstall()` undoes every one. What each hook sees becomes (CONVENTIONS.md §3):
+
+| source                                                        | span                              |
+|---------------------------------------------------------------|-----------------------------------|
+| global module forward pre/post hooks, outermost module only   | `train.forward`, or `train.eval`  |
+| `torch.autograd.backward` (patched; `Tensor.backward` calls it) | `train.backward`                |
+| global optimizer step pre/post hooks                          | `train.optimizer`, step boundary  |
+| `Optimizer.zero_grad`, `Module.zero_grad`, `clip_grad_norm_`  | `train.optimizer` inside a step   |
+| `_BaseDataLoaderIter.__next__` and the `Tensor.to` calls after it | `train.data`                  |
+| `torch.save`, `torch.distributed.checkpoint.save/load`        | `train.checkpoint`                |
+| `gc.callbacks` (full collections, or any pause >= 1 ms)       | `train.gc`                        |
+| `torch.distributed` collectives                               | `train.collective`                |
+
+The step machine. A step is one optimizer update: it spans from the previous boundary (the end
+of the last step's optimizer update, or of the checkpoint / evaluation that followed it) to the
+end of its own update. It opens lazily, at the first training phase after a boundary, backdated
+to that boundary, so the end of a loop leaves no empty step behind. An optimizer step does not
+close the step at once, since another optimizer may follow (a GAN's generator after its
+discriminator); the step is closed, with the end of its last update, by what comes next:
+
+- in a loop that pulls batches from a DataLoader: the next batch fetch;
+- otherwise: the next forward (or backward) pass;
+- a checkpoint or an evaluation pass (they are siblings of the step, never inside it);
+- the end of training (a framework callback, `uninstrument()`, or interpreter exit).
+
+Gradient accumulation: a forward after a backward starts a new micro-batch of the same step
+(`train.micro_batch`, and `train.micro_batches` on the step). A loop with no optimizer at all
+(manual `p.data.add_` updates) gets one step per forward/backward cycle instead.
+
+A forward under `no_grad()` / `inference_mode()`, or of a module in `.eval()` mode, is evaluation:
+consecutive ones form one `train.eval` span (with the batch fetches feeding them), which tags
+the step it follows. Two exceptions keep auxiliary forwards inside their step: one made in the
+middle of a step (a target network between forward and optimizer step), and one right after
+the loop fetched a training batch (a distillation teacher).
+
+Everything on the hot path returns at once when the recorder is off (`_recorder._rec is None`)
+or while torch.compile traces (`torch.compiler.is_compiling()`, tested first so Dynamo folds it
+and guards on nothing of ours). It only creates, enters and leaves `_recorder._Region` objects
+and opens and closes steps. State is per process and assumes one training thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import logging
+import warnings
+import weakref
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import torch
+import wrapt
+from torch.compiler import is_compiling
+
+from otel_train import _imports, _recorder, semconv
+from otel_train._recorder import _Region, _Step
+
+_log = logging.getLogger("otel_train")
+
+_DATA = semconv.SPAN_DATA
+_FORWARD = semconv.SPAN_FORWARD
+_BACKWARD = semconv.SPAN_BACKWARD
+_OPTIMIZER = semconv.SPAN_OPTIMIZER
+_EVAL = semconv.SPAN_EVAL
+_CHECKPOINT = semconv.SPAN_CHECKPOINT
+_GC = semconv.SPAN_GC
+_COLLECTIVE = semconv.SPAN_COLLECTIVE
+
+#: A young-generation collection becomes a span only when it pauses at least this long;
+#: full collections always do. Gen-0 collections run thousands of times a second for microseconds.
+GC_MIN_PAUSE_NS = 1_000_000
+
+# What the outermost forward in flight is.
+_FWD_TRAIN, _FWD_EVAL, _FWD_AUX, _FWD_SKIP = range(4)
+# Which training phase reaches `_train_activity`.
+_PH_FWD, _PH_BWD, _PH_OPT = range(3)
+# Pending entry fields: [name, t0, t1, dataset, iterator].
+_P_NAME, _P_T0, _P_T1, _P_SRC, _P_ITER = range(5)
+
+# One shared, never mutated attribute dict per micro-batch index: no dict per call.
+_MB_ATTRS = tuple({semconv.TRAIN_MICRO_BATCH: i} for i in range(256))
+
+# `torch.compile(module)` warns when global module hooks exist (they fire for the wrapper and
+# the wrapped module); the outermost-forward rule already counts that pair once.
+_COMPILE_HOOK_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
+
+
+def _mb_attrs(i: int) -> dict[str, int]:
+    return _MB_ATTRS[i] if i < 256 else {semconv.TRAIN_MICRO_BATCH: i}
+
+
+class _State:
+    """Where the detector is in the current step; one per process."""
+
+    __slots__ = ("step", "boundary", "opt_end", "last_end", "stepped", "mb", "mb_fwd", "mb_bwd",
+                 "pending", "data_driven", "train_src", "train_iter", "epoch", "epoch_fixed", "uses_opt",
+                 "fetching", "fwd_depth", "fwd_kind", "fwd_region", "bwd_depth", "opt_depth", "opt_region",
+                 "opt_owner", "opt_closure", "aux_depth", "ckpt_depth", "coll_depth", "eval_t0", "eval_t1",
+                 "eval_explicit", "gc_t0", "lazy", "exit_hook")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.step: _Step | None = None  # the step this module opened and has not closed
+        self.boundary: int | None = None  # perf ns where the next step begins
+        self.opt_end: int | None = None  # end of the open step's last update: the step is complete
+        self.last_end: int | None = None  # end of the open step's last phase
+        self.stepped: list[int] = []  # ids of the optimizers that stepped in the open step
+        self.mb = 0
+        self.mb_fwd = False  # the current micro-batch had a forward
+        self.mb_bwd = False  # ... and a backward
+        self.pending: list[list[Any]] = []  # fetches (and zero_grads) not yet given to a step
+        self.data_driven: bool | None = None  # batches come from a DataLoader; False: not one per step
+        self.train_src: Any = None  # the dataset training batches come from
+        self.train_iter: weakref.ref[Any] | None = None  # the iterator of the current epoch
+        self.epoch: int | None = None
+        self.epoch_fixed = False  # a framework callback sets the epoch
+        self.uses_opt: bool | None = None
+        self.fetching = False
+        self.fwd_depth = 0
+        self.fwd_kind = _FWD_SKIP
+        self.fwd_region: _Region | None = None
+        self.bwd_depth = 0
+        self.opt_depth = 0
+        self.opt_region: _Region | None = None
+        self.opt_owner: Any = None
+        self.opt_closure = False
+        self.aux_depth = 0
+        self.ckpt_depth = 0
+        self.coll_depth = 0
+        self.eval_t0: int | None = None
+        self.eval_t1: int | None = None
+        self.eval_explicit = False
+        self.gc_t0: int | None = None
+        self.lazy = False
+        self.exit_hook = False
+
+
+_s = _State()
+
+
+def _active() -> _recorder.Recorder | None:
+    """The recorder, initialising it on first training activity in a process that waits to know
+    whether it is a trainer (a `multiprocessing` child, see `install(lazy=True)`)."""
+    r = _recorder._rec
+    if r is None and _s.lazy:
+        _s.lazy = False
+        from torch.utils.data import get_worker_info
+        if get_worker_info() is None:  # a DataLoader worker is never a trainer
+            r = _recorder.auto_init()
+    return r
+
+
+# --- the step machine ------------------------------------------------------------------
+def _ours(r: _recorder.Recorder, s: _State) -> bool:
+    return s.step is not None and r.step is s.step
+
+
+def _manual(s: _State) -> bool:
+    """True in a loop that updates its weights without any torch optimizer."""
+    if s.uses_opt is None:
+        # Once per process, at the first ambiguous moment (forward after backward, no
+        # optimizer step yet): gradient accumulation or a manual update?
+        s.uses_opt = any(isinstance(o, torch.optim.Optimizer) for o in gc.get_objects())
+    return not s.uses_opt
+
+
+def _complete(s: _State) -> bool:
+    return s.opt_end is not None or (s.mb_bwd and _manual(s))
+
+
+def _begin(r: _recorder.Recorder, s: _State, t: int) -> _Step | None:
+    t0 = t
+    for entry in s.pending:
+        if entry[_P_T0] < t0:
+            t0 = entry[_P_T0]
+    if s.boundary is not None and s.boundary < t0:
+        t0 = s.boundary
+    if not s.epoch_fixed:
+        _track_epoch(s)
+    step = _recorder.begin_step(None, s.epoch, None, t0)
+    s.step = step
+    s.mb = 0
+    s.mb_fwd = s.mb_bwd = False
+    s.opt_end = s.last_end = None
+    s.stepped.clear()
+    if not s.exit_hook:
+        # Registered after the runtime's own exit hook, so it runs first (LIFO): the last
+        # step is closed at its real end before shutdown would cut it as truncated.
+        atexit.register(_at_exit)
+        s.exit_hook = True
+    return step
+
+
+def _close(r: _recorder.Recorder, s: _State, t1: int) -> None:
+    step = s.step
+    s.step = None
+    s.opt_end = None
+    if step is not None and r.step is step:
+        _recorder.end_step(max(t1, step.t0))
+    if s.boundary is None or s.boundary < t1:
+        s.boundary = t1
+
+
+def _close_if_complete(r: _recorder.Recorder, s: _State, t: int) -> None:
+    """Before a sibling (checkpoint, evaluation): end our step if its update is done."""
+    if _ours(r, s) and _complete(s):
+        _close(r, s, s.opt_end if s.opt_end is not None else t)
+
+
+def _train_activity(r: _recorder.Recorder, s: _State, t: int, phase: int) -> _Step | None:
+    """A training phase starts at `t`: close what it ends, open the step it belongs to."""
+    if s.eval_t0 is not None and not s.eval_explicit:
+        _end_eval(r, s)
+    step = r.step
+    if isinstance(step, _Step):
+        if step is not s.step:
+            return step  # the user's explicit `otel_train.step()` rules; phases only
+        if phase != _PH_OPT:
+            new_mb = s.mb_bwd and (phase == _PH_FWD or not s.mb_fwd)
+            if s.opt_end is not None and not s.data_driven:
+                _close(r, s, s.opt_end)  # a new forward after an optimizer step begins a new step
+                step = None
+            elif new_mb:
+                if s.opt_end is None and _manual(s):
+                    _close(r, s, _first_pending(s, t))
+                    step = None
+                else:
+                    s.mb += 1
+                    s.mb_fwd = s.mb_bwd = False
+    if not isinstance(step, _Step):
+        step = _begin(r, s, t)
+    if s.pending:
+        _resolve_pending(r, s)
+    return step
+
+
+def _first_pending(s: _State, t: int) -> int:
+    for entry in s.pending:
+        if entry[_P_T0] < t:
+            t = entry[_P_T0]
+    return t
+
+
+def _resolve_pending(r: _recorder.Recorder, s: _State) -> None:
+    """The batches fetched (and zero_grads made) before this training phase belong to its step."""
+    attrs = _mb_attrs(s.mb)
+    parent = _recorder.current_region()
+    sources = []
+    for name, t0, t1, src, _ in s.pending:
+        _recorder.record(name, attrs if name is _DATA else None, t0, t1, parent)
+        if src is not None:
+            sources.append(src)
+    s.pending.clear()
+    if sources:
+        if s.data_driven is None:
+            s.data_driven = True
+        if s.train_src is None or not any(src is s.train_src for src in sources):
+            s.train_src = sources[-1]
+
+
+def _track_epoch(s: _State) -> None:
+    """A new iterator over the training dataset is a new epoch."""
+    for entry in s.pending:
+        it = entry[_P_ITER]
+        if it is None or (s.train_src is not None and entry[_P_SRC] is not s.train_src):
+            continue
+        current = s.train_iter() if s.train_iter is not None else None
+        if it is not current:
+            s.epoch = 0 if s.epoch is None else s.epoch + 1
+            try:
+                s.train_iter = weakref.ref(it)
+            except TypeError:
+                s.train_iter = None
+
+
+def _end_eval(r: _recorder.Recorder, s: _State) -> None:
+    t0 = s.eval_t0
+    t1 = s.eval_t1 if s.eval_t1 is not None else t0
+    s.eval_t0 = s.eval_t1 = None
+    s.eval_explicit = False
+    if t0 is None or t1 is None:
+        return
+    _recorder.record(_EVAL, None, t0, t1)
+    if s.step is None and (s.boundary is None or s.boundary < t1):
+        s.boundary = t1
+
+
+def _eval_forward(r: _recorder.Recorder, s: _State, t: int) -> int:
+    """An outermost forward without gradients or in eval mode starts at `t`: what is it?"""
+    if s.eval_explicit:
+        return _FWD_SKIP
+    ours = _ours(r, s)
+    if ours and (s.mb_fwd or s.mb_bwd) and not _complete(s):
+        return _FWD_AUX  # mid-step (a target network, a metric): part of the step
+    pending = s.pending
+    if pending and pending[-1][_P_NAME] is _DATA and s.train_src is not None \
+            and pending[-1][_P_SRC] is s.train_src:
+        return _FWD_AUX  # right after fetching a training batch (a distillation teacher)
+    t0 = t
+    keep = []
+    for entry in pending:
+        if entry[_P_NAME] is _DATA and (s.train_src is None or entry[_P_SRC] is not s.train_src):
+            if entry[_P_T0] < t0:
+                t0 = entry[_P_T0]
+        else:
+            keep.append(entry)
+    s.pending = keep
+    if ours:
+        _close(r, s, s.opt_end if s.opt_end is not None else t0)
+    if s.eval_t0 is None:
+        s.eval_t0 = t0
+    return _FWD_EVAL
+
+
+# --- hooks: forward ----------------------------------------------------------------------
+def _forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
+    if is_compiling():
+        return None
+    s = _s
+    if s.fwd_depth:
+        s.fwd_depth += 1
+        return None
+    if s.fetching:
+        return None  # a transform module inside a batch fetch
+    r = _recorder._rec
+    if r is None:
+        if not s.lazy or not torch.is_grad_enabled() or (r := _active()) is None:
+            return None
+    t = r.now()
+    if torch.is_grad_enabled() and module.training:
+        if s.opt_depth and s.opt_region is not None and _recorder.current_region() is s.opt_region:
+            # optimizer.step(closure): the closure's forward and backward are not the update.
+            _recorder.abandon(s.opt_region)
+            s.opt_region = None
+            s.opt_closure = True
+        step = _train_activity(r, s, t, _PH_FWD)
+        region = _Region(_FORWARD, _mb_attrs(s.mb))
+        region.__enter__()
+        s.fwd_region = region
+        s.mb_fwd = True
+        if step is not None and step is s.step:
+            step.micro_batches = s.mb + 1
+        s.fwd_kind = _FWD_TRAIN
+    else:
+        s.fwd_kind = _eval_forward(r, s, t)
+    s.fwd_depth = 1
+    return None
+
+
+def _forward_hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+    if is_compiling():
+        return None
+    s = _s
+    if not s.fwd_depth:
+        return None
+    s.fwd_depth -= 1
+    if s.fwd_depth:
+        return None
+    kind = s.fwd_kind
+    if kind == _FWD_TRAIN:
+        region = s.fwd_region
+        s.fwd_region = None
+        if region is not None:
+            region.__exit__(None, None, None)
+            if region.rec is not None:
+                s.last_end = region.t1
+    elif kind == _FWD_EVAL:
+        r = _recorder._rec
+        if r is not None and s.eval_t0 is not None:
+            s.eval_t1 = r.now()
+    return None
+
+
+# --- hooks: backward -----------------------------------------------------------------------
+def _backward_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+    s = _s
+    if s.bwd_depth or is_compiling() or s.eval_explicit:
+        return wrapped(*args, **kwargs)
+    r = _active()
+    if r is None:
+        return wrapped(*args, **kwargs)
+    step = _train_activity(r, s, r.now(), _PH_BWD)
+    region = _Region(_BACKWARD, _mb_attrs(s.mb))
+    region.__enter__()
+    s.bwd_depth = 1
+    try:
+        out = wrapped(*args, **kwargs)
+    except BaseException as err:
+        region.__exit__(type(err), err, None)
+        raise
+    else:
+        region.__exit__(None, None, None)
+    finally:
+        s.bwd_depth = 0
+        s.mb_bwd = True
+        if step is not None and step is s.step:
+            step.micro_batches = s.mb + 1
+        if region.rec is not None:
+            s.last_end = region.t1
+        if s.opt_closure and s.opt_depth and s.opt_region is None:
+            s.opt_region = _Region(_OPTIMIZER, None).__enter__()  # the update after the closure
+    return out
+
+
+# --- hooks: optimizer ----------------------------------------------------------------------
+def _optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+    if is_compiling():
+        return None
+    s = _s
+    if s.opt_depth:
+        stale = optimizer is s.opt_owner or (
+            s.opt_region is not None and _recorder.current_region() is not s.opt_region)
+        if not stale:
+            s.opt_depth += 1  # an optimizer wrapping another one
+            return None
+        if s.opt_region is not None:  # the previous step() raised: forget it
+            _recorder.abandon(s.opt_region)
+        s.opt_depth = 0
+        s.opt_region = None
+    r = _active()
+    if r is None:
+        return None
+    _train_activity(r, s, r.now(), _PH_OPT)
+    if s.data_driven and s.opt_end is not None and id(optimizer) in s.stepped:
+        # The same optimizer twice for one fetched batch: several updates per batch, so a
+        # batch fetch no longer marks a step; the next forward after an update does.
+        s.data_driven = False
+        _log.debug("otel_train: several optimizer steps per batch; steps now end at the next forward")
+    s.opt_region = _Region(_OPTIMIZER, None).__enter__()
+    s.opt_owner = optimizer
+    s.opt_closure = False
+    s.opt_depth = 1
+    return None
+
+
+def _optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+    if is_compiling():
+        return None
+    s = _s
+    if not s.opt_depth:
+        return None
+    s.opt_depth -= 1
+    if s.opt_depth:
+        return None
+    region = s.opt_region
+    s.opt_region = None
+    s.opt_owner = None
+    s.opt_closure = False
+    r = _recorder._rec
+    if region is not None:
+        region.__exit__(None, None, None)
+    if r is None:
+        return None
+    t = region.t1 if region is not None and region.rec is not None else r.now()
+    s.uses_opt = True
+    if _ours(r, s):
+        s.opt_end = s.last_end = t
+        s.stepped.append(id(optimizer))
+    return None
+
+
+def _optimizer_aux_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+    """zero_grad and clip_grad_norm_: part of the update when inside a step."""
+    s = _s
+    if s.opt_depth or s.aux_depth or s.fwd_depth or s.bwd_depth or is_compiling():
+        return wrapped(*args, **kwargs)
+    r = _recorder._rec
+    if r is None:
+        return wrapped(*args, **kwargs)
+    if _ours(r, s):
+        s.aux_depth = 1
+        try:
+            with _Region(_OPTIMIZER, None) as region:
+                return wrapped(*args, **kwargs)
+        finally:
+            s.aux_depth = 0
+            if region.rec is not None:
+                s.last_end = region.t1
+                if s.opt_end is not None:
+                    s.opt_end = region.t1  # step(); zero_grad(): the update ends after it
+    pending = s.pending
+    if r.step is s.step and pending and pending[-1][_P_NAME] is _DATA and \
+            (s.train_src is None or pending[-1][_P_SRC] is s.train_src):
+        # A training batch is waiting: the step it starts will own this.
+        t0 = r.now()
+        s.aux_depth = 1
+        try:
+            out = wrapped(*args, **kwargs)
+        finally:
+            s.aux_depth = 0
+        pending.append([_OPTIMIZER, t0, r.now(), None, None])
+        return out
+    return wrapped(*args, **kwargs)
+
+
+# --- hooks: data ---------------------------------------------------------------------------
+def _next_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+    s = _s
+    if s.fetching or s.fwd_depth or s.eval_explicit:
+        return wrapped(*args, **kwargs)
+    r = _active()
+    if r is None:
+        return wrapped(*args, **kwargs)
+    t0 = r.now()
+    s.fetching = True
+    try:
+        batch = wrapped(*args, **kwargs)  # StopIteration: not a batch, nothing recorded
+    finally:
+        s.fetching = False
+    t1 = r.now()
+    src = getattr(instance, "_dataset", None)
+    if _ours(r, s) and src is not None:
+        if s.opt_end is not None and s.data_driven:
+            _close(r, s, s.opt_end)  # the next batch: the step's updates are over
+        elif s.opt_end is None and s.mb_bwd and s.data_driven and _manual(s):
+            _close(r, s, t0)
+    s.pending.append([_DATA, t0, t1, src, instance])
+    return batch
+
+
+def _to_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+    out = wrapped(*args, **kwargs)
+    if is_compiling():
+        return out
+    s = _s
+    if s.pending and not s.fwd_depth:
+        entry = s.pending[-1]
+        r = _recorder._rec
+        if entry[_P_NAME] is _DATA and r is not None:
+            entry[_P_T1] = r.now()  # the batch's host-to-device copy is part of getting it
+    return out
+
+
+# --- hooks: siblings (checkpoint, GC) -------------------------------------------------------
+def _checkpoint_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+    s = _s
+    if s.ckpt_depth or s.fetching or is_compiling():
+        return wrapped(*args, **kwargs)
+    r = _recorder._rec
+    if r is None:
+        return wrapped(*args, **kwargs)
+    _checkpoint_begin(r)
+    s.ckpt_depth = 1
+    try:
+        with _Region(_CHECKPOINT, None) as region:
+            return wrapped(*args, **kwargs)
+    finally:
+        s.ckpt_depth = 0
+        if region.rec is not None and s.step is None and (s.boundary is None or s.boundary < region.t1):
+            s.boundary = region.t1
+
+
+#: For the integrations: wrap a framework's "save a checkpoint" method with this.
+checkpoint_wrapper = _checkpoint_wrapper
+
+
+def _checkpoint_begin(r: _recorder.Recorder) -> None:
+    """A checkpoint starts: it follows the step, so a complete step ends first."""
+    s = _s
+    t = r.now()
+    if s.eval_t0 is not None and not s.eval_explicit:
+        _end_eval(r, s)
+    _close_if_complete(r, s, t)
+
+
+def _gc_callback(phase: str, info: dict[str, Any]) -> None:
+    r = _recorder._rec
+    if r is None:
+        return
+    s = _s
+    if phase == "start":
+        s.gc_t0 = r.now()
+        return
+    t0 = s.gc_t0
+    if t0 is None:
+        return
+    s.gc_t0 = None
+    t1 = r.now()
+    if info.get("generation", 2) < 2 and t1 - t0 < GC_MIN_PAUSE_NS:
+        return
+    _recorder.record(_GC, None, t0, t1)
+
+
+# --- hooks: collectives ----------------------------------------------------------------------
+#: Collective -> (parameter holding the payload, parameter holding the group).
+_COLLECTIVES: dict[str, str | None] = {
+    "all_reduce": "tensor", "broadcast": "tensor", "reduce": "tensor", "all_gather": "tensor",
+    "all_gather_into_tensor": "input_tensor", "reduce_scatter": "input_list",
+    "reduce_scatter_tensor": "input", "all_to_all": "input_tensor_list",
+    "all_to_all_single": "input", "gather": "tensor", "scatter": "scatter_list", "barrier": None,
+}
+
+
+def _nbytes(payload: Any) -> int:
+    if isinstance(payload, torch.Tensor):
+        return payload.numel() * payload.element_size()
+    if isinstance(payload, (list, tuple)):
+        return sum(t.numel() * t.element_size() for t in payload if isinstance(t, torch.Tensor))
+    return 0
+
+
+def _collective_wrapper(op: str, payload_at: int | None, payload_name: str | None, group_at: int | None
+                        ) -> Callable[..., Any]:
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        s = _s
+        if s.coll_depth or is_compiling():
+            return wrapped(*args, **kwargs)
+        r = _recorder._rec
+        if r is None:
+            return wrapped(*args, **kwargs)
+        payload = None
+        if payload_at is not None:
+            payload = args[payload_at] if len(args) > payload_at else kwargs.get(payload_name)
+        group = args[group_at] if group_at is not None and len(args) > group_at else kwargs.get("group")
+        attrs = {semconv.COMM_OP: op, semconv.COMM_BYTES: _nbytes(payload)}
+        try:
+            attrs[semconv.COMM_GROUP_SIZE] = torch.distributed.get_world_size(group)
+        except Exception:  # noqa: BLE001 - not a member, or not initialised: the call itself will say
+            pass
+        s.coll_depth = 1
+        try:
+            with _Region(_COLLECTIVE, attrs):
+                return wrapped(*args, **kwargs)
+        finally:
+            s.coll_depth = 0
+    return wrapper
+
+
+# --- the integrations' entry points ------------------------------------------------------------
+def set_epoch(epoch: int | None) -> None:
+    """A framework knows the epoch: it wins over the one counted from DataLoader iterators."""
+    _s.epoch = epoch
+    _s.epoch_fixed = epoch is not None
+
+
+def eval_begin() -> None:
+    """A framework starts an evaluation pass: no phase is recorded until `eval_end()`."""
+    r = _recorder._rec
+    s = _s
+    if r is None or not _installed:
+        return
+    t = r.now()
+    if s.eval_t0 is not None:
+        if s.eval_explicit:
+            return
+        _end_eval(r, s)
+    _close_if_complete(r, s, t)
+    s.eval_explicit = True
+    s.eval_t0 = t
+    s.eval_t1 = None
+
+
+def eval_end() -> None:
+    """The evaluation pass (explicit, or detected from forwards) is over."""
+    r = _recorder._rec
+    s = _s
+    if r is None or s.eval_t0 is None:
+        return
+    if s.eval_explicit:
+        s.eval_t1 = r.now()
+    _end_eval(r, s)
+
+
+def finish() -> None:
+    """Training is over: close the evaluation pass and the last step at their real ends."""
+    r = _recorder._rec
+    s = _s
+    s.pending.clear()
+    if r is None:
+        s.step = None
+        return
+    if s.eval_t0 is not None:
+        if s.eval_explicit:
+            s.eval_t1 = r.now()
+        _end_eval(r, s)
+    if _ours(r, s):
+        end = s.opt_end if s.opt_end is not None else s.last_end
+        _close(r, s, end if end is not None else r.now())
+    s.step = None
+
+
+def _at_exit() -> None:
+    if _installed:
+        finish()
+
+
+# --- install / uninstall ------------------------------------------------------------------------
+_installed = False
+_handles: list[Any] = []
+_patches: list[tuple[Any, str, Any, bool, Any]] = []
+_skipped_code: list[Any] = []
+
+
+def installed() -> bool:
+    return _installed
+
+
+def install(lazy: bool = False) -> None:
+    """Install every hook and patch (idempotent). `lazy`: initialise the runtime at the first
+    training activity, not now (a `multiprocessing` child may turn out to be a DataLoader worker)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    _s.reset()
+    _s.lazy = lazy
+    from torch.nn.modules import module as nn_module
+    from torch.optim import optimizer as optim_module
+    _handles.append(nn_module.register_module_forward_pre_hook(_forward_pre_hook))
+    _handles.append(nn_module.register_module_forward_hook(_forward_hook, always_call=True))
+    _handles.append(optim_module.register_optimizer_step_pre_hook(_optimizer_pre_hook))
+    _handles.append(optim_module.register_optimizer_step_post_hook(_optimizer_post_hook))
+    gc.callbacks.append(_gc_callback)
+    warnings.filterwarnings("ignore", message=_COMPILE_HOOK_WARNING, category=UserWarning)
+
+    import torch.nn.utils
+    import torch.nn.utils.clip_grad
+    import torch.utils.data.dataloader as dataloader
+    _patch(torch.autograd, "backward", _backward_wrapper)
+    _patch(torch.optim.Optimizer, "zero_grad", _optimizer_aux_wrapper)
+    _patch(torch.nn.Module, "zero_grad", _optimizer_aux_wrapper)
+    _patch(torch.nn.utils, "clip_grad_norm_", _optimizer_aux_wrapper)
+    _patch(torch.nn.utils.clip_grad, "clip_grad_norm_", _optimizer_aux_wrapper)
+    _patch(dataloader._BaseDataLoaderIter, "__next__", _next_wrapper)
+    _patch(torch.Tensor, "to", _to_wrapper)
+    _patch(torch, "save", _checkpoint_wrapper)
+    _patch(torch.serialization, "save", _checkpoint_wrapper)
+    if torch.distributed.is_available():
+        _patch_collectives()
+    _imports.when_imported("torch.distributed.checkpoint", _patch_dcp)
+    _imports.when_imported("torch._dynamo.eval_frame", _skip_dynamo_frames)
+
+
+def uninstall() -> None:
+    """Close what is open, then remove every hook and restore every patched function."""
+    global _installed
+    if not _installed:
+        return
+    finish()
+    _installed = False
+    _imports.cancel(_patch_dcp)
+    _imports.cancel(_skip_dynamo_frames)
+    for handle in _handles:
+        handle.remove()
+    _handles.clear()
+    try:
+        gc.callbacks.remove(_gc_callback)
+    except ValueError:
+        pass
+    warnings.filters[:] = [f for f in warnings.filters if not (
+        f[0] == "ignore" and getattr(f[1], "pattern", None) == _COMPILE_HOOK_WARNING)]
+    getattr(warnings, "_filters_mutated", lambda: None)()
+    while _patches:
+        _unpatch(*_patches.pop())
+    _unskip_dynamo_frames()
+    if _s.exit_hook:
+        atexit.unregister(_at_exit)
+    _s.reset()
+
+
+def _patch(owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
+    own = name in vars(owner)
+    original = vars(owner)[name] if own else getattr(owner, name)
+    patched = wrapt.FunctionWrapper(original, wrapper)
+    setattr(owner, name, patched)
+    _patches.append((owner, name, original, own, patched))
+
+
+def _unpatch(owner: Any, name: str, original: Any, own: bool, patched: Any) -> None:
+    current = vars(owner).get(name)
+    if current is not patched:
+        _log.warning("otel_train: %s.%s was patched again by someone else; it keeps their wrapper.",
+                     getattr(owner, "__name__", owner), name)
+        return
+    if own:
+        setattr(owner, name, original)
+    else:
+        delattr(owner, name)
+
+
+def _patch_collectives() -> None:
+    import inspect
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+    for op, payload_name in _COLLECTIVES.items():
+        fn = getattr(c10d, op, None)
+        if fn is None:
+            continue
+        try:
+            params = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            continue
+        payload_at = params.index(payload_name) if payload_name in params else None
+        group_at = params.index("group") if "group" in params else None
+        wrapper = _collective_wrapper(op, payload_at, payload_name, group_at)
+        for owner in (dist, c10d):
+            if getattr(owner, op, None) is fn:
+                _patch(owner, op, wrapper)
+
+
+def _patch_dcp(module: ModuleType) -> None:
+    if not _installed:
+        return
+    for name in ("save", "load", "async_save", "save_state_dict", "load_state_dict"):
+        fn = getattr(module, name, None)
+        if fn is None:
+            continue
+        _patch(module, name, _checkpoint_wrapper)
+        for sub in ("state_dict_saver", "state_dict_loader"):
+            submodule = getattr(module, sub, None)
+            if submodule is not None and getattr(submodule, name, None) is fn:
+                _patch(submodule, name, _checkpoint_wrapper)
+
+
+# Our hooks run eagerly between the frames torch.compile captures (the compiled module's own
+# hooks); left alone, Dynamo would "compile" each of them into an empty frame of its own.
+_HOOK_CODE = (_forward_pre_hook.__code__, _forward_hook.__code__)
+
+
+def _skip_dynamo_frames(module: ModuleType) -> None:
+    if not _installed:
+        return
+    try:
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+        for code in _HOOK_CODE:
+            module.set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.DEFAULT))
+            _skipped_code.append(code)
+    except Exception:  # noqa: BLE001 - an older or newer Dynamo: only the frame counters differ
+        _log.debug("otel_train: cannot mark hooks as skipped for torch.compile", exc_info=True)
+
+
+def _unskip_dynamo_frames() -> None:
+    if not _skipped_code:
+        return
+    try:
+        from torch._dynamo import eval_frame
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+        for code in _skipped_code:
+            eval_frame.set_code_exec_strategy(code, FrameExecStrategy(FrameAction.DEFAULT, FrameAction.DEFAULT))
+    except Exception:  # noqa: BLE001
+        _log.debug("otel_train: cannot restore Dynamo's frame strategy for our hooks", exc_info=True)
+    _skipped_code.clear()
+
+
+def _reset_for_tests() -> None:
+    """Forget the detector state (tests run many loops in one process); hooks stay installed."""
+    if _s.exit_hook:
+        atexit.unregister(_at_exit)
+    lazy = _s.lazy
+    _s.reset()
+    _s.lazy = lazy

@@ -1,0 +1,399 @@
+"""Device timing (`otel_train._device`) against a fake asynchronous device: scripted completion
+times, a FakeClock, and a log of every event call and every synchronisation."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import pytest
+from conftest import Harness, by_name
+from fake_device import MS, FakeDevice
+
+import otel_train
+from otel_train import _device, _recorder, _runtime, semconv
+from otel_train._clock import FakeClock
+from otel_train._recorder import Recorder
+from otel_train._worker import Worker
+
+DUR, LAG, TYPE = semconv.DEVICE_DURATION_S, semconv.DEVICE_LAG_S, semconv.DEVICE_TYPE
+
+
+def drain_off_thread() -> None:
+    """One worker drain, on a thread of its own (as the worker does), never the training thread."""
+    worker = _runtime.state().worker
+    thread = threading.Thread(target=worker.drain, name="otel_train-worker-test")
+    thread.start()
+    thread.join()
+
+
+@pytest.fixture
+def fake(harness: Harness) -> FakeDevice:
+    device = FakeDevice(harness.clock)
+    _device.active().use(device.event, "cuda")
+    return device
+
+
+def test_span_is_emitted_only_after_its_events_complete(harness: Harness, fake: FakeDevice) -> None:
+    clock = harness.clock
+    with otel_train.step():
+        with otel_train.span(semconv.SPAN_FORWARD):
+            fake.launch(100 * MS)
+            clock.advance(2 * MS)  # host dispatch cost
+    drain_off_thread()
+    assert by_name(harness.exporter.get_finished_spans(), semconv.SPAN_FORWARD) == []  # device still busy
+    clock.advance(50 * MS)
+    drain_off_thread()
+    assert by_name(harness.exporter.get_finished_spans(), semconv.SPAN_FORWARD) == []  # still busy
+    clock.advance(50 * MS)  # now the forward's end event has completed
+    drain_off_thread()
+    (forward,) = by_name(harness.exporter.get_finished_spans(), semconv.SPAN_FORWARD)
+    assert forward.attributes[DUR] == pytest.approx(0.100, rel=1e-6)
+    assert forward.attributes[LAG] == 0.0  # the device was idle: it started at once
+    assert forward.attributes[TYPE] == "cuda"
+    assert forward.end_time - forward.start_time == 2 * MS  # the host span keeps its dispatch time
+    assert not any(key.startswith("_") for key in forward.attributes)  # private wire keys stripped
+    harness.finish()
+
+
+def test_exact_durations_and_lag_with_a_deep_queue(harness: Harness, fake: FakeDevice) -> None:
+    clock = harness.clock
+    fake.launch(1)  # the first event (the anchor) lands on an idle device
+    with otel_train.step():
+        with otel_train.span(semconv.SPAN_FORWARD):
+            fake.launch(300 * MS)  # the device is busy 300 ms from here
+            clock.advance(1 * MS)
+        with otel_train.span(semconv.SPAN_BACKWARD):
+            fake.launch(40 * MS)
+            clock.advance(3 * MS)
+        with otel_train.span(semconv.SPAN_OPTIMIZER):
+            fake.launch(7 * MS)
+            fake.launch(5 * MS)
+            clock.advance(1 * MS)
+    fake.drain()
+    spans = harness.finish()
+    (fwd,), (bwd,), (opt,) = (by_name(spans, n) for n in (semconv.SPAN_FORWARD, semconv.SPAN_BACKWARD,
+                                                            semconv.SPAN_OPTIMIZER))
+    assert fwd.attributes[DUR] == pytest.approx(0.300, rel=1e-6)
+    assert bwd.attributes[DUR] == pytest.approx(0.040, rel=1e-6)
+    assert opt.attributes[DUR] == pytest.approx(0.012, rel=1e-6)
+    # Backward was dispatched 1 ms after the forward began; the device reached it 300 ms after that.
+    assert fwd.attributes[LAG] == pytest.approx(0.0, abs=1e-6)
+    assert bwd.attributes[LAG] == pytest.approx(0.299, rel=1e-5)
+    assert opt.attributes[LAG] == pytest.approx(0.336, rel=1e-5)
+    assert (bwd.end_time - bwd.start_time) == 3 * MS  # host durations stay dispatch costs
+
+
+def test_training_thread_only_records_and_nothing_synchronises(harness: Harness, fake: FakeDevice) -> None:
+    clock = harness.clock
+    training = threading.get_ident()
+    for n in range(40):
+        with otel_train.step():
+            for name, work in ((semconv.SPAN_FORWARD, 30), (semconv.SPAN_BACKWARD, 60), (semconv.SPAN_OPTIMIZER, 10)):
+                with otel_train.span(name):
+                    fake.launch(work * MS)
+                    clock.advance(1 * MS)
+        if n >= 2:
+            clock.advance(20 * MS)
+        if n % 3 == 0:
+            drain_off_thread()  # polls while events are pending, completed, or half of each
+    fake.drain()
+    drain_off_thread()
+    spans = harness.finish()
+    assert fake.calls_on(training) == {"record": 40 * 7}  # 2 per phase, 1 per step end; nothing else
+    assert fake.syncs == []  # no synchronize(), no elapsed_time before completion, on any thread
+    forwards = by_name(spans, semconv.SPAN_FORWARD)
+    assert len(forwards) == 40
+    assert all(s.attributes[DUR] == pytest.approx(0.030, rel=1e-6) for s in forwards)
+
+
+def test_events_are_pooled_and_reused(harness: Harness, fake: FakeDevice) -> None:
+    clock = harness.clock
+
+    def one_step() -> None:
+        with otel_train.step():
+            with otel_train.span(semconv.SPAN_FORWARD):
+                fake.launch(5 * MS)
+                clock.advance(1 * MS)
+        fake.drain()
+        drain_off_thread()
+
+    for _ in range(5):
+        one_step()
+    created = fake.created
+    for _ in range(200):
+        one_step()
+    assert fake.created == created  # steady state: no event is allocated per step
+    assert created <= 4  # forward start + end, step end, and the anchor's reference
+    harness.finish()
+
+
+def test_user_spans_choose_device_time(harness: Harness, fake: FakeDevice) -> None:
+    clock = harness.clock
+
+    @otel_train.span("decorated.region", device_time=True)
+    def decorated() -> None:
+        fake.launch(4 * MS)
+        clock.advance(1 * MS)
+
+    with otel_train.step():
+        with otel_train.span("my.region", device_time=True):
+            fake.launch(9 * MS)
+            clock.advance(1 * MS)
+        with otel_train.span("plain.region"):
+            clock.advance(1 * MS)
+        with otel_train.span(semconv.SPAN_FORWARD, device_time=False):
+            clock.advance(1 * MS)
+        with otel_train.span(semconv.SPAN_DATA):
+            clock.advance(1 * MS)
+        decorated()
+    fake.drain()
+    spans = harness.finish()
+    (mine,), (plain,), (fwd,), (data,), (dec,) = (by_name(spans, n) for n in (
+        "my.region", "plain.region", semconv.SPAN_FORWARD, semconv.SPAN_DATA, "decorated.region"))
+    assert mine.attributes[DUR] == pytest.approx(0.009, rel=1e-6)
+    assert dec.attributes[DUR] == pytest.approx(0.004, rel=1e-6)
+    for span in (plain, fwd, data):
+        assert DUR not in span.attributes and LAG not in span.attributes
+    assert "device_time" not in mine.attributes and "device_time" not in fwd.attributes
+
+
+def test_function_decorated_before_init_gets_device_time() -> None:
+    calls: list[int] = []
+
+    @otel_train.span(semconv.SPAN_FORWARD)
+    def forward() -> None:
+        calls.append(1)
+
+    harness = Harness()
+    fake = FakeDevice(harness.clock)
+    _device.active().use(fake.event, "cuda")
+    with otel_train.step():
+        fake.launch(3 * MS)
+        forward()
+    fake.drain()
+    (span,) = by_name(harness.finish(), semconv.SPAN_FORWARD)
+    assert semconv.DEVICE_DURATION_S in span.attributes
+
+
+def test_cpu_run_has_no_device_attributes_and_host_step_time(harness: Harness) -> None:
+    clock = harness.clock
+    for n in range(70):  # more than the regions that look for an accelerator
+        with otel_train.step():
+            with otel_train.span(semconv.SPAN_FORWARD):
+                clock.advance(10 * MS)
+        clock.advance(5 * MS)
+    assert _device.active().pool is None
+    assert otel_train.span is _recorder._Region  # no accelerator: nothing left to pay for
+    spans = harness.finish()
+    for span in spans:
+        assert not any(key.startswith("device.") for key in span.attributes)
+    steps = by_name(spans, semconv.SPAN_STEP)
+    assert steps[0].attributes[semconv.TRAIN_STEP_TIME_S] == pytest.approx(0.010)
+    assert {round(s.attributes[semconv.TRAIN_STEP_TIME_S], 9) for s in steps[1:]} == {0.015}
+
+
+def test_device_timing_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(semconv.ENV_DEVICE_TIMING, "off")
+    harness = Harness()
+    assert _device.active() is None
+    assert _runtime.state().worker.resolve is None
+    assert _runtime.state().worker.recorder.step_end is None
+    assert otel_train.span is _recorder._Region
+    with otel_train.step():
+        with otel_train.span(semconv.SPAN_FORWARD, device_time=True):
+            harness.clock.advance(MS)
+    spans = harness.finish()
+    assert all(not any(k.startswith("device.") or k == "device_time" for k in s.attributes) for s in spans)
+
+
+def test_use_device_picks_the_model_device(harness: Harness) -> None:
+    class Param:
+        class device:  # noqa: N801 - shaped like torch.device
+            type = "cpu"
+            index = None
+
+    class Module:
+        def parameters(self) -> Any:
+            return iter([Param()])
+
+    _device.use_device(Module())
+    timing = _device.active()
+    assert timing.settled and timing.pool is None  # CPU: host time is the truth
+    assert otel_train.span is _recorder._Region
+    harness.finish()
+
+
+# --- the anchor: device times on the host clock -------------------------------------------
+def test_anchor_is_exact_from_an_idle_device_and_tightens_at_a_natural_sync(harness: Harness,
+                                                                              fake: FakeDevice) -> None:
+    clock = harness.clock
+    fake.launch(500 * MS)  # work queued before the first timed region: the first anchor is loose
+    for n in range(6):
+        with otel_train.step():
+            with otel_train.span(semconv.SPAN_FORWARD):
+                fake.launch(20 * MS)
+                clock.advance(1 * MS)
+        if n == 2:
+            fake.drain()  # the loop's own sync (a logged loss.item()): the device goes idle
+        drain_off_thread()
+    fake.drain()
+    spans = by_name(harness.finish(), semconv.SPAN_FORWARD)
+    true_lag = [0.500, 0.519, 0.538, 0.0, 0.019, 0.038]
+    got = [s.attributes[LAG] for s in spans]
+    # Before the device was ever seen idle the lag is a lower bound (never negative, never more
+    # than the truth); from the first idle moment on it is exact.
+    for g, t in zip(got[:3], true_lag[:3]):
+        assert 0.0 <= g <= t + 1e-9
+    assert got[3:] == pytest.approx(true_lag[3:], abs=1e-6)
+
+
+def test_anchor_error_is_bounded_by_launch_latency() -> None:
+    harness = Harness()
+    fake = FakeDevice(harness.clock, launch_latency_ns=7_000)
+    _device.active().use(fake.event, "cuda")
+    clock = harness.clock
+    with otel_train.step():
+        with otel_train.span(semconv.SPAN_FORWARD):
+            fake.launch(100 * MS)
+            clock.advance(1 * MS)
+        with otel_train.span(semconv.SPAN_BACKWARD):
+            fake.launch(10 * MS)
+            clock.advance(1 * MS)
+    fake.drain()
+    spans = harness.finish()
+    (bwd,) = by_name(spans, semconv.SPAN_BACKWARD)
+    true_lag = (100 * MS + 7_000 - 1 * MS) / 1e9
+    assert abs(bwd.attributes[LAG] - true_lag) <= 7_000 / 1e9 + 1e-12
+
+
+def test_reference_event_is_rebased_and_durations_stay_exact(harness: Harness, fake: FakeDevice) -> None:
+    clock = harness.clock
+    resolver = _runtime.state().device
+    start = clock.now_ns
+    for _ in range(30):  # 30 steps of 1 s of host time each: past the 10 s rebase period twice
+        with otel_train.step():
+            with otel_train.span(semconv.SPAN_FORWARD):
+                fake.launch(250 * MS)
+                clock.advance(1 * MS)
+        clock.advance(999 * MS)
+        drain_off_thread()
+    # The reference moved to a recent event (each move is >= 10 s later than the one before).
+    assert resolver._ref_host >= start + 20 * 1_000_000_000
+    spans = by_name(harness.finish(), semconv.SPAN_FORWARD)
+    assert all(s.attributes[DUR] == pytest.approx(0.250, rel=1e-6) for s in spans)
+    assert all(s.attributes[LAG] == pytest.approx(0.0, abs=1e-6) for s in spans)
+
+
+# --- bounded: a device that never completes ------------------------------------------------
+class ListSink:
+    def __init__(self) -> None:
+        self.records: list[tuple[Any, ...]] = []
+
+    def send(self, records: list[tuple[Any, ...]], dropped: Any) -> None:
+        self.records.extend(records)
+
+    def close(self, deadline: float) -> dict[str, int]:
+        return {}
+
+
+@pytest.fixture
+def bare() -> Any:
+    """A recorder, a worker (driven by hand) and device timing with small bounds."""
+    clock = FakeClock()
+    recorder = Recorder(1 << 16, clock)
+    resolver = _device.install(recorder, pool_size=32, max_parked=100, max_wait_s=60.0)
+    sink = ListSink()
+    worker = Worker(recorder, sink, 1e9, resolve=resolver)
+    fake = FakeDevice(clock)
+    resolver.timing.use(fake.event, "cuda")
+    _recorder.install(recorder)
+    yield clock, recorder, resolver, worker, sink, fake
+    _recorder.install(None)
+    _device.uninstall()
+
+
+def _step(clock: FakeClock, fake: FakeDevice) -> None:
+    with _recorder._Step(None, None):
+        with _device._DeviceRegion(semconv.SPAN_FORWARD):
+            fake.launch(10 * MS)
+            clock.advance(1 * MS)
+
+
+def test_hung_device_keeps_memory_bounded_and_never_blocks(bare: Any) -> None:
+    clock, recorder, resolver, worker, sink, fake = bare
+    for _ in range(5):
+        _step(clock, fake)
+    fake.drain()
+    worker.drain()
+    fake.hang()
+    for n in range(5000):
+        _step(clock, fake)
+        if n % 50 == 0:
+            worker.drain()
+            assert len(resolver.parked) <= resolver.max_parked
+    worker.drain()
+    timing = resolver.timing
+    assert fake.created <= timing.pool_size  # events: bounded by the pool
+    assert len(resolver.limbo) <= timing.pool_size
+    assert len(resolver.parked) <= resolver.max_parked
+    assert timing.skipped > 0 and resolver.unresolved > 0
+    assert fake.syncs == []
+    # Everything still reaches the sink, in order, without device time once the device hung.
+    sent = len(sink.records) + len(resolver.parked)
+    assert sent == 2 * 5005
+    steps = [r[_recorder.W_STEP] for r in sink.records if r[_recorder.W_KIND] == _recorder.KIND_STEP]
+    assert steps == sorted(steps)
+    late = [r for r in sink.records[-50:] if r[_recorder.W_KIND] == _recorder.KIND_SPAN]
+    assert late and all(not r[_recorder.W_DEV] for r in late)
+
+
+def test_a_record_waits_at_most_max_wait(bare: Any) -> None:
+    clock, recorder, resolver, worker, sink, fake = bare
+    _step(clock, fake)
+    fake.hang()
+    _step(clock, fake)
+    worker.drain()
+    assert sink.records == [] and len(resolver.parked) == 4  # step 0's forward is still running
+    clock.advance(61 * 1_000_000_000)
+    worker.drain()
+    assert not resolver.parked and len(sink.records) == 4
+    assert resolver.unresolved >= 2
+
+
+def test_limbo_events_return_to_the_pool_when_they_complete(bare: Any) -> None:
+    clock, recorder, resolver, worker, sink, fake = bare
+    fake.launch(10_000 * MS)  # a long stall, not a hang
+    for _ in range(300):
+        _step(clock, fake)
+        worker.drain()
+    assert resolver.limbo  # given up on (parked beyond the bound); events held in limbo
+    fake.drain()
+    worker.drain()
+    assert not resolver.limbo
+    held = 1 if resolver._ref is not None else 0  # the anchor's reference event
+    assert len(resolver.timing.pool.free) + held == fake.created  # every event is back
+
+
+def test_device_errors_release_records_without_device_time(bare: Any, caplog: pytest.LogCaptureFixture) -> None:
+    clock, recorder, resolver, worker, sink, fake = bare
+    _step(clock, fake)
+    fake.errors = True
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        worker.drain()
+    assert len(sink.records) == 2 and all(not r[_recorder.W_DEV] for r in sink.records)
+    assert "reading device events failed" in caplog.text
+
+
+def test_truncated_region_at_shutdown_is_released(harness: Harness, fake: FakeDevice) -> None:
+    with otel_train.step():
+        region = otel_train.span(semconv.SPAN_FORWARD)
+        region.__enter__()
+        fake.launch(MS)
+    fake.drain()
+    spans = harness.finish()
+    region.__exit__(None, None, None)  # restore the context variable for the tests after this one
+    (fwd,) = by_name(spans, semconv.SPAN_FORWARD)
+    assert fwd.attributes.get(semconv.TRUNCATED) is True
+    assert DUR not in fwd.attributes

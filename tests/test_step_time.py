@@ -1,0 +1,201 @@
+"""`train.step.time_s` under asynchronous dispatch: the MaxText #4270 scenarios, end to end
+(recorder, worker, device resolver, span assembler) on a fake device with scripted times.
+
+Each scenario scripts a loop whose true step times are known by construction (device work
+per step, host waits, checkpoint and eval costs) and checks what `train.step` reports. The
+host runs ahead of the device the way an asynchronous loop does: it reads the loss of the
+step `depth` steps back (buffered metrics), so several steps are queued at any time. The
+loop's own waits go through `FakeDevice.wait_until`; nothing otel_train does may synchronise.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pytest
+from conftest import Harness, by_name
+from fake_device import MS, FakeDevice
+
+import otel_train
+from otel_train import _device, _runtime, semconv
+
+PHASES = (semconv.SPAN_FORWARD, semconv.SPAN_BACKWARD, semconv.SPAN_OPTIMIZER)
+DISPATCH_MS = 1  # host time to dispatch one phase
+
+
+def drain_off_thread() -> None:
+    worker = _runtime.state().worker
+    thread = threading.Thread(target=worker.drain, name="otel_train-worker-test")
+    thread.start()
+    thread.join()
+
+
+@dataclass
+class Loop:
+    """A simulated training loop on the fake device; `truth` holds the scripted step times (ms)."""
+
+    harness: Harness
+    fake: FakeDevice
+    depth: int = 2
+    start: int = 0
+    truth: list[float] = field(default_factory=list)
+    device_ends: list[float] = field(default_factory=list)
+    host_ends: list[int] = field(default_factory=list)
+
+    @property
+    def clock(self):  # noqa: ANN201
+        return self.harness.clock
+
+    def step(self, work_ms: tuple[int, int, int], data_ms: int = 0, inside: Callable[[], None] | None = None,
+             truth_ms: float | None = None) -> None:
+        with otel_train.step():
+            if data_ms:
+                with otel_train.span(semconv.SPAN_DATA):
+                    self.clock.advance(data_ms * MS)
+            for name, work in zip(PHASES, work_ms):
+                with otel_train.span(name):
+                    self.fake.launch(work * MS)
+                    self.clock.advance(DISPATCH_MS * MS)
+            if inside is not None:
+                inside()
+        self.device_ends.append(self.fake.busy_until)
+        self.host_ends.append(self.clock.now_ns)
+        self.truth.append(sum(work_ms) if truth_ms is None else truth_ms)
+        if len(self.device_ends) > self.depth:  # buffered metrics: read the loss of step N - depth
+            self.fake.wait_until(self.device_ends[-1 - self.depth])
+        drain_off_thread()
+
+    def checkpoint(self, copy_ms: int, write_ms: int, device_time: bool | None = None) -> int:
+        """Save after the last step: copies wait for its work, then the host writes. Returns ns."""
+        t0 = self.clock.now_ns
+        with otel_train.span(semconv.SPAN_CHECKPOINT, device_time=device_time):
+            self.fake.wait_until(self.device_ends[-1])  # D2H copies of the weights: a barrier
+            self.fake.wait_until(self.fake.launch(copy_ms * MS))
+            self.clock.advance(write_ms * MS)
+        return self.clock.now_ns - t0
+
+    def evaluate(self, work_ms: int, host_ms: int) -> None:
+        """An eval pass: device work, its metric read back (a sync), host-side bookkeeping."""
+        with otel_train.span(semconv.SPAN_EVAL):
+            self.fake.wait_until(self.fake.launch(work_ms * MS))
+            self.clock.advance(host_ms * MS)
+
+    def finish(self) -> tuple[list[float], list[float], list]:
+        """(reported ms, scripted ms, spans) once every device event has completed."""
+        self.fake.drain()
+        spans = self.harness.finish()
+        steps = by_name(spans, semconv.SPAN_STEP)
+        reported = [s.attributes[semconv.TRAIN_STEP_TIME_S] * 1e3 for s in steps]
+        return reported, self.truth, spans
+
+    def host_method_ms(self) -> list[float]:
+        """What host loop intervals (`now() - last_step_completion`) would have said."""
+        ends = self.host_ends
+        return [(ends[0] - self.start) / MS] + [(b - a) / MS for a, b in zip(ends, ends[1:])]
+
+
+@pytest.fixture
+def loop(harness: Harness) -> Iterator[Loop]:
+    fake = FakeDevice(harness.clock)
+    _device.active().use(fake.event, "cuda")
+    lp = Loop(harness, fake, start=harness.clock.now_ns)
+    training = threading.get_ident()
+    yield lp
+    # Whatever the scenario, otel_train only ever recorded events on the training thread.
+    assert set(fake.calls_on(training)) <= {"record"}
+    assert fake.syncs == []
+
+
+WORK = [(40, 70, 10), (20, 40, 20), (60, 120, 20), (10, 30, 20), (50, 80, 20), (30, 50, 10), (25, 60, 15),
+        (45, 90, 15)]
+
+
+def test_step_times_equal_device_work_with_a_deep_queue(loop: Loop) -> None:
+    for work in WORK:
+        loop.step(work)
+    reported, truth, _ = loop.finish()
+    assert reported == pytest.approx(truth, rel=1e-4)
+    # The scenario is asynchronous enough to fool host timing: step 0 looks like dispatch only,
+    # and later steps carry the work of earlier ones.
+    host = loop.host_method_ms()
+    assert host[0] == pytest.approx(3.0)
+    assert max(abs(h - t) / t for h, t in zip(host[1:], truth[1:])) > 0.5
+
+
+def test_step_0_is_not_under_reported(loop: Loop) -> None:
+    loop.step((1500, 400, 100))  # first step: compilation and warm-up on the device
+    for _ in range(4):
+        loop.step((30, 60, 10))
+    reported, truth, _ = loop.finish()
+    assert reported[0] == pytest.approx(2000.0, rel=1e-4)
+    assert reported == pytest.approx(truth, rel=1e-4)
+
+
+def test_step_n_minus_1_is_never_charged_to_step_n_plus_1(loop: Loop) -> None:
+    loop.depth = 3
+    work = [(10, 20, 10), (200, 400, 100), (10, 20, 10), (10, 20, 10), (10, 20, 10), (10, 20, 10)]
+    for w in work:
+        loop.step(w)
+    reported, truth, _ = loop.finish()
+    assert reported == pytest.approx(truth, rel=1e-4)
+    assert reported[1] == pytest.approx(700.0, rel=1e-4)
+    assert all(r == pytest.approx(40.0, rel=1e-4) for r in reported[2:])
+
+
+@pytest.mark.parametrize("device_time", [None, False], ids=["device-timed", "host-only"])
+def test_checkpoint_barrier_is_its_own_span_and_not_smeared(loop: Loop, device_time: bool | None) -> None:
+    for i, work in enumerate(WORK):
+        loop.step(work)
+        if i == 3:
+            ckpt_ns = loop.checkpoint(copy_ms=30, write_ms=200, device_time=device_time)
+    reported, truth, spans = loop.finish()
+    assert reported == pytest.approx(truth, rel=1e-4)
+    (ckpt,) = by_name(spans, semconv.SPAN_CHECKPOINT)
+    assert ckpt.end_time - ckpt.start_time == ckpt_ns  # its own host duration, barrier included
+    assert ckpt_ns > 230 * MS
+    steps = by_name(spans, semconv.SPAN_STEP)
+    assert semconv.TAG_CHECKPOINT in steps[3].attributes[semconv.TRAIN_STEP_TAGS]
+    host = loop.host_method_ms()
+    assert host[4] != pytest.approx(truth[4], rel=0.05)  # host timing smears the barrier
+
+
+def test_eval_between_steps_is_excluded(loop: Loop) -> None:
+    for i, work in enumerate(WORK):
+        loop.step(work)
+        if i % 3 == 2:
+            loop.evaluate(work_ms=50, host_ms=5)
+    reported, truth, spans = loop.finish()
+    assert reported == pytest.approx(truth, rel=1e-4)
+    assert len(by_name(spans, semconv.SPAN_EVAL)) == 2
+
+
+def test_eval_inside_the_step_is_excluded(loop: Loop) -> None:
+    for i, work in enumerate(WORK):
+        loop.step(work, inside=(lambda: loop.evaluate(work_ms=80, host_ms=5)) if i in (2, 5) else None)
+    reported, truth, spans = loop.finish()
+    assert reported == pytest.approx(truth, rel=1e-4)
+    evals = by_name(spans, semconv.SPAN_EVAL)
+    # From the device reaching the eval (after the step's training work) to its end marker,
+    # recorded after 5 ms of host bookkeeping on an idle device.
+    assert len(evals) == 2 and all(e.attributes[semconv.DEVICE_DURATION_S] == pytest.approx(0.085, rel=1e-5)
+                                   for e in evals)
+
+
+def test_host_bound_loop_reports_the_loop_period(loop: Loop) -> None:
+    for n in range(6):
+        # Data loading (host, 50 ms) dominates; the device (20 ms) waits for it.
+        loop.step((5, 10, 5), data_ms=50, truth_ms=70.0 if n == 0 else 53.0)
+    reported, truth, spans = loop.finish()
+    assert reported == pytest.approx(truth, rel=1e-4)
+    data = by_name(spans, semconv.SPAN_DATA)
+    assert all(semconv.DEVICE_DURATION_S not in d.attributes for d in data)  # host work: no events
+
+
+def test_step_span_says_its_time_is_device_bounded(loop: Loop) -> None:
+    loop.step((1, 1, 1))
+    _, _, spans = loop.finish()
+    (step,) = by_name(spans, semconv.SPAN_STEP)
+    assert step.attributes[semconv.DEVICE_TYPE] == "cuda"
+    assert not any(key.startswith("_") for key in step.attributes)
