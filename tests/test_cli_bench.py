@@ -1,0 +1,53 @@
+"""`otel-train` command line: the overhead benchmark runs and prints every figure machine-readably."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from procs import run_python
+
+REQUIRED = ["region_ns_floor", "region_ns_otel_train", "region_ns_otel_sdk", "region_ns_disabled",
+            "sdk_over_otel_train", "step_ms_plain", "step_ms_instrumented", "step_overhead_pct",
+            "step_ms_plain_small", "step_ms_instrumented_small", "step_overhead_pct_small",
+            "exporter_cpu_us_per_step", "worker_cpu_us_per_step", "receiver_spans"]
+
+
+def test_bench_overhead_prints_every_figure_as_name_value() -> None:
+    proc = run_python("from otel_train.cli import main; raise SystemExit(main())",
+                      args=["bench", "overhead", "--quick", "--mode", "process"], timeout=300)
+    figures = {}
+    for line in proc.stdout.splitlines():
+        match = re.fullmatch(r"([a-z0-9_]+): (-?[0-9.]+)", line)
+        assert match, f"not a `name: value` line: {line!r}"
+        figures[match[1]] = float(match[2])
+    missing = [name for name in REQUIRED if name not in figures]
+    assert not missing, missing
+    assert figures["receiver_spans"] > 0  # the instrumented steps really reached the live receiver
+    assert "none dropped" in proc.stderr
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["bench"], "required"),
+    (["bench", "overhead", "--mode", "fast"], "invalid choice"),
+    (["bench", "device", "--steps", "0"], "--steps must be a positive integer"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_cli_arguments_get_one_clear_message(argv: list[str], message: str) -> None:
+    proc = run_python("from otel_train.cli import main; raise SystemExit(main())", args=argv, check=False)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_quickstart_example_leaves_traces_on_the_embedded_default(tmp_path) -> None:
+    from pathlib import Path
+
+    from otel_train._sinks import read_spans
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "quickstart.py"
+    proc = run_python(script=example, args=["--steps", "20"], cwd=tmp_path, env={"OTEL_TRAIN_RUN_ID": "qs"})
+    assert "traces and metrics are in otel-train/qs/" in proc.stdout
+    spans = list(read_spans(tmp_path / "otel-train" / "qs" / "traces-rank0.jsonl"))
+    steps = {s["attributes"]["train.step"]: s for s in spans if s["name"] == "train.step"}
+    assert sorted(steps) == list(range(20))
+    assert steps[19]["attributes"]["train.step.tags"] == ["checkpoint", "eval"]
+    assert sum(s["name"] == "train.forward" for s in spans) == 40
