@@ -38,9 +38,13 @@ def init(**overrides: Any) -> RunInfo | None:
     return _runtime.init(**overrides)
 
 
-#: `otel_train.span(name, **attrs)`: time a region — `with span("train.forward"):`,
+#: `otel_train.span(name, *, device_time=None, **attrs)`: time a region — `with span("train.forward"):`,
 #: `@span("load")` on a sync or async function, or `async with span(...)`. Attribute values
 #: are str, bool, int, float or lists of one of them (others are recorded as strings).
+#: `device_time=True` also records device events at its start and end (on the current stream;
+#: resolved off-thread into `device.duration_s` / `device.lag_s`), `False` never does; by default
+#: only `semconv.DEVICE_TIMED_SPANS` do (forward, backward, optimizer, collective, checkpoint, eval).
+#: While device timing is on and a device is (or may yet be) in use, `span` is `_device._DeviceRegion`.
 _span = _recorder._Region
 span = _span
 

@@ -103,9 +103,13 @@ def torch_events(device_type: str, index: int | None = None) -> tuple[EventFacto
     if torch is None:
         return None
     if device_type == "cuda":
+        if not torch.cuda.is_available():
+            return None
         event_cls = torch.cuda.Event
         return (lambda: event_cls(enable_timing=True)), torch.cuda.is_current_stream_capturing
-    if device_type == "xpu" and hasattr(torch, "xpu"):
+    if device_type == "xpu":
+        if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
+            return None
         event_cls = torch.xpu.Event
         return (lambda: event_cls(enable_timing=True)), None
     if device_type == "mps":
@@ -165,12 +169,14 @@ class EventPool:
         return event
 
     def give(self, event: DeviceEvent) -> None:
-        self.free.append(event)
+        if not self.failed:
+            self.free.append(event)
 
     def _fail(self, err: Exception) -> None:
         self.skipped += 1
         if not self.failed:
             self.failed = True
+            self.free.clear()  # with nothing to pop and nothing given back, `take` stops recording
             _log.warning("otel_train: recording a device event failed (%s); device timing is off from here.", err)
 
 
@@ -184,6 +190,7 @@ class DeviceTiming:
         self.device_type: str | None = None
         self.settled = False  # an explicit choice (or an accelerator) was made: stop probing
         self.region_probes = _REGION_PROBES
+        self.dropped: deque[DeviceEvent] = deque()  # events of abandoned regions (training thread)
 
     @property
     def skipped(self) -> int:
@@ -311,6 +318,11 @@ class DeviceResolver:
                     break  # everything behind it waits: a step never overtakes its phases
                 self._give_up(record)
             out.append(parked.popleft())
+        dropped, pool = self.timing.dropped, self.timing.pool
+        while dropped:
+            event = dropped.popleft()
+            if pool is not None:
+                self.limbo.append((pool, event))
         self._drain_limbo()
         return out
 
@@ -451,10 +463,19 @@ class _DeviceRegion(_Region):
 
     __slots__ = ("ev1",)
 
-    def __init__(self, name: str, device_time: bool | None = None, **attrs: Any) -> None:
+    def __init__(self, name: str, *, device_time: bool | None = None, **attrs: Any) -> None:
         self.name = name
         self.attrs = attrs
         self.timed = name in _DEVICE_TIMED if device_time is None else device_time
+
+    def drop_events(self) -> None:
+        """`_recorder.abandon`: the region will never be recorded; its start event goes back."""
+        event = getattr(self, "dev", None)
+        if event is not None:
+            self.dev = None
+            timing = _timing
+            if timing is not None:
+                timing.dropped.append(event)  # the worker returns it once complete
 
     def __enter__(self) -> _DeviceRegion:
         _Region.__enter__(self)  # reads t0 before the event is recorded (the anchor relies on it)

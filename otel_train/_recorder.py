@@ -125,7 +125,7 @@ class _Region:
     __slots__ = ("name", "attrs", "rec", "parent", "token", "seq", "step", "t0", "t1",
                  "exc", "events", "dev", "truncated", "timed")
 
-    def __init__(self, name: str, device_time: bool | None = None, **attrs: Any) -> None:
+    def __init__(self, name: str, *, device_time: bool | None = None, **attrs: Any) -> None:
         self.name = name
         self.attrs = attrs
         if device_time is not None:  # kept for `__call__`; only `_device._DeviceRegion` acts on it
@@ -174,13 +174,13 @@ class _Region:
         if inspect.iscoroutinefunction(fn):
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                with region_factory(name, timed, **attrs):
+                with region_factory(name, device_time=timed, **attrs):
                     return await fn(*args, **kwargs)
             return async_wrapper  # type: ignore[return-value]
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with region_factory(name, timed, **attrs):
+            with region_factory(name, device_time=timed, **attrs):
                 return fn(*args, **kwargs)
         return wrapper  # type: ignore[return-value]
 
@@ -380,7 +380,7 @@ def to_wire(record: Any, offset: int) -> tuple[Any, ...]:
             attrs[semconv.TRAIN_MICRO_BATCHES] = record.micro_batches
         if record.tags:
             attrs[semconv.TRAIN_STEP_TAGS] = [*record.tags]
-        return (KIND_STEP, "train.step", record.seq, None, record.n, record.seq,
+        return (KIND_STEP, semconv.SPAN_STEP, record.seq, None, record.n, record.seq,
                 record.t0 + offset, record.t1 + offset, attrs, _events(record.events, offset),
                 [dict(c) if isinstance(c, Mapping) else c for c in record.links] if record.links else None,
                 record.exc.__name__ if record.exc is not None else None,
@@ -417,6 +417,8 @@ def end_step(t1: int | None = None) -> _Step | None:
         return step
     # The end must be in place before the record is appended: the worker may drain it at once.
     step.t1 = t1
+    if r.step_end is not None:
+        r.step_end(step)
     step.exc = None
     r.step = _After(step)
     r.append(step)
@@ -432,10 +434,10 @@ def record(name: str, attrs: dict[str, Any] | None, t0: int, t1: int, parent: _R
     r = _rec
     if r is None:
         return
-    region = _Region(name, attrs)
+    region = _Region(name)
+    region.attrs = attrs  # type: ignore[assignment]
     region.rec = r
     region.parent = parent
-    region.seq = next(r.seq)
     region.step = r.step
     region.t0 = t0
     region.t1 = t1
@@ -447,6 +449,9 @@ def abandon(region: _Region) -> None:
     """Leave an entered region without recording it (detection found it was not what it seemed)."""
     if getattr(region, "rec", None) is None or hasattr(region, "t1"):
         return
+    drop = getattr(region, "drop_events", None)  # a device region hands its start event back
+    if drop is not None:
+        drop()
     try:
         _current.reset(region.token)
     except ValueError:  # left in another context

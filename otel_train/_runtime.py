@@ -131,6 +131,14 @@ def state() -> _State | None:
     return _state
 
 
+def sdk_disabled() -> bool:
+    """True when OTEL_SDK_DISABLED (or `init(disabled=True)`) is in force: then nothing may be
+    instrumented at all, not even a hook that would return at once."""
+    if _state is not None and not _state.closed:
+        return _state.cfg.disabled
+    return Config.resolve({}, {"OTEL_SDK_DISABLED": os.environ.get("OTEL_SDK_DISABLED", "")}).disabled
+
+
 def auto_init() -> _recorder.Recorder | None:
     """Initialise from the environment on first use; None if disabled, shut down, or a forked child."""
     if _state is None and not _forked_child:

@@ -397,3 +397,32 @@ def test_truncated_region_at_shutdown_is_released(harness: Harness, fake: FakeDe
     (fwd,) = by_name(spans, semconv.SPAN_FORWARD)
     assert fwd.attributes.get(semconv.TRUNCATED) is True
     assert DUR not in fwd.attributes
+
+
+def test_abandoned_region_gives_its_event_back(bare: Any) -> None:
+    clock, recorder, resolver, worker, sink, fake = bare
+    _step(clock, fake)
+    region = _device._DeviceRegion(semconv.SPAN_OPTIMIZER)
+    region.__enter__()
+    fake.launch(5 * MS)
+    _recorder.abandon(region)  # detection found it was not an optimizer update after all
+    fake.drain()
+    worker.drain()
+    worker.drain()
+    held = 1 if resolver._ref is not None else 0
+    assert len(resolver.timing.pool.free) + held == fake.created
+    assert not resolver.limbo and len(sink.records) == 2
+
+
+def test_naming_an_unavailable_accelerator_keeps_host_time(harness: Harness) -> None:
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this checks a machine without CUDA")
+    _device.use_device("cuda:0")
+    assert _device.active().pool is None and _device.active().settled
+    with otel_train.step():
+        with otel_train.span(semconv.SPAN_FORWARD):
+            harness.clock.advance(MS)
+    assert all(DUR not in s.attributes for s in harness.finish())

@@ -78,9 +78,9 @@ def test_sigterm_flushes_truncates_and_reraises(tmp_path) -> None:
             with otel_train.step():
                 with otel_train.span("train.forward"):
                     time.sleep(0.01)
-                n += 1
-                if n == 5:
-                    print("ready", flush=True)
+            n += 1
+            if n == 5:  # after step 4 closed: steps 0-4 are complete, only later ones may be cut
+                print("ready", flush=True)
     """)
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=clean_env(), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -1,0 +1,160 @@
+"""Device timing on a real CUDA device: the properties test_device.py checks on a fake one.
+
+Skipped as a whole without a GPU. Synchronising calls are counted by wrapping
+`torch.cuda.synchronize`, `torch.cuda.Event.synchronize`, `torch.cuda.Stream.synchronize` and
+`torch.Tensor.item` (`_bench_device.SyncCounter`); event calls are logged per thread by wrapping
+`torch.cuda.Event.query` / `elapsed_time`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+import otel_train  # noqa: E402
+from otel_train import _device, _runtime, semconv  # noqa: E402
+from otel_train._bench_device import SyncCounter  # noqa: E402
+
+PHASES = (semconv.SPAN_FORWARD, semconv.SPAN_BACKWARD, semconv.SPAN_OPTIMIZER)
+
+
+@pytest.fixture
+def session() -> Iterator[Any]:
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    torch.cuda.init()
+    exporter = InMemorySpanExporter()
+    otel_train.init(span_processors=[SimpleSpanProcessor(exporter)], export_mode="thread",
+                    traces_exporter="none", metrics_exporter="none", flush_interval_ms=20, run_id="gpu")
+    yield exporter
+    otel_train.shutdown(10.0)
+
+
+def _model() -> tuple[Any, Any, Any, Any]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 4096)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randn(8192, 4096, device="cuda")
+    y = torch.randn(8192, 4096, device="cuda")
+    return model, opt, x, y
+
+
+def _train(model: Any, opt: Any, x: Any, y: Any, steps: int) -> None:
+    for _ in range(steps):
+        with otel_train.step():
+            with otel_train.span(semconv.SPAN_FORWARD):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+            with otel_train.span(semconv.SPAN_BACKWARD):
+                loss.backward()
+            with otel_train.span(semconv.SPAN_OPTIMIZER):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+
+@pytest.fixture
+def event_calls(monkeypatch: pytest.MonkeyPatch) -> Counter[tuple[int, str, bool]]:
+    """(thread ident, method, were both events complete) for every query / elapsed_time call."""
+    calls: Counter[tuple[int, str, bool]] = Counter()
+    query, elapsed = torch.cuda.Event.query, torch.cuda.Event.elapsed_time
+
+    def logged_query(self: Any) -> bool:
+        done = query(self)
+        calls[(threading.get_ident(), "query", done)] += 1
+        return done
+
+    def logged_elapsed(self: Any, end: Any) -> float:
+        calls[(threading.get_ident(), "elapsed_time", bool(query(self) and query(end)))] += 1
+        return elapsed(self, end)
+
+    monkeypatch.setattr(torch.cuda.Event, "query", logged_query)
+    monkeypatch.setattr(torch.cuda.Event, "elapsed_time", logged_elapsed)
+    return calls
+
+
+def test_no_synchronisation_is_added(session: Any, event_calls: Counter) -> None:
+    model, opt, x, y = _model()
+    torch.cuda.synchronize()  # CPU-GPU sync point: the test's own, before counting
+    counter = SyncCounter()
+    with counter.installed():
+        counter.active = True  # any thread: the loop, the worker's polling, the final flush
+        _train(model, opt, x, y, 30)
+        otel_train.shutdown(10.0)
+        counter.active = False
+    assert counter.total() == 0, counter.calls
+    assert any(method == "elapsed_time" for (_, method, _) in event_calls)
+    assert all(done for (_, method, done) in event_calls if method == "elapsed_time")  # never blocking
+    spans = [s for s in session.get_finished_spans() if s.name in PHASES]
+    assert spans and all(s.attributes[semconv.DEVICE_TYPE] == "cuda" for s in spans)
+
+
+def test_worker_thread_polls_and_training_thread_never_queries(session: Any, event_calls: Counter) -> None:
+    model, opt, x, y = _model()
+    training = threading.get_ident()
+    _train(model, opt, x, y, 20)
+    torch.cuda.synchronize()  # CPU-GPU sync point: the test's own, after the loop
+    otel_train.shutdown(10.0)
+    assert not [key for key in event_calls if key[0] == training]
+    assert any(method == "query" for (_, method, _) in event_calls)
+
+
+def test_device_durations_match_the_profiler(session: Any) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    model, opt, x, y = _model()
+    _train(model, opt, x, y, 3)  # warm-up: steps 0-2
+    torch.cuda.synchronize()  # CPU-GPU sync point: the test's own
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        _train(model, opt, x, y, 10)  # steps 3-12
+        torch.cuda.synchronize()  # CPU-GPU sync point: the test's own
+    otel_train.shutdown(10.0)
+    kernel_s = sum(e.self_device_time_total for e in prof.key_averages()) / 1e6
+    spans = [s for s in session.get_finished_spans()
+             if s.name in PHASES and s.attributes[semconv.TRAIN_STEP] >= 3]
+    assert len(spans) == 30 and all(semconv.DEVICE_DURATION_S in s.attributes for s in spans)
+    device_s = sum(s.attributes[semconv.DEVICE_DURATION_S] for s in spans)
+    assert device_s == pytest.approx(kernel_s, rel=0.05)
+
+
+def test_step_time_is_device_bounded_and_host_spans_are_dispatch(session: Any) -> None:
+    import time
+
+    model, opt, x, y = _model()
+    _train(model, opt, x, y, 3)
+    torch.cuda.synchronize()  # CPU-GPU sync point: the test's own
+    t0 = time.perf_counter()
+    _train(model, opt, x, y, 20)
+    torch.cuda.synchronize()  # CPU-GPU sync point: the test's own
+    wall_s = time.perf_counter() - t0
+    otel_train.shutdown(10.0)
+    spans = session.get_finished_spans()
+    steps = [s for s in spans if s.name == semconv.SPAN_STEP][3:]
+    total = sum(s.attributes[semconv.TRAIN_STEP_TIME_S] for s in steps)
+    # The 20 steps' device-bounded times add up to the wall time of the synchronised loop.
+    assert total == pytest.approx(wall_s, rel=0.05)
+    forwards = [s for s in spans if s.name == semconv.SPAN_FORWARD][3:]
+    host_s = sum((s.end_time - s.start_time) / 1e9 for s in forwards)
+    device_s = sum(s.attributes[semconv.DEVICE_DURATION_S] for s in forwards)
+    assert host_s < device_s  # GPU-bound: the host only dispatches
+    assert all(s.attributes[semconv.DEVICE_LAG_S] >= 0 for s in forwards)
+    assert max(s.attributes[semconv.DEVICE_LAG_S] for s in forwards) > 0.001  # the queue is visible
+
+
+def test_events_are_pooled(session: Any) -> None:
+    model, opt, x, y = _model()
+    _train(model, opt, x, y, 5)
+    torch.cuda.synchronize()  # CPU-GPU sync point: the test's own
+    _runtime.state().worker.drain()
+    created = _device.active().pool.created
+    for _ in range(5):
+        _train(model, opt, x, y, 5)
+        torch.cuda.synchronize()  # CPU-GPU sync point: the test's own
+        _runtime.state().worker.drain()
+    assert _device.active().pool.created == created
