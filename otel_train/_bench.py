@@ -145,11 +145,18 @@ class _Workload:
         self.opt.zero_grad(set_to_none=True)
 
     def instrumented(self) -> None:
-        import torch
-
         import otel_train
-        span = otel_train._span
-        with otel_train.step():
+        self._spanned(otel_train._span, otel_train.step)
+
+    def sdk(self, tracer: Any) -> None:
+        def span(name: str, **attrs: Any) -> Any:
+            return tracer.start_as_current_span(name, attributes=attrs or None)
+        self._spanned(span, lambda: span(semconv.SPAN_STEP))
+
+    def _spanned(self, span: Callable[..., Any], step: Callable[[], Any]) -> None:
+        """The plain step with 5 regions (accumulation 1) or 9 (accumulation 2) around its phases."""
+        import torch
+        with step():
             for mb in range(self.accum):
                 with span(semconv.SPAN_DATA, **{_PHASE_ATTR: mb}):
                     x, y = next(self.data)
@@ -157,24 +164,6 @@ class _Workload:
                     out = self.model(x)
                     loss = self.loss(out.reshape(-1, self.vocab), y.reshape(-1)) / self.accum
                 with span(semconv.SPAN_BACKWARD, **{_PHASE_ATTR: mb}):
-                    loss.backward()
-            with span(semconv.SPAN_OPTIMIZER):
-                with span(_CLIP_SPAN):
-                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-                self.opt.step()
-                self.opt.zero_grad(set_to_none=True)
-
-    def sdk(self, tracer: Any) -> None:
-        import torch
-        span = tracer.start_as_current_span
-        with span(semconv.SPAN_STEP):
-            for mb in range(self.accum):
-                with span(semconv.SPAN_DATA, attributes={_PHASE_ATTR: mb}):
-                    x, y = next(self.data)
-                with span(semconv.SPAN_FORWARD, attributes={_PHASE_ATTR: mb}):
-                    out = self.model(x)
-                    loss = self.loss(out.reshape(-1, self.vocab), y.reshape(-1)) / self.accum
-                with span(semconv.SPAN_BACKWARD, attributes={_PHASE_ATTR: mb}):
                     loss.backward()
             with span(semconv.SPAN_OPTIMIZER):
                 with span(_CLIP_SPAN):
