@@ -15,26 +15,34 @@ it has none; `uninstall()` undoes every one. What each hook sees becomes (CONVEN
 | `torch.distributed` collectives                               | `train.collective`                |
 
 The step machine. A step is one optimizer update: it spans from the previous boundary (the end
-of the last step's optimizer update, or of the checkpoint / evaluation that followed it) to the
-end of its own update. It opens lazily, at the first training phase after a boundary, backdated
-to that boundary, so the end of a loop leaves no empty step behind. An optimizer step does not
-close the step at once, since another optimizer may follow (a GAN's generator after its
-discriminator); the step is closed, with the end of its last update, by what comes next:
+of the last step's update, or of the checkpoint / evaluation that followed it) to the end of
+its own update (the optimizer step, and the zero_grad or collective that comes right after
+it). It opens lazily, at the first training phase after a boundary, backdated to that
+boundary, so the end of a loop leaves no empty step behind. An optimizer step does not close
+the step at once, since another optimizer may follow (a GAN's generator after its
+discriminator); the step is closed, at the end of its last update, by what comes next:
 
-- in a loop that pulls batches from a DataLoader: the next batch fetch;
+- in a loop that pulls batches from a DataLoader: the next batch fetch (a loop that makes
+  several updates per batch with one optimizer gives itself away at the first batch's second
+  update, which still counts in the first step; from then on the next forward closes a step);
 - otherwise: the next forward (or backward) pass;
 - a checkpoint or an evaluation pass (they are siblings of the step, never inside it);
 - the end of training (a framework callback, `uninstrument()`, or interpreter exit).
 
-Gradient accumulation: a forward after a backward starts a new micro-batch of the same step
-(`train.micro_batch`, and `train.micro_batches` on the step). A loop with no optimizer at all
-(manual `p.data.add_` updates) gets one step per forward/backward cycle instead.
+Batch fetches are held until a forward shows what they were for: the training step that
+follows, or an evaluation. A forward after a backward starts a new micro-batch of the same step
+(`train.micro_batch`; `train.micro_batches` on the step): gradient accumulation. A loop with no
+optimizer at all (manual `p.data.add_` updates) gets one step per forward/backward cycle. The
+epoch is counted from the training loader's iterators, unless a framework says it. Calls of
+loss modules (`nn.MSELoss()(out, y)`) are not forwards of their own.
 
 A forward under `no_grad()` / `inference_mode()`, or of a module in `.eval()` mode, is evaluation:
 consecutive ones form one `train.eval` span (with the batch fetches feeding them), which tags
-the step it follows. Two exceptions keep auxiliary forwards inside their step: one made in the
-middle of a step (a target network between forward and optimizer step), and one right after
-the loop fetched a training batch (a distillation teacher).
+the step it follows. Auxiliary forwards stay inside their step instead: one made in the middle
+of a step (a target network between forward and optimizer step), one right after the loop
+fetched a training batch, and one by another module on the very batch the next training
+forward uses (a distillation teacher). Lightning and Hugging Face callbacks replace this
+guesswork with the frameworks' own validation loop (`eval_begin()` / `eval_end()`).
 
 Everything on the hot path returns at once when the recorder is off (`_recorder._rec is None`)
 or while torch.compile traces (`torch.compiler.is_compiling()`, tested first so Dynamo folds it
@@ -56,6 +64,7 @@ from typing import Any
 import torch
 import wrapt
 from torch.compiler import is_compiling
+from torch.nn.modules.loss import _Loss
 
 from otel_train import _imports, _recorder, semconv
 from otel_train._recorder import _Region, _Step
@@ -94,6 +103,14 @@ def _mb_attrs(i: int) -> dict[str, int]:
     return _MB_ATTRS[i] if i < 256 else {semconv.TRAIN_MICRO_BATCH: i}
 
 
+def _region(name: str, attrs: dict[str, Any] | None = None) -> _Region:
+    """A live phase region of the class in force (`_device._DeviceRegion` while a device is timed)."""
+    region = _recorder.region_factory(name)
+    if attrs is not None:
+        region.attrs = attrs
+    return region
+
+
 class _State:
     """Where the detector is in the current step; one per process."""
 
@@ -101,7 +118,7 @@ class _State:
                  "pending", "data_driven", "train_src", "train_iter", "epoch", "epoch_fixed", "uses_opt",
                  "fetching", "fwd_depth", "fwd_kind", "fwd_region", "bwd_depth", "opt_depth", "opt_region",
                  "opt_owner", "opt_closure", "aux_depth", "ckpt_depth", "coll_depth", "eval_t0", "eval_t1",
-                 "eval_explicit", "gc_t0", "lazy", "exit_hook")
+                 "eval_data", "eval_module", "eval_region", "eval_explicit", "gc_t0", "lazy", "exit_hook")
 
     def __init__(self) -> None:
         self.reset()
@@ -117,7 +134,7 @@ class _State:
         self.mb_bwd = False  # ... and a backward
         self.pending: list[list[Any]] = []  # fetches (and zero_grads) not yet given to a step
         self.data_driven: bool | None = None  # batches come from a DataLoader; False: not one per step
-        self.train_src: Any = None  # the dataset training batches come from
+        self.train_src: Any = None  # the loader (its sampler) training batches come from
         self.train_iter: weakref.ref[Any] | None = None  # the iterator of the current epoch
         self.epoch: int | None = None
         self.epoch_fixed = False  # a framework callback sets the epoch
@@ -136,6 +153,9 @@ class _State:
         self.coll_depth = 0
         self.eval_t0: int | None = None
         self.eval_t1: int | None = None
+        self.eval_data: list[list[Any]] = []  # the fetches an implicit evaluation pass absorbed
+        self.eval_module: Any = None  # the module it last ran
+        self.eval_region: _Region | None = None  # the live region of an explicit (framework) pass
         self.eval_explicit = False
         self.gc_t0: int | None = None
         self.lazy = False
@@ -167,7 +187,8 @@ def _manual(s: _State) -> bool:
     if s.uses_opt is None:
         # Once per process, at the first ambiguous moment (forward after backward, no
         # optimizer step yet): gradient accumulation or a manual update?
-        s.uses_opt = any(isinstance(o, torch.optim.Optimizer) for o in gc.get_objects())
+        optimizer = torch.optim.Optimizer
+        s.uses_opt = any(issubclass(type(o), optimizer) for o in gc.get_objects())
     return not s.uses_opt
 
 
@@ -214,10 +235,16 @@ def _close_if_complete(r: _recorder.Recorder, s: _State, t: int) -> None:
         _close(r, s, s.opt_end if s.opt_end is not None else t)
 
 
-def _train_activity(r: _recorder.Recorder, s: _State, t: int, phase: int) -> _Step | None:
+def _train_activity(r: _recorder.Recorder, s: _State, t: int, phase: int, module: Any = None) -> _Step | None:
     """A training phase starts at `t`: close what it ends, open the step it belongs to."""
     if s.eval_t0 is not None and not s.eval_explicit:
-        _end_eval(r, s)
+        if module is not None and module is not s.eval_module and s.eval_data and not s.pending:
+            # Another module's no-grad forward on the very batch this one now trains on (no
+            # fetch in between): a teacher, not an evaluation. The batch goes back to the step.
+            s.pending, s.eval_data = s.eval_data, []
+            s.eval_t0 = s.eval_t1 = s.eval_module = None
+        else:
+            _end_eval(r, s)
     step = r.step
     if isinstance(step, _Step):
         if step is not s.step:
@@ -266,28 +293,34 @@ def _resolve_pending(r: _recorder.Recorder, s: _State) -> None:
 
 
 def _track_epoch(s: _State) -> None:
-    """A new iterator over the training dataset is a new epoch."""
-    for entry in s.pending:
+    """A new pass over the training batches is a new epoch: a new iterator of the training
+    loader, or a training loader never seen before (one built per epoch)."""
+    data = [entry for entry in s.pending if entry[_P_ITER] is not None]
+    if not data:
+        return
+    if s.train_src is None or not any(entry[_P_SRC] is s.train_src for entry in data):
+        s.train_src = data[-1][_P_SRC]
+    for entry in data:
         it = entry[_P_ITER]
-        if it is None or (s.train_src is not None and entry[_P_SRC] is not s.train_src):
-            continue
-        current = s.train_iter() if s.train_iter is not None else None
-        if it is not current:
+        if entry[_P_SRC] is s.train_src and (s.train_iter is None or s.train_iter() is not it):
             s.epoch = 0 if s.epoch is None else s.epoch + 1
-            try:
-                s.train_iter = weakref.ref(it)
-            except TypeError:
-                s.train_iter = None
+            s.train_iter = weakref.ref(it)  # weak: a dead iterator must shut its workers down
 
 
 def _end_eval(r: _recorder.Recorder, s: _State) -> None:
     t0 = s.eval_t0
     t1 = s.eval_t1 if s.eval_t1 is not None else t0
-    s.eval_t0 = s.eval_t1 = None
+    region = s.eval_region
+    s.eval_t0 = s.eval_t1 = s.eval_module = s.eval_region = None
+    s.eval_data = []
     s.eval_explicit = False
-    if t0 is None or t1 is None:
+    if region is not None:  # an explicit pass: a live region (device-timed, parent of user spans)
+        region.__exit__(None, None, None)
+        t1 = region.t1 if region.rec is not None else t1
+    elif t0 is not None and t1 is not None:
+        _recorder.record(_EVAL, None, t0, t1)
+    if t1 is None:
         return
-    _recorder.record(_EVAL, None, t0, t1)
     if s.step is None and (s.boundary is None or s.boundary < t1):
         s.boundary = t1
 
@@ -309,6 +342,7 @@ def _eval_forward(r: _recorder.Recorder, s: _State, t: int) -> int:
         if entry[_P_NAME] is _DATA and (s.train_src is None or entry[_P_SRC] is not s.train_src):
             if entry[_P_T0] < t0:
                 t0 = entry[_P_T0]
+            s.eval_data.append(entry)
         else:
             keep.append(entry)
     s.pending = keep
@@ -334,15 +368,16 @@ def _forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
         if not s.lazy or not torch.is_grad_enabled() or (r := _active()) is None:
             return None
     t = r.now()
-    if torch.is_grad_enabled() and module.training:
+    if isinstance(module, _Loss):
+        s.fwd_kind = _FWD_AUX  # a loss module called on the model's output is not another forward
+    elif torch.is_grad_enabled() and module.training:
         if s.opt_depth and s.opt_region is not None and _recorder.current_region() is s.opt_region:
             # optimizer.step(closure): the closure's forward and backward are not the update.
             _recorder.abandon(s.opt_region)
             s.opt_region = None
             s.opt_closure = True
-        step = _train_activity(r, s, t, _PH_FWD)
-        region = _Region(_FORWARD, _mb_attrs(s.mb))
-        region.__enter__()
+        step = _train_activity(r, s, t, _PH_FWD, module)
+        region = _region(_FORWARD, _mb_attrs(s.mb)).__enter__()
         s.fwd_region = region
         s.mb_fwd = True
         if step is not None and step is s.step:
@@ -350,6 +385,8 @@ def _forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
         s.fwd_kind = _FWD_TRAIN
     else:
         s.fwd_kind = _eval_forward(r, s, t)
+        if s.fwd_kind == _FWD_EVAL:
+            s.eval_module = module
     s.fwd_depth = 1
     return None
 
@@ -387,8 +424,7 @@ def _backward_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwa
     if r is None:
         return wrapped(*args, **kwargs)
     step = _train_activity(r, s, r.now(), _PH_BWD)
-    region = _Region(_BACKWARD, _mb_attrs(s.mb))
-    region.__enter__()
+    region = _region(_BACKWARD, _mb_attrs(s.mb)).__enter__()
     s.bwd_depth = 1
     try:
         out = wrapped(*args, **kwargs)
@@ -405,7 +441,7 @@ def _backward_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwa
         if region.rec is not None:
             s.last_end = region.t1
         if s.opt_closure and s.opt_depth and s.opt_region is None:
-            s.opt_region = _Region(_OPTIMIZER, None).__enter__()  # the update after the closure
+            s.opt_region = _region(_OPTIMIZER).__enter__()  # the update after the closure
     return out
 
 
@@ -433,7 +469,7 @@ def _optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
         # batch fetch no longer marks a step; the next forward after an update does.
         s.data_driven = False
         _log.debug("otel_train: several optimizer steps per batch; steps now end at the next forward")
-    s.opt_region = _Region(_OPTIMIZER, None).__enter__()
+    s.opt_region = _region(_OPTIMIZER).__enter__()
     s.opt_owner = optimizer
     s.opt_closure = False
     s.opt_depth = 1
@@ -477,7 +513,7 @@ def _optimizer_aux_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any
     if _ours(r, s):
         s.aux_depth = 1
         try:
-            with _Region(_OPTIMIZER, None) as region:
+            with _region(_OPTIMIZER) as region:
                 return wrapped(*args, **kwargs)
         finally:
             s.aux_depth = 0
@@ -486,9 +522,8 @@ def _optimizer_aux_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any
                 if s.opt_end is not None:
                     s.opt_end = region.t1  # step(); zero_grad(): the update ends after it
     pending = s.pending
-    if r.step is s.step and pending and pending[-1][_P_NAME] is _DATA and \
-            (s.train_src is None or pending[-1][_P_SRC] is s.train_src):
-        # A training batch is waiting: the step it starts will own this.
+    if not isinstance(r.step, _Step) and pending and pending[-1][_P_NAME] is _DATA:
+        # A batch is waiting: the step it starts will own this.
         t0 = r.now()
         s.aux_depth = 1
         try:
@@ -515,7 +550,8 @@ def _next_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs:
     finally:
         s.fetching = False
     t1 = r.now()
-    src = getattr(instance, "_dataset", None)
+    # The loader's own (batch) sampler tells loaders apart, even two over one dataset.
+    src = getattr(instance, "_index_sampler", None)
     if _ours(r, s) and src is not None:
         if s.opt_end is not None and s.data_driven:
             _close(r, s, s.opt_end)  # the next batch: the step's updates are over
@@ -549,7 +585,7 @@ def _checkpoint_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, k
     _checkpoint_begin(r)
     s.ckpt_depth = 1
     try:
-        with _Region(_CHECKPOINT, None) as region:
+        with _region(_CHECKPOINT) as region:
             return wrapped(*args, **kwargs)
     finally:
         s.ckpt_depth = 0
@@ -559,6 +595,17 @@ def _checkpoint_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, k
 
 #: For the integrations: wrap a framework's "save a checkpoint" method with this.
 checkpoint_wrapper = _checkpoint_wrapper
+
+
+def eval_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+    """For the integrations: a framework's "evaluate" method becomes one explicit eval pass."""
+    if _recorder._rec is None or _s.eval_explicit or is_compiling():
+        return wrapped(*args, **kwargs)
+    eval_begin()
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        eval_end()
 
 
 def _checkpoint_begin(r: _recorder.Recorder) -> None:
@@ -583,8 +630,8 @@ def _gc_callback(phase: str, info: dict[str, Any]) -> None:
         return
     s.gc_t0 = None
     t1 = r.now()
-    if info.get("generation", 2) < 2 and t1 - t0 < GC_MIN_PAUSE_NS:
-        return
+    if r.step is None or (info.get("generation", 2) < 2 and t1 - t0 < GC_MIN_PAUSE_NS):
+        return  # before the first step there is no step to attribute a pause to
     _recorder.record(_GC, None, t0, t1)
 
 
@@ -626,10 +673,12 @@ def _collective_wrapper(op: str, payload_at: int | None, payload_name: str | Non
             pass
         s.coll_depth = 1
         try:
-            with _Region(_COLLECTIVE, attrs):
+            with _region(_COLLECTIVE, attrs) as region:
                 return wrapped(*args, **kwargs)
         finally:
             s.coll_depth = 0
+            if s.opt_end is not None and region.rec is not None and region.step is s.step:
+                s.opt_end = region.t1  # after the update (a logged loss): the step ends after it
     return wrapper
 
 
@@ -653,6 +702,7 @@ def eval_begin() -> None:
         _end_eval(r, s)
     _close_if_complete(r, s, t)
     s.eval_explicit = True
+    s.eval_region = _region(_EVAL).__enter__()
     s.eval_t0 = t
     s.eval_t1 = None
 
@@ -765,6 +815,12 @@ def uninstall() -> None:
     _s.reset()
 
 
+def patch_once(owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
+    """For the integrations: patch a framework method until `uninstall()` (once, while installed)."""
+    if _installed and not any(p[0] is owner and p[1] == name for p in _patches):
+        _patch(owner, name, wrapper)
+
+
 def _patch(owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
     own = name in vars(owner)
     original = vars(owner)[name] if own else getattr(owner, name)
@@ -848,12 +904,3 @@ def _unskip_dynamo_frames() -> None:
     except Exception:  # noqa: BLE001
         _log.debug("otel_train: cannot restore Dynamo's frame strategy for our hooks", exc_info=True)
     _skipped_code.clear()
-
-
-def _reset_for_tests() -> None:
-    """Forget the detector state (tests run many loops in one process); hooks stay installed."""
-    if _s.exit_hook:
-        atexit.unregister(_at_exit)
-    lazy = _s.lazy
-    _s.reset()
-    _s.lazy = lazy

@@ -1,0 +1,118 @@
+"""Automatic instrumentation of PyTorch training: every step, with its phases, without editing the loop.
+
+Four ways in, all the same underneath:
+
+    import otel_train.auto                      # first line of the training script
+
+    otel-train run train.py --lr 3e-4           # the script unmodified
+    python -m otel_train.run train.py --lr 3e-4
+    torchrun --nproc-per-node 4 -m otel_train.run train.py
+
+    opentelemetry-instrument python train.py    # this instrumentor is registered under the
+                                                # `opentelemetry_instrumentor` entry point group
+
+or by hand:
+
+    from otel_train.instrumentation import TorchTrainingInstrumentor
+    TorchTrainingInstrumentor().instrument()    # configure from OTEL_* variables, hook torch
+    ...
+    TorchTrainingInstrumentor().uninstrument()  # every hook removed, every patch restored
+
+What it records (CONVENTIONS.md §3): one `train.step` per optimizer update, holding the batch
+fetches (`train.data`), the outermost module's forward per micro-batch (`train.forward`),
+backward (`train.backward`) and the update (`train.optimizer`, with zero_grad and gradient
+clipping); as siblings tagging the step they follow: evaluation passes (`train.eval`),
+checkpoints (`train.checkpoint`) and garbage-collection pauses (`train.gc`); and
+`torch.distributed` collectives (`train.collective`). How steps are found in a plain loop
+(gradient accumulation, several optimizers, no optimizer at all, evaluation forwards) is told
+in `otel_train/_detect.py`.
+
+Frameworks: when Lightning (`lightning.pytorch`) or Hugging Face `transformers` is imported,
+every `Trainer` created afterwards gets `otel_train.lightning.OtelCallback` /
+`otel_train.hf.OtelTrainerCallback`, which add the epoch, exact evaluation passes and the
+framework's own checkpointing to what the torch hooks see. Pass `attach_callbacks=False` to
+`instrument()` to attach them yourself.
+
+`instrument()` does nothing (installs no hook at all) when `OTEL_SDK_DISABLED=true`. Torch is
+never imported by the instrumentor: if the program has not imported it yet, the hooks go in
+the moment it does. In a `multiprocessing` child (a spawned DataLoader worker re-importing the
+script) the runtime starts only at the first training activity, and never in a DataLoader
+worker, so workers are not reported as trainers.
+
+Limits: forward spans need a `torch.nn.Module` call (a model compiled with `module.compile()`
+runs its hooks inside the compiled code, so only `torch.compile(module)` shows `train.forward`);
+batches are seen when they come from a `torch.utils.data.DataLoader`; DDP's gradient
+all-reduce runs inside backward in C++ and is part of `train.backward`; one training thread
+per process.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Collection
+from types import ModuleType
+from typing import Any
+
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+
+from otel_train import _imports, _runtime
+
+_log = logging.getLogger("otel_train")
+
+#: The instrumented library (an extra of this package, never a hard dependency).
+_instruments = ("torch >= 2.2",)
+
+_LIGHTNING = "lightning.pytorch"
+_TRANSFORMERS = "transformers.trainer"
+
+
+class TorchTrainingInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+    """An OpenTelemetry instrumentor for PyTorch training loops (see the module docstring)."""
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return _instruments
+
+    def _instrument(self, **kwargs: Any) -> None:
+        if _runtime.sdk_disabled():
+            _log.debug("otel_train: OTEL_SDK_DISABLED is set; nothing is instrumented")
+            return
+        lazy = _in_multiprocessing_child()
+        if not lazy and _runtime.init() is None:
+            return
+        self._lazy = lazy
+        _imports.when_imported("torch", self._install_torch)
+        if kwargs.get("attach_callbacks", True):
+            _imports.when_imported(_LIGHTNING, _attach_lightning)
+            _imports.when_imported(_TRANSFORMERS, _attach_transformers)
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        _imports.cancel(self._install_torch)
+        _imports.cancel(_attach_lightning)
+        _imports.cancel(_attach_transformers)
+        detect = sys.modules.get("otel_train._detect")  # imported only once torch was
+        if detect is not None:
+            detect.uninstall()
+
+    def _install_torch(self, module: ModuleType) -> None:
+        from otel_train import _detect
+        _detect.install(lazy=getattr(self, "_lazy", False))
+
+
+def _in_multiprocessing_child() -> bool:
+    import multiprocessing
+    # While a spawned child re-imports the main script, `parent_process()` is not set yet:
+    # the process is still `_inheriting` its preparation data (and already has its own name).
+    current = multiprocessing.current_process()
+    return (multiprocessing.parent_process() is not None or getattr(current, "_inheriting", False)
+            or current.name != "MainProcess")
+
+
+def _attach_lightning(module: ModuleType) -> None:
+    from otel_train import lightning  # its patches live in _detect's registry: uninstall undoes them
+    lightning._attach()
+
+
+def _attach_transformers(module: ModuleType) -> None:
+    from otel_train import hf
+    hf._attach()

@@ -1,0 +1,75 @@
+"""`python -m otel_train.run script.py args…`: run a training script, unmodified, instrumented.
+
+Like `opentelemetry-instrument`, but for otel_train alone: it does what `import otel_train.auto`
+does, then runs the script as `__main__` with `sys.argv` and `sys.path[0]` set as `python
+script.py args…` would set them. `-m module args…` runs a module instead. Works under torchrun:
+
+    torchrun --nproc-per-node 4 -m otel_train.run train.py --lr 3e-4
+
+`main(argv)` returns the script's exit status (the CLI's `otel-train run` calls it).
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from collections.abc import Sequence
+
+_USAGE = "usage: python -m otel_train.run (script.py | -m module) [args ...]"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the script (or `-m module`) in `argv` instrumented; return its exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_USAGE, file=sys.stderr if not args else sys.stdout)
+        return 2 if not args else 0
+    module = None
+    if args[0] == "-m":
+        if len(args) < 2:
+            print(_USAGE, file=sys.stderr)
+            return 2
+        module, rest = args[1], args[2:]
+    else:
+        script, rest = args[0], args[1:]
+        if not os.path.exists(script):
+            print(f"otel_train.run: cannot open {script!r}: no such file", file=sys.stderr)
+            return 2
+
+    import otel_train.auto  # noqa: F401 - configure and instrument before the script runs
+
+    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    try:
+        if module is not None:
+            sys.argv = [module, *rest]
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [script, *rest]
+            directory = os.path.dirname(os.path.abspath(script))
+            if sys.path:
+                sys.path[0] = directory
+            else:
+                sys.path.insert(0, directory)
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as exit_:
+        return _exit_status(exit_.code)
+    finally:
+        sys.argv = saved_argv
+        if saved_path0 is not None and module is None:
+            sys.path[0] = saved_path0
+    return 0
+
+
+def _exit_status(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

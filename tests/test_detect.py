@@ -1,0 +1,535 @@
+"""Step and phase detection (otel_train._detect), driven in-process by real torch loops.
+
+Spans go to an in-memory exporter; time comes from a FakeClock that the data, the model and
+the optimizer advance by hand, so step boundaries can be asserted to the nanosecond.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+from span_tree import Tree, check_invariants, plain_tags, tree  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+import otel_train  # noqa: E402
+from otel_train import _detect, _imports, _runtime, semconv  # noqa: E402
+from otel_train._clock import FakeClock  # noqa: E402
+
+DATA, FWD, BWD, OPT = "data", "forward", "backward", "optimizer"
+
+
+class Run:
+    """One instrumented run: the clock to move and, once finished, the span tree."""
+
+    def __init__(self, exporter: InMemorySpanExporter, clock: FakeClock) -> None:
+        self.exporter = exporter
+        self.clock = clock
+        self.done = False
+
+    def finish(self, check: bool = True) -> Tree:
+        if not self.done:
+            self.done = True
+            _detect.uninstall()
+            otel_train.shutdown()
+        t = tree(self.exporter.get_finished_spans())
+        if check:
+            check_invariants(t)
+        return t
+
+
+@pytest.fixture
+def run() -> Iterator[Run]:
+    exporter = InMemorySpanExporter()
+    clock = FakeClock()
+    otel_train.init(span_processors=[SimpleSpanProcessor(exporter)], export_mode="thread", clock=clock,
+                    traces_exporter="none", metrics_exporter="none", flush_interval_ms=10)
+    _detect.install()
+    r = Run(exporter, clock)
+    try:
+        yield r
+    finally:
+        if not r.done:
+            _detect.uninstall()
+            otel_train.shutdown()
+
+
+class Ticking(Dataset):
+    """Each item costs 1 us of fake time to fetch."""
+
+    def __init__(self, clock: FakeClock, n: int = 16) -> None:
+        self.clock = clock
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 4, generator=g)
+        self.y = torch.randn(n, 1, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        self.clock.advance(1_000)
+        return self.x[i], self.y[i]
+
+
+class Net(nn.Module):
+    """A forward costs 10 us of fake time (and calls submodules, which must not become spans)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.body = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+
+    def forward(self, x: Any) -> Any:
+        self.clock.advance(10_000)
+        return self.body(x)
+
+
+def ticking_sgd(model: nn.Module, clock: FakeClock, **kw: Any) -> Any:
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2, **kw)
+    opt.register_step_pre_hook(lambda *a: None if clock.advance(100_000) else None)  # inside our span
+    return opt
+
+
+def test_plain_loop_one_step_per_update_with_exact_boundaries(run: Run) -> None:
+    clock = run.clock
+    model = Net(clock)
+    opt = ticking_sgd(model, clock)
+    loader = DataLoader(Ticking(clock), batch_size=4)
+    updates = 0
+    for epoch in range(2):
+        for x, y in loader:
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            updates += 1
+        clock.advance(5_000_000)  # end of epoch work, outside any phase
+    t = run.finish()
+    assert len(t.steps) == updates == 8
+    for view in t.steps.values():
+        assert view.shape() == [(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None), (OPT, None)]
+        assert view.attrs[semconv.TRAIN_EPOCH] == view.n // 4
+        assert view.attrs[semconv.TRAIN_MICRO_BATCHES] == 1
+        assert plain_tags(view) == set()
+        # The step ends with its update (optimizer.step, then zero_grad) ...
+        assert view.span["end_ns"] == view.children[-1]["end_ns"]
+        data = view.children[0]
+        assert data["end_ns"] - data["start_ns"] == 4 * 1_000  # four items fetched
+    # ... and the next one starts right there, backdated to that boundary.
+    for n in range(1, 8):
+        assert t.steps[n].span["start_ns"] == t.steps[n - 1].span["end_ns"]
+    # The first step starts when its first batch was asked for.
+    assert t.steps[0].span["start_ns"] == t.steps[0].children[0]["start_ns"]
+    assert t.others == []
+
+
+def test_data_span_covers_the_fetch_and_the_batch_copies_after_it(run: Run) -> None:
+    clock = run.clock
+    model = Net(clock)
+    opt = ticking_sgd(model, clock)
+    for x, y in DataLoader(Ticking(clock), batch_size=4):
+        clock.advance(2_000)
+        x, y = x.to(torch.float32), y.to(torch.float32)  # the host-to-device copy, on a GPU
+        clock.advance(500)  # not a copy: after the last one
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    t = run.finish()
+    for view in t.steps.values():
+        data = view.children[0]
+        assert data["name"] == semconv.SPAN_DATA
+        assert data["end_ns"] - data["start_ns"] == 4 * 1_000 + 2_000
+
+
+def test_gradient_accumulation_gives_one_step_with_k_micro_batches(run: Run) -> None:
+    clock = run.clock
+    model = Net(clock)
+    opt = ticking_sgd(model, clock)
+    for i, (x, y) in enumerate(DataLoader(Ticking(clock), batch_size=2)):
+        (nn.functional.mse_loss(model(x), y) / 4).backward()
+        if (i + 1) % 4 == 0:
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+    t = run.finish()
+    assert len(t.steps) == 2
+    for view in t.steps.values():
+        expected = [p for k in range(4) for p in ((DATA, k), (FWD, k), (BWD, k))] + [(OPT, None)] * 3
+        assert view.shape() == expected
+        assert view.attrs[semconv.TRAIN_MICRO_BATCHES] == 4
+
+
+def test_manual_update_without_any_optimizer_steps_per_forward_backward(run: Run) -> None:
+    gc.collect()
+    assert not any(issubclass(type(o), torch.optim.Optimizer) for o in gc.get_objects()), \
+        "a leaked optimizer elsewhere in this process hides the manual-update loop"
+    clock = run.clock
+    model = Net(clock)
+    for x, y in DataLoader(Ticking(clock), batch_size=4):
+        nn.functional.mse_loss(model(x), y).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-0.1)
+                p.grad = None
+        clock.advance(7_000)  # the update itself: part of the step
+    t = run.finish()
+    assert len(t.steps) == 4
+    for view in t.steps.values():
+        assert view.shape() == [(DATA, 0), (FWD, 0), (BWD, 0)]
+    for n in range(1, 4):  # a step ends where the next batch is asked for: the update is inside
+        assert t.steps[n - 1].span["end_ns"] == t.steps[n].span["start_ns"] == t.steps[n].children[0]["start_ns"]
+        assert t.steps[n - 1].span["end_ns"] - t.steps[n - 1].children[-1]["end_ns"] == 7_000
+
+
+def test_loop_without_dataloader_new_forward_after_update_starts_a_step(run: Run) -> None:
+    clock = run.clock
+    model = Net(clock)
+    opt = ticking_sgd(model, clock)
+    x, y = torch.randn(4, 4), torch.randn(4, 1)
+    for _ in range(5):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    t = run.finish()
+    assert len(t.steps) == 5
+    # Without batches to go by, zero_grad at the top of an iteration belongs to the step before.
+    assert t.steps[0].shape() == [(FWD, 0), (BWD, 0), (OPT, None), (OPT, None)]
+    assert t.steps[4].shape() == [(FWD, 0), (BWD, 0), (OPT, None)]
+
+
+def test_two_optimizers_per_batch_make_one_step(run: Run) -> None:
+    clock = run.clock
+    gen, disc = Net(clock), nn.Sequential(nn.Linear(1, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt_g, opt_d = ticking_sgd(gen, clock), ticking_sgd(disc, clock)
+    bce = nn.BCEWithLogitsLoss()
+    for x, _ in DataLoader(Ticking(clock), batch_size=4):
+        fake = gen(x)
+        d_loss = bce(disc(fake.detach()), torch.zeros(4, 1)) + bce(disc(torch.ones(4, 1)), torch.ones(4, 1))
+        opt_d.zero_grad()
+        d_loss.backward()
+        opt_d.step()
+        g_loss = bce(disc(fake), torch.ones(4, 1))
+        opt_g.zero_grad()
+        g_loss.backward()
+        opt_g.step()
+    t = run.finish()
+    assert len(t.steps) == 4
+    for view in t.steps.values():
+        # The loss modules (BCEWithLogitsLoss) are not forwards of their own.
+        assert view.shape() == [(DATA, 0), (FWD, 0), (FWD, 0), (FWD, 0), (OPT, None), (BWD, 0), (OPT, None),
+                                (FWD, 1), (OPT, None), (BWD, 1), (OPT, None)]
+        assert view.attrs[semconv.TRAIN_MICRO_BATCHES] == 2
+        assert view.span["end_ns"] == view.children[-1]["end_ns"]  # after the generator's update
+
+
+def test_several_updates_per_batch_become_one_step_each_once_recognised(run: Run) -> None:
+    clock = run.clock
+    model = Net(clock)
+    opt = ticking_sgd(model, clock)
+    for x, y in DataLoader(Ticking(clock), batch_size=4):
+        for _ in range(2):  # e.g. PPO epochs over one batch
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    t = run.finish()
+    # The first batch's two updates are one step (the second update is what gives the loop
+    # away); from then on, every update is a step of its own.
+    assert len(t.steps) == 1 + 2 * 3
+    assert t.steps[0].shape() == [(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None), (OPT, None),
+                                  (FWD, 1), (BWD, 1), (OPT, None), (OPT, None)]
+    assert [v.shape() for v in list(t.steps.values())[1:]] == [
+        [(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None), (OPT, None)], [(FWD, 0), (BWD, 0), (OPT, None), (OPT, None)],
+    ] * 3
+
+
+def test_evaluation_forwards_form_one_sibling_pass_that_tags_the_step(run: Run) -> None:
+    clock = run.clock
+    model = Net(clock)
+    opt = ticking_sgd(model, clock)
+    data = Ticking(clock)
+    train, val = DataLoader(data, batch_size=4), DataLoader(data, batch_size=8)
+    for i, (x, y) in enumerate(train):
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        if i == 1:
+            model.eval()
+            with torch.no_grad():
+                for vx, _ in val:
+                    model(vx)
+            model.train()
+        if i == 2:
+            with torch.inference_mode():
+                model(x)
+        if i == 3:
+            model.eval()
+            model(x)  # eval mode alone (gradients on) is evaluation too
+            model.train()
+    t = run.finish()
+    assert len(t.steps) == 4
+    evals = t.siblings_named(semconv.SPAN_EVAL)
+    assert [e["attributes"][semconv.TRAIN_STEP] for e in evals] == [1, 2, 3]
+    assert [sorted(plain_tags(v)) for v in t.steps.values()] == [[], ["eval"], ["eval"], ["eval"]]
+    for view in t.steps.values():
+        assert view.shape() == [(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None), (OPT, None)]
+    # The first pass covers its two batch fetches and two forwards: 16 items, 2 x 10 us.
+    first = evals[0]
+    assert first["end_ns"] - first["start_ns"] == 16 * 1_000 + 2 * 10_000
+    # The step after an evaluation starts when it ends.
+    assert t.steps[2].span["start_ns"] == first["end_ns"]
+
+
+def test_no_grad_forward_inside_a_step_stays_in_the_step(run: Run) -> None:
+    clock = run.clock
+    model, target = Net(clock), Net(clock)
+    opt = ticking_sgd(model, clock)
+    for epoch in range(2):  # a new DataLoader each epoch: loaders seen for the first time
+        for x, y in DataLoader(Ticking(clock), batch_size=4):
+            with torch.no_grad():
+                teacher = target(x)  # right after the fetch: a teacher, not an evaluation
+            loss = nn.functional.mse_loss(model(x), teacher)
+            with torch.no_grad():
+                target(x)  # between forward and update: a target network
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    t = run.finish()
+    assert len(t.steps) == 8
+    assert [v.attrs[semconv.TRAIN_EPOCH] for v in t.steps.values()] == [0] * 4 + [1] * 4
+    assert t.siblings_named(semconv.SPAN_EVAL) == []
+    for view in t.steps.values():
+        assert view.shape() == [(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None), (OPT, None)]
+
+
+def test_checkpoint_is_a_sibling_after_the_step_and_tags_it(run: Run, tmp_path: Any) -> None:
+    clock = run.clock
+    model = Net(clock)
+    opt = ticking_sgd(model, clock)
+    for i, (x, y) in enumerate(DataLoader(Ticking(clock), batch_size=4)):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        if i % 2 == 1:
+            clock.advance(3_000)
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, tmp_path / f"{i}.pt")
+    t = run.finish()
+    assert len(t.steps) == 4
+    saves = t.siblings_named(semconv.SPAN_CHECKPOINT)
+    assert [s["attributes"][semconv.TRAIN_STEP] for s in saves] == [1, 3]  # one span per torch.save
+    assert [sorted(plain_tags(v)) for v in t.steps.values()] == [[], ["checkpoint"], [], ["checkpoint"]]
+    for view in t.steps.values():
+        assert view.shape() == [(DATA, 0), (OPT, None), (FWD, 0), (BWD, 0), (OPT, None)]
+    # Step 1 ends with its update, not with the checkpoint; step 2 starts after the checkpoint.
+    assert t.steps[1].span["end_ns"] == t.steps[1].children[-1]["end_ns"]
+    assert t.steps[1].span["end_ns"] + 3_000 == saves[0]["start_ns"]
+    assert t.steps[2].span["start_ns"] == saves[0]["end_ns"]
+
+
+def test_gc_pause_is_a_sibling_tagging_the_step_it_happened_in(run: Run) -> None:
+    clock = run.clock
+    model = Net(clock)
+    opt = ticking_sgd(model, clock)
+    for i, (x, y) in enumerate(DataLoader(Ticking(clock), batch_size=4)):
+        loss = nn.functional.mse_loss(model(x), y)
+        if i == 2:
+            gc.collect()  # a full collection: always a span
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    t = run.finish()
+    pauses = [s for s in t.siblings_named(semconv.SPAN_GC) if s["attributes"].get(semconv.TRAIN_STEP) == 2]
+    assert pauses and all(s["parent_span_id"] is None for s in pauses)
+    assert "gc" in t.steps[2].tags
+    assert len(t.steps) == 4
+
+
+def test_optimizer_step_with_closure_keeps_forward_and_backward_out_of_the_update(run: Run) -> None:
+    clock = run.clock
+    model = Net(clock)
+    opt = ticking_sgd(model, clock)
+    for x, y in DataLoader(Ticking(clock), batch_size=4):
+        def closure() -> Any:
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            return loss
+        opt.step(closure)
+    t = run.finish()
+    assert len(t.steps) == 4
+    for view in t.steps.values():
+        assert view.shape() == [(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None)]
+        update = view.children[-1]
+        assert update["start_ns"] == view.children[-2]["end_ns"]  # the update begins after backward
+
+
+def test_explicit_user_steps_rule_and_hooks_add_the_phases(run: Run) -> None:
+    clock = run.clock
+    model = Net(clock)
+    opt = ticking_sgd(model, clock)
+    x, y = torch.randn(4, 4), torch.randn(4, 1)
+    for n in range(3):
+        with otel_train.step(10 + n):
+            for _ in range(2):
+                nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+    t = run.finish(check=False)
+    assert list(t.steps) == [10, 11, 12]
+    for view in t.steps.values():
+        assert view.shape() == [(FWD, 0), (BWD, 0), (OPT, None), (FWD, 0), (BWD, 0), (OPT, None)]
+
+
+def test_torch_save_inside_a_dataset_fetch_is_not_a_checkpoint(run: Run, tmp_path: Any) -> None:
+    clock = run.clock
+
+    class Caching(Ticking):
+        def __getitem__(self, i: int) -> tuple[Any, Any]:
+            item = super().__getitem__(i)
+            torch.save(item, tmp_path / f"{i}.pt")
+            return item
+
+    model = Net(clock)
+    opt = ticking_sgd(model, clock)
+    for x, y in DataLoader(Caching(clock), batch_size=4):
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    t = run.finish()
+    assert len(t.steps) == 4
+    assert t.siblings_named(semconv.SPAN_CHECKPOINT) == []
+
+
+# --- install / uninstall ----------------------------------------------------------------------
+def _registries() -> dict[str, Any]:
+    from torch.nn.modules import module as m
+    from torch.optim import optimizer as o
+    return {
+        "forward_pre": dict(m._global_forward_pre_hooks), "forward": dict(m._global_forward_hooks),
+        "forward_always": dict(m._global_forward_hooks_always_called),
+        "optimizer_pre": dict(o._global_optimizer_pre_hooks), "optimizer_post": dict(o._global_optimizer_post_hooks),
+        "gc": list(gc.callbacks), "warnings": list(warnings.filters), "meta_path": list(sys.meta_path),
+    }
+
+
+def _functions() -> dict[str, Any]:
+    import torch.distributed as dist
+    import torch.nn.utils
+    from torch.utils.data import dataloader
+    return {
+        "autograd.backward": torch.autograd.backward, "Optimizer.zero_grad": vars(torch.optim.Optimizer)["zero_grad"],
+        "Module.zero_grad": vars(nn.Module)["zero_grad"], "clip_grad_norm_": torch.nn.utils.clip_grad_norm_,
+        "clip_grad.clip_grad_norm_": torch.nn.utils.clip_grad.clip_grad_norm_,
+        "__next__": vars(dataloader._BaseDataLoaderIter)["__next__"],
+        "Tensor.to in Tensor.__dict__": "to" in vars(torch.Tensor), "torch.save": torch.save,
+        "serialization.save": torch.serialization.save, "dist.all_reduce": dist.all_reduce,
+        "c10d.all_reduce": dist.distributed_c10d.all_reduce, "dist.barrier": dist.barrier,
+    }
+
+
+def test_uninstrument_restores_everything_and_instrumenting_twice_is_harmless() -> None:
+    from otel_train.instrumentation import TorchTrainingInstrumentor
+    before_reg, before_fn = _registries(), _functions()
+    instrumentor = TorchTrainingInstrumentor()
+    instrumentor.instrument()
+    try:
+        installed = _registries()
+        assert len(installed["forward_pre"]) == len(before_reg["forward_pre"]) + 1
+        assert len(installed["optimizer_post"]) == len(before_reg["optimizer_post"]) + 1
+        assert _detect._gc_callback in installed["gc"]
+        patched = _functions()
+        assert all(patched[k] is not before_fn[k] for k in before_fn if not k.startswith("Tensor.to")), patched
+        assert patched["Tensor.to in Tensor.__dict__"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # BaseInstrumentor says it is already instrumented
+            instrumentor.instrument()
+        assert _registries() == installed and _functions() == patched
+    finally:
+        instrumentor.uninstrument()
+        otel_train.shutdown()
+    assert _registries() == before_reg
+    assert _functions() == before_fn
+    assert _imports.waiting() == {}
+    assert not _detect.installed()
+
+
+def test_sdk_disabled_installs_no_hook_at_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    from otel_train.instrumentation import TorchTrainingInstrumentor
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    assert _runtime.sdk_disabled()
+    before_reg, before_fn = _registries(), _functions()
+    instrumentor = TorchTrainingInstrumentor()
+    instrumentor.instrument()
+    try:
+        assert _registries() == before_reg
+        assert _functions() == before_fn
+        assert not _detect.installed()
+    finally:
+        instrumentor.uninstrument()
+
+
+def test_hooks_are_inert_while_the_recorder_is_off() -> None:
+    _detect.install()
+    try:
+        assert _runtime.state() is None or _runtime.state().closed
+        model = nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in DataLoader(torch.randn(8, 2), batch_size=4):
+            model(x).sum().backward()
+            opt.step()
+        assert _detect._s.step is None and _detect._s.pending == []
+    finally:
+        _detect.uninstall()
+
+
+DCP = """
+    import json, sys, tempfile
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    import otel_train
+    from otel_train.instrumentation import TorchTrainingInstrumentor
+    exporter = InMemorySpanExporter()
+    otel_train.init(span_processors=[SimpleSpanProcessor(exporter)], export_mode="thread",
+                    traces_exporter="none", metrics_exporter="none")
+    TorchTrainingInstrumentor().instrument()
+    torch_first = "torch" in sys.modules
+    import torch, wrapt                        # the hooks go in now
+    import torch.distributed.checkpoint as dcp # and the checkpoint functions are patched on import
+    patched = isinstance(dcp.save, wrapt.FunctionWrapper) and isinstance(dcp.load, wrapt.FunctionWrapper)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    where = tempfile.mkdtemp()
+    dcp.save({"model": model.state_dict()}, checkpoint_id=where)
+    dcp.load({"model": model.state_dict()}, checkpoint_id=where)
+    TorchTrainingInstrumentor().uninstrument()
+    restored = not isinstance(dcp.save, wrapt.FunctionWrapper) and not isinstance(dcp.load, wrapt.FunctionWrapper)
+    otel_train.shutdown()
+    spans = [[s.name, s.attributes.get("train.step"), sorted(s.attributes.get("train.step.tags") or [])]
+             for s in sorted(exporter.get_finished_spans(), key=lambda s: s.start_time) if s.name != "train.gc"]
+    print("RESULT " + json.dumps({"torch_first": torch_first, "patched": patched, "restored": restored,
+                                  "spans": spans}))
+"""
+
+
+def test_distributed_checkpoint_is_patched_when_imported_and_restored() -> None:
+    import json
+
+    from procs import run_python
+    out = run_python(DCP, env={"PYTHONWARNINGS": "ignore"}, timeout=180).stdout
+    result = json.loads(out.split("RESULT ", 1)[1])
+    assert result["torch_first"] is False  # instrumenting did not import torch
+    assert result["patched"] and result["restored"]
+    steps = [s for s in result["spans"] if s[0] == "train.step"]
+    assert [s[1] for s in steps] == [0, 1]
+    assert [[tag for tag in s[2] if tag != "gc"] for s in steps] == [[], ["checkpoint"]]
+    assert [s[:2] for s in result["spans"] if s[0] == "train.checkpoint"] == [["train.checkpoint", 1]] * 2
