@@ -4,10 +4,13 @@ measured in the same process and run, interleaved (this machine is shared and no
 Regions: (a) two `perf_counter_ns` calls (the floor), (b) `otel_train.span`, (c) an OTel SDK
 span (`start_as_current_span` + `BatchSpanProcessor` + OTLP exporter), and the disabled
 `otel_train.span`. Steps: a ~20 ms transformer-like step and a ~2.5 ms step with gradient
-accumulation 2 (9 regions), plain vs instrumented, exporting over OTLP gRPC to a live local
-receiver in its own process. Background costs land inside the instrumented blocks: the
+accumulation 2 (9 regions), plain vs instrumented with the explicit API, vs hand-written SDK
+spans, and vs automatic instrumentation (`TorchTrainingInstrumentor`), exporting over OTLP
+gRPC to a live local receiver in its own process. Background costs land inside the instrumented blocks: the
 worker runs during them, and what it has left at the end of a block is drained inside the
-block's timing. Output: one `name: value` line per figure.
+block's timing. Overheads are the median over rounds of each round's own ratio (its blocks ran back to back);
+`step_noise_pct*` is the baseline's spread between rounds (IQR / median), the machine's noise
+to read them against. Output: one `name: value` line per figure.
 """
 
 from __future__ import annotations
@@ -85,9 +88,15 @@ def _regions(factory: Callable[..., Any]) -> Callable[[int], None]:
     return body
 
 
-def bench_regions(sdk_tracer: Any, n: int, rounds: int) -> dict[str, float]:
+def bench_regions(sdk_tracer: Any, sdk_flush: Callable[[], Any], n: int, rounds: int) -> dict[str, float]:
+    """The caller's cost per region. Background export is settled (untimed) after every variant,
+    so each one is timed with its own worker idle, as in a loop that makes regions at a
+    training rate; what export costs a training loop is the step benchmark's to say."""
     import otel_train
-    from otel_train import _recorder
+    from otel_train import _recorder, _runtime
+
+    worker = _runtime.state().worker  # type: ignore[union-attr]
+    settle = {"region_ns_otel_train": worker.flush, "region_ns_otel_sdk": sdk_flush}
 
     variants = {
         "region_ns_floor": _floor,
@@ -99,6 +108,8 @@ def bench_regions(sdk_tracer: Any, n: int, rounds: int) -> dict[str, float]:
     for _ in range(rounds):
         for name, body in variants.items():
             samples[name].append(_per_iteration_ns(body, _empty, n))
+            if name in settle:
+                settle[name]()
     out = {name: statistics.median(values) for name, values in samples.items()}
     out["sdk_over_otel_train"] = out["region_ns_otel_sdk"] / max(out["region_ns_otel_train"], 1e-9)
     return out
@@ -177,7 +188,7 @@ def _timed_block(step: Callable[[], None], steps: int, settle: Callable[[], None
     for _ in range(steps):
         step()
     if settle is not None:
-        settle()  # background work left over from this block is charged to it
+        settle()  # export still in flight for this block is charged to it, not to the next
     return (time.perf_counter_ns() - t0) / steps / 1e6
 
 
@@ -190,7 +201,7 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
     for _ in range(3):  # warm up every path
         work.plain()
         work.instrumented()
-    worker.drain()
+    worker.flush()
     plain: list[float] = []
     inst: list[float] = []
     sdk: list[float] = []
@@ -199,7 +210,7 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
     for _ in range(rounds):
         plain.append(_timed_block(work.plain, block_steps))
         w0, c0 = _cpu_ns(os.getpid(), worker.native_id), _cpu_ns(child.pid) if child else 0
-        inst.append(_timed_block(work.instrumented, block_steps, worker.drain))
+        inst.append(_timed_block(work.instrumented, block_steps, worker.flush))
         worker_cpu += _cpu_ns(os.getpid(), worker.native_id) - w0
         child_cpu += (_cpu_ns(child.pid) - c0) if child else 0
         inst_steps += block_steps
@@ -207,13 +218,47 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
             sdk.append(_timed_block(lambda: work.sdk(sdk_tracer), block_steps, sdk_flush))
     out: dict[str, Any] = {
         "plain": statistics.median(plain), "instrumented": statistics.median(inst),
-        "noise_pct": 100 * (max(plain) - min(plain)) / statistics.median(plain),
+        "overhead_pct": _paired_overhead_pct(plain, inst),
+        "noise_pct": _noise_pct(plain),
         "worker_cpu_us_per_step": worker_cpu / inst_steps / 1e3,
         "exporter_cpu_us_per_step": child_cpu / inst_steps / 1e3,
     }
     if sdk:
         out["sdk"] = statistics.median(sdk)
+        out["sdk_overhead_pct"] = _paired_overhead_pct(plain, sdk)
     return out
+
+
+def _paired_overhead_pct(plain: list[float], other: list[float]) -> float:
+    """Median over rounds of (other / plain - 1): each round's blocks ran back to back, so a
+    slow patch of the machine hits both sides of a pair instead of one side of the medians."""
+    return 100 * statistics.median(o / p - 1 for p, o in zip(plain, other))
+
+
+def _noise_pct(plain: list[float]) -> float:
+    """Spread of the baseline between rounds (interquartile range / median): the machine's noise."""
+    q = statistics.quantiles(plain, n=4)
+    return 100 * (q[2] - q[0]) / statistics.median(plain)
+
+
+def bench_auto(work: _Workload, rounds: int, block_steps: int) -> dict[str, float]:
+    """The plain step under automatic instrumentation (hooks installed only for those blocks)."""
+    from otel_train import _runtime
+    from otel_train.instrumentation import TorchTrainingInstrumentor
+
+    worker = _runtime.state().worker  # type: ignore[union-attr]
+    instrumentor = TorchTrainingInstrumentor()
+    plain: list[float] = []
+    auto: list[float] = []
+    for _ in range(rounds):
+        plain.append(_timed_block(work.plain, block_steps))
+        instrumentor.instrument()
+        for _ in range(2):  # one-time work (first detection decisions) is not a per-step cost
+            work.plain()
+        auto.append(_timed_block(work.plain, block_steps, worker.flush))
+        instrumentor.uninstrument()
+    return {"plain": statistics.median(plain), "auto": statistics.median(auto),
+            "overhead_pct": _paired_overhead_pct(plain, auto), "noise_pct": _noise_pct(plain)}
 
 
 # --- the command --------------------------------------------------------------------------
@@ -240,7 +285,7 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
     import otel_train
     from otel_train import _runtime
 
-    rounds, block, region_n, region_rounds = (3, 5, 2000, 3) if quick else (9, 40, 20000, 9)
+    rounds, block, region_n, region_rounds = (3, 5, 1000, 3) if quick else (15, 20, 2000, 25)
     receiver = _Receiver()
     provider, tracer = _sdk_tracer(receiver.endpoint)
     try:
@@ -251,7 +296,7 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
             otel_train.init(endpoint=receiver.endpoint, protocol="grpc", export_mode=mode,
                             run_id=f"bench-{os.getpid()}-{mode}", metric_interval_ms=60000)
             if index == 0:
-                figures = bench_regions(tracer, region_n, region_rounds)
+                figures = bench_regions(tracer, provider.force_flush, region_n, region_rounds)
                 for name, value in figures.items():
                     _print(name, value)
             large = bench_steps(_Workload("large"), rounds, block)
@@ -260,13 +305,20 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
             for label, res in (("", large), ("_small", small)):
                 _print(f"step_ms_plain{label}{suffix}", res["plain"])
                 _print(f"step_ms_instrumented{label}{suffix}", res["instrumented"])
-                _print(f"step_overhead_pct{label}{suffix}", 100 * (res["instrumented"] / res["plain"] - 1))
+                _print(f"step_overhead_pct{label}{suffix}", res["overhead_pct"])
                 _print(f"step_noise_pct{label}{suffix}", res["noise_pct"])
                 _print(f"worker_cpu_us_per_step{label}{suffix}", res["worker_cpu_us_per_step"])
                 _print(f"exporter_cpu_us_per_step{label}{suffix}", res["exporter_cpu_us_per_step"])
                 if "sdk" in res:
                     _print(f"step_ms_sdk{label}", res["sdk"])
-                    _print(f"step_overhead_pct_sdk{label}", 100 * (res["sdk"] / res["plain"] - 1))
+                    _print(f"step_overhead_pct_sdk{label}", res["sdk_overhead_pct"])
+            if index == 0:
+                for label, work, steps in (("", _Workload("large"), block), ("_small", _Workload("small"), block * 4)):
+                    res = bench_auto(work, rounds, steps)
+                    _print(f"step_ms_plain_auto_baseline{label}", res["plain"])
+                    _print(f"step_ms_auto{label}", res["auto"])
+                    _print(f"step_overhead_pct_auto{label}", res["overhead_pct"])
+                    _print(f"step_noise_pct_auto{label}", res["noise_pct"])
             otel_train.shutdown()
         provider.shutdown()
         _print("receiver_spans", receiver.spans())

@@ -466,6 +466,7 @@ class _DeviceRegion(_Region):
     def __init__(self, name: str, *, device_time: bool | None = None, **attrs: Any) -> None:
         self.name = name
         self.attrs = attrs
+        self.events = self.dev = None  # as `_Region.__init__`, without its extra call
         self.timed = name in _DEVICE_TIMED if device_time is None else device_time
 
     def drop_events(self) -> None:

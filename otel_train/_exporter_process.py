@@ -20,6 +20,7 @@ import time
 from typing import Any, BinaryIO
 
 _FRAME = struct.Struct("<I")
+_NICE = 10
 
 
 def _read(stream: BinaryIO) -> Any:
@@ -53,6 +54,12 @@ def _watch_parent(timeout_s: float) -> None:
 def main() -> int:
     # Ctrl-C reaches the whole process group; the trainer decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Yield the CPU to training when cores are contended: export can wait, a step cannot.
+    # (Behind for long, the trainer's bounded buffer drops the oldest records and says so.)
+    try:
+        os.nice(_NICE)
+    except OSError:
+        pass
     stdin = sys.stdin.buffer
     first = _read(stdin)
     if first is None or first[0] != "setup":

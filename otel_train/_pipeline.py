@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricReader
@@ -17,9 +17,11 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExportResult
 
+from otel_train import semconv
 from otel_train._config import Config
 from otel_train._distributed import RunInfo
 from otel_train._metrics import TrainMetrics
+from otel_train._otlp import LeanEncoder, LeanSpanBatch
 from otel_train._sinks import build_metric_exporter, build_span_exporter
 from otel_train._spans import AttributeCleaner, SpanAssembler
 
@@ -31,6 +33,18 @@ def make_setup(cfg: Config, run: RunInfo, resource: Mapping[str, Any], salt: int
             "salt": salt, "version": version}
 
 
+class _FixedResource(Resource):
+    """A Resource that hashes once: the OTLP encoder hashes the resource of every span it
+    encodes, and `Resource.__hash__` serialises all attributes to JSON each time."""
+
+    def __init__(self, attributes: Mapping[str, Any]) -> None:
+        super().__init__(dict(attributes))
+        self._hash = super().__hash__()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
 class ExportPipeline:
     """Builds spans from wire records and exports them; counts what it could not export."""
 
@@ -38,18 +52,24 @@ class ExportPipeline:
                  metric_readers: Sequence[MetricReader] = ()) -> None:
         self.cfg = Config(**setup["config"])
         self.run = RunInfo(**setup["run"])
-        self.resource = Resource(setup["resource"])
+        self.resource = _FixedResource(setup["resource"])
         self.processors = list(span_processors)
         self.exporter = build_span_exporter(self.cfg, self.run)
         self.metrics = TrainMetrics(self.resource, build_metric_exporter(self.cfg, self.run),
                                     self.cfg.metric_interval_ms, metric_readers, setup["version"])
+        # Lean path: no in-process processor needs SDK span objects and the exporter takes
+        # pre-encoded protobuf, so records go straight to OTLP bytes (`_otlp`).
+        self.encoder: LeanEncoder | None = None
+        if not self.processors and getattr(self.exporter, "accepts_lean", False):
+            self.encoder = LeanEncoder(self.resource.attributes, semconv.SCOPE_NAME, setup["version"])
         self.assembler = SpanAssembler(self.run, setup["salt"], self.resource,
                                        AttributeCleaner(self.cfg.attribute_value_limit), self._emit,
-                                       self.cfg.step_sample, self.metrics.observe, setup["version"])
+                                       self.cfg.step_sample, self.metrics.observe, setup["version"],
+                                       lean=self.encoder is not None)
         self.received = 0
         self.exported = 0
         self.failed = 0
-        self._pending: list[ReadableSpan] = []
+        self._pending: list[Any] = []
         self._closed = False
 
     def feed(self, records: Sequence[tuple[Any, ...]], dropped: Mapping[str, int]) -> None:
@@ -77,7 +97,7 @@ class ExportPipeline:
         return {"received": self.received, "built": self.assembler.spans_built, "exported": self.exported,
                 "failed": self.failed + len(self._pending)}
 
-    def _emit(self, spans: list[ReadableSpan]) -> None:
+    def _emit(self, spans: list[Any]) -> None:
         for processor in self.processors:
             for span in spans:
                 _guarded(processor.on_end, span)
@@ -90,7 +110,8 @@ class ExportPipeline:
             if deadline is not None and time.monotonic() >= deadline:
                 return  # what is left is reported as failed by stats()
             chunk, self._pending = self._pending[:size], self._pending[size:]
-            result = _guarded(self.exporter.export, chunk)  # type: ignore[union-attr]
+            batch: Any = chunk if self.encoder is None else LeanSpanBatch(self.encoder.encode(chunk), len(chunk))
+            result = _guarded(self.exporter.export, batch)  # type: ignore[union-attr]
             if result == SpanExportResult.SUCCESS:
                 self.exported += len(chunk)
             else:
@@ -104,8 +125,3 @@ def _guarded(fn: Any, *args: Any) -> Any:
     except Exception as err:  # noqa: BLE001 - user processors and exporters may raise anything
         _log.warning("otel_train: %s failed: %s", getattr(fn, "__qualname__", fn), err)
         return None
-
-
-def iter_chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start:start + size]

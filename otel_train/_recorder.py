@@ -16,7 +16,6 @@ import functools
 import inspect
 import itertools
 import logging
-import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
@@ -99,35 +98,39 @@ def active() -> Recorder | None:
 
 
 def seq_of(record: Any) -> int:
-    """The sequence number naming a region's span id, assigned on first need (off the hot path)."""
-    try:
-        return record.seq
-    except AttributeError:
-        with _seq_lock:
-            try:
-                return record.seq
-            except AttributeError:
-                record.seq = seq = next(_seq_counter)
-                return seq
+    """The number that names a record's span id (`_distributed.region_span_id`).
+
+    Steps draw theirs from a counter when they open. A region's is derived from its start time
+    and its `id()`: two regions alive at once never share an id, and an id reused later comes
+    with a later start, so it is unique without a counter, a lock or any work on the hot path;
+    the worker and `inject()` compute the same number independently.
+    """
+    if isinstance(record, _Region):
+        return (record.t0 * 0x9E3779B97F4A7C15 + id(record)) & 0xFFFFFFFFFFFFFFFF
+    return record.seq
 
 
-_seq_lock = threading.Lock()
 _seq_counter = itertools.count(1)
+
+
+class Truncated:
+    """Put in a record's `exc` when shutdown force-ends it: the span gets `otel_train.truncated`."""
 
 
 class _Region:
     """One timed region (`otel_train.span`); usable as a context manager or a decorator.
 
     The class is its own factory (`otel_train.span is _Region`): one Python call per region.
-    Slots left unset on the hot path (`seq`, `events`, `dev`) are filled in only when needed.
+    `events` and `dev` are filled in only when an event or device timing needs them.
     """
 
-    __slots__ = ("name", "attrs", "rec", "parent", "token", "seq", "step", "t0", "t1",
-                 "exc", "events", "dev", "truncated", "timed")
+    __slots__ = ("name", "attrs", "rec", "parent", "token", "step", "t0", "t1",
+                 "exc", "events", "dev", "timed")
 
     def __init__(self, name: str, *, device_time: bool | None = None, **attrs: Any) -> None:
         self.name = name
         self.attrs = attrs
+        self.events = self.dev = None  # set now: reading an unset slot later costs an exception
         if device_time is not None:  # kept for `__call__`; only `_device._DeviceRegion` acts on it
             self.timed = device_time
 
@@ -203,7 +206,7 @@ class _Step:
     """One training step (`otel_train.step`), explicit or driven by automatic detection."""
 
     __slots__ = ("n", "epoch", "rec", "seq", "t0", "t1", "tags", "events", "links", "attrs",
-                 "micro_batches", "exc", "dev", "truncated")
+                 "micro_batches", "exc", "dev")
 
     def __init__(self, n: int | None, epoch: int | None, attrs: dict[str, Any] | None = None) -> None:
         self.n = n
@@ -310,7 +313,7 @@ def event(name: str, attrs: Mapping[str, Any] | None) -> None:
     if target is None and isinstance(r.step, _Step):
         target = r.step
     if target is not None:
-        events = getattr(target, "events", None)
+        events = target.events
         if events is None:
             target.events = events = []
         events.append(payload)
@@ -361,17 +364,25 @@ def _events(events: list[tuple[str, int, Any]] | None, offset: int) -> list[tupl
     return [(name, t + offset, attrs) for name, t, attrs in events]
 
 
+def _error(exc: Any) -> tuple[str | None, bool]:
+    """(exception type name or None, truncated?) from a record's `exc`."""
+    if exc is None:
+        return None, False
+    if exc is Truncated:
+        return None, True
+    return exc.__name__, False
+
+
 def to_wire(record: Any, offset: int) -> tuple[Any, ...]:
     """One drained record as a wire tuple; `offset` maps perf ns to wall ns."""
     if isinstance(record, _Region):
         parent = record.parent
         step_n, step_seq = _step_ref(record.step)
+        error, truncated = _error(record.exc)
         return (KIND_SPAN, record.name, seq_of(record),
                 seq_of(parent) if parent is not None and parent.rec is record.rec else None,
                 step_n, step_seq, record.t0 + offset, record.t1 + offset, record.attrs or None,
-                _events(getattr(record, "events", None), offset), None,
-                record.exc.__name__ if record.exc is not None else None,
-                getattr(record, "truncated", False), getattr(record, "dev", None))
+                _events(record.events, offset), None, error, truncated, record.dev)
     if isinstance(record, _Step):
         attrs = dict(record.attrs) if record.attrs else {}
         if record.epoch is not None:
@@ -380,11 +391,11 @@ def to_wire(record: Any, offset: int) -> tuple[Any, ...]:
             attrs[semconv.TRAIN_MICRO_BATCHES] = record.micro_batches
         if record.tags:
             attrs[semconv.TRAIN_STEP_TAGS] = [*record.tags]
+        error, truncated = _error(record.exc)
         return (KIND_STEP, semconv.SPAN_STEP, record.seq, None, record.n, record.seq,
                 record.t0 + offset, record.t1 + offset, attrs, _events(record.events, offset),
                 [dict(c) if isinstance(c, Mapping) else c for c in record.links] if record.links else None,
-                record.exc.__name__ if record.exc is not None else None,
-                getattr(record, "truncated", False), record.dev)
+                error, truncated, record.dev)
     kind, step, payload = record
     if kind == KIND_TAG:
         return (KIND_TAG, payload, 0, None, step.n, step.seq, 0, 0, None, None, None, None, False, None)

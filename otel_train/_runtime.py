@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from otel_train import _recorder, semconv
@@ -96,7 +96,11 @@ def init(span_processors: Sequence[Any] = (), metric_readers: Sequence[Any] = ()
             return LocalSink(ExportPipeline(setup, span_processors, metric_readers))
 
         sink: Any
-        if cfg.export_mode == "thread" or span_processors or metric_readers:
+        from otel_train._sinks import effective_exporter
+        # The console exporter prints on stdout, which in process mode is the child's progress pipe.
+        console = "console" in (effective_exporter(cfg.traces_exporter, cfg.endpoint),
+                                effective_exporter(cfg.metrics_exporter, cfg.metrics_endpoint or cfg.endpoint))
+        if cfg.export_mode == "thread" or span_processors or metric_readers or console:
             sink = local()
         else:
             try:
@@ -157,6 +161,11 @@ def shutdown(timeout_s: float | None = None) -> None:
         st.closed = True
         bound = st.cfg.shutdown_timeout_s if timeout_s is None else max(0.0, float(timeout_s))
         deadline = time.monotonic() + bound
+        for fn in list(_before_shutdown):
+            try:
+                fn()
+            except Exception as err:  # noqa: BLE001 - an integration must not block shutdown
+                _log.warning("otel_train: closing %s at shutdown failed: %r", getattr(fn, "__qualname__", fn), err)
         recorder = st.worker.recorder
         _recorder.install(None)
         try:
@@ -170,13 +179,28 @@ def shutdown(timeout_s: float | None = None) -> None:
             _log.warning("otel_train: shutdown failed: %r", err)
 
 
+#: Called first by `shutdown()`, while the recorder still records: integrations close what they
+#: hold open at its real end (automatic detection's last step waits for a trigger that an
+#: explicit shutdown right after the loop would otherwise cut as truncated).
+_before_shutdown: list[Callable[[], None]] = []
+
+
+def before_shutdown(fn: Callable[[], None]) -> None:
+    if fn not in _before_shutdown:
+        _before_shutdown.append(fn)
+
+
+def remove_before_shutdown(fn: Callable[[], None]) -> None:
+    if fn in _before_shutdown:
+        _before_shutdown.remove(fn)
+
+
 def _truncate_open(recorder: _recorder.Recorder) -> None:
     """Force-end what is still open (a SIGTERM mid-step) and mark it `otel_train.truncated`."""
     now = recorder.now()
     for record in recorder.open_records():
         record.t1 = now
-        record.exc = None
-        record.truncated = True
+        record.exc = _recorder.Truncated
         if isinstance(record, _recorder._Step):
             recorder.step = _recorder._After(record)
         recorder.append(record)

@@ -89,11 +89,28 @@ def build_span_exporter(cfg: Config, run: RunInfo) -> SpanExporter | None:
     endpoint = cfg.endpoint or ("http://localhost:4317" if cfg.protocol == "grpc" else "http://localhost:4318")
     headers = parse_headers(cfg.headers)
     if cfg.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
-        return GrpcExporter(endpoint=endpoint, insecure=endpoint.startswith("http://"), headers=headers,
-                            timeout=cfg.export_timeout_s)
+        return _lean_grpc_exporter_class()(endpoint=endpoint, insecure=endpoint.startswith("http://"),
+                                           headers=headers, timeout=cfg.export_timeout_s)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
     return HttpExporter(endpoint=_http_url(endpoint, "traces"), headers=headers, timeout=cfg.export_timeout_s)
+
+
+def _lean_grpc_exporter_class() -> type[SpanExporter]:
+    """The official OTLP/gRPC span exporter, also accepting spans pre-encoded by `_otlp`."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from otel_train._otlp import LeanSpanBatch
+
+    class LeanGrpcSpanExporter(OTLPSpanExporter):  # type: ignore[misc]
+        accepts_lean = True
+
+        def _translate_data(self, data: Any) -> ExportTraceServiceRequest:
+            if isinstance(data, LeanSpanBatch):
+                return ExportTraceServiceRequest.FromString(data.payload)
+            return super()._translate_data(data)
+
+    return LeanGrpcSpanExporter
 
 
 def build_metric_exporter(cfg: Config, run: RunInfo) -> MetricExporter | None:

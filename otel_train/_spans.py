@@ -122,12 +122,12 @@ class _HeldStep:
 
 
 class SpanAssembler:
-    """Wire records in, `ReadableSpan`s out (through `emit`), metrics observed on the way."""
+    """Wire records in, `ReadableSpan`s (or lean tuples) out through `emit`; metrics observed on the way."""
 
     def __init__(self, run: RunInfo, salt: int, resource: Resource, cleaner: AttributeCleaner,
                  emit: Callable[[list[ReadableSpan]], None], step_sample: int = 1,
                  observe: Callable[[str, float, Mapping[str, Any]], None] | None = None,
-                 version: str = "") -> None:
+                 version: str = "", lean: bool = False) -> None:
         self.run = run
         self.salt = salt
         self.resource = resource
@@ -136,6 +136,7 @@ class SpanAssembler:
         self.step_sample = step_sample
         self.observe = observe
         self.scope = InstrumentationScope(semconv.SCOPE_NAME, version)
+        self.lean = lean  # emit plain tuples for `_otlp.LeanEncoder` instead of ReadableSpans
         self._held: dict[int, _HeldStep] = {}
         self._orphans: dict[int, list[tuple[int, Any]]] = {}
         self._siblings: deque[tuple[int, int]] = deque(maxlen=256)
@@ -282,12 +283,18 @@ class SpanAssembler:
         return trace_id
 
     def _build(self, name: str, trace_id: int, span_id: int, parent_id: int | None, parent_remote: bool,
-               wire: tuple[Any, ...], attrs: dict[str, Any], events: Any, links: Any) -> ReadableSpan:
+               wire: tuple[Any, ...], attrs: dict[str, Any], events: Any, links: Any) -> Any:
+        """A `ReadableSpan`, or in lean mode the plain tuple `_otlp.LeanEncoder` encodes."""
         if wire[W_TRUNC]:
             attrs[semconv.TRUNCATED] = True
         error = wire[W_ERROR]
         if error:
             attrs[semconv.ERROR_TYPE] = error
+        link_ids = self._link_ids(links)
+        if self.lean:
+            return (name, trace_id, span_id, parent_id, parent_remote, wire[W_T0], wire[W_T1], attrs,
+                    [(n, t, self.cleaner.clean(n, a)) for n, t, a in events] if events else None,
+                    link_ids, StatusCode.ERROR.value if error else 0, error)
         return ReadableSpan(
             name=name,
             context=SpanContext(trace_id, span_id, False, _SAMPLED),
@@ -295,7 +302,7 @@ class SpanAssembler:
             resource=self.resource,
             attributes=attrs,
             events=[Event(n, self.cleaner.clean(n, a), t) for n, t, a in events] if events else (),
-            links=self._links(links),
+            links=[Link(SpanContext(t, s, True, _SAMPLED)) for t, s in link_ids],
             kind=SpanKind.INTERNAL,
             status=Status(StatusCode.ERROR, error) if error else Status(StatusCode.UNSET),
             start_time=wire[W_T0],
@@ -303,9 +310,9 @@ class SpanAssembler:
             instrumentation_scope=self.scope,
         )
 
-    def _links(self, carriers: Any) -> Sequence[Link]:
+    def _link_ids(self, carriers: Any) -> list[tuple[int, int]]:
         if not carriers:
-            return ()
+            return []
         links = []
         for carrier in carriers:
             ids = parse_traceparent(carrier)
@@ -313,7 +320,7 @@ class SpanAssembler:
                 _log.warning("otel_train: link(%r) is not a W3C trace context (a dict with 'traceparent' "
                              "as made by otel_train.inject()); it is ignored.", carrier)
                 continue
-            links.append(Link(SpanContext(ids[0], ids[1], True, _SAMPLED)))
+            links.append(ids)
         return links
 
     def _observe_span(self, name: str, wire: tuple[Any, ...], attrs: Mapping[str, Any]) -> None:

@@ -49,6 +49,10 @@ class Sink(Protocol):
         """Stop exporting at once (the shutdown bound is reached); True if that unblocks `close`."""
         ...
 
+    def wait_idle(self, timeout_s: float) -> bool:
+        """True once everything sent has been exported (False at the timeout)."""
+        ...
+
 
 class LocalSink:
     """Runs the export pipeline on the worker thread."""
@@ -64,6 +68,9 @@ class LocalSink:
 
     def abort(self) -> bool:
         return False  # an exporter call on this thread cannot be interrupted
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        return True  # `send` exports before it returns
 
 
 def _child_env() -> dict[str, str]:
@@ -137,6 +144,17 @@ class ProcessSink:
         if self._fallback is not None:
             return False
         self.proc.kill()  # any write blocked on the full pipe now fails at once
+        return True
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until the exporter process has exported everything sent to it (benchmarks, tests)."""
+        if self._fallback is not None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        while self.progress.get("received", 0) < self.sent:
+            if time.monotonic() >= deadline or self.proc.poll() is not None:
+                return False
+            time.sleep(0.001)
         return True
 
     def unacknowledged(self) -> int:
@@ -260,6 +278,11 @@ class Worker:
         if closer.is_alive():
             return None
         return result
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Drain now and wait until the sink has exported it all (benchmarks and tests only)."""
+        self.drain()
+        return self.sink.wait_idle(timeout_s)
 
     def pending(self) -> int:
         return len(self.recorder.buf)

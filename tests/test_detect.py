@@ -533,3 +533,61 @@ def test_distributed_checkpoint_is_patched_when_imported_and_restored() -> None:
     assert [s[1] for s in steps] == [0, 1]
     assert [[tag for tag in s[2] if tag != "gc"] for s in steps] == [[], ["checkpoint"]]
     assert [s[:2] for s in result["spans"] if s[0] == "train.checkpoint"] == [["train.checkpoint", 1]] * 2
+
+
+def test_explicit_shutdown_right_after_the_loop_closes_the_last_step_at_its_end(run: Run) -> None:
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        loss = model(torch.randn(2, 4)).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        run.clock.advance(1_000)
+    run.done = True
+    otel_train.shutdown()  # no uninstall first: the detector is asked to close its step
+    steps = [s for s in run.exporter.get_finished_spans() if s.name == semconv.SPAN_STEP]
+    assert [s.attributes[semconv.TRAIN_STEP] for s in steps] == [0, 1, 2]
+    assert not any(s.attributes.get(semconv.TRUNCATED) for s in steps)
+    _detect.uninstall()
+
+
+def _train_steps(model: nn.Module, opt: Any, steps: int) -> None:
+    for _ in range(steps):
+        loss = model(torch.randn(2, 4)).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_global_module_hooks_give_way_to_hooks_on_the_root_only(run: Run) -> None:
+    from torch.nn.modules import module as nn_module
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _train_steps(model, opt, 5)
+    # Any global module hook would send every submodule call down torch's slow path.
+    assert not nn_module._global_forward_pre_hooks and not nn_module._global_forward_hooks
+    assert model._forward_pre_hooks and model._forward_hooks
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.children())
+    t = run.finish()
+    steps = [s for s in run.exporter.get_finished_spans() if s.name == semconv.SPAN_STEP]
+    forwards = [s for s in run.exporter.get_finished_spans() if s.name == semconv.SPAN_FORWARD]
+    assert len(steps) == 5 and len(forwards) == 5  # still one forward per step after the switch
+    assert not model._forward_pre_hooks and not model._forward_hooks  # uninstall removed them
+
+
+def test_a_model_first_used_later_is_found_by_rediscovery(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_detect._Roots, "REDISCOVER_EVERY", 4)
+    first = nn.Linear(4, 1)
+    opt = torch.optim.SGD(first.parameters(), lr=0.1)
+    _train_steps(first, opt, 3)
+    late = nn.Linear(4, 1)  # appears after discovery ended: missed until the next window
+    late_opt = torch.optim.SGD(late.parameters(), lr=0.1)
+    _train_steps(late, late_opt, 6)
+    run.finish()
+    forwards = [s.attributes[semconv.TRAIN_STEP] for s in run.exporter.get_finished_spans()
+                if s.name == semconv.SPAN_FORWARD]
+    assert late._forward_pre_hooks == {} and first._forward_pre_hooks == {}  # all removed at the end
+    assert forwards[:3] == [0, 1, 2]
+    assert max(forwards) == 8  # the late model's forwards are seen again once rediscovered

@@ -122,3 +122,8 @@ def test_embedded_default_writes_otlp_json_files(tmp_path) -> None:
     assert "spans exported to otel-train/file-run/traces-rank0.jsonl; none dropped" in result.stderr
     metrics = (tmp_path / "otel-train" / run_id / "metrics-rank0.jsonl").read_text()
     assert semconv.METRIC_STEP_DURATION in metrics and semconv.METRIC_PHASE_DURATION in metrics
+
+
+def test_console_exporter_prints_spans_on_stdout() -> None:
+    result = run_python(LOOP, args=["1"], env={"OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "none"})
+    assert '"name": "train.step"' in result.stdout and '"name": "train.forward"' in result.stdout
