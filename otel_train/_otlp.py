@@ -29,7 +29,7 @@ _HAS_IS_REMOTE = 0x100
 _IS_REMOTE = 0x200
 
 
-def _varint(value: int) -> bytes:
+def _varint_slow(value: int) -> bytes:
     if value < 0:
         value += 1 << 64  # int64 negatives are 10-byte two's complement varints
     out = bytearray()
@@ -38,6 +38,15 @@ def _varint(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+_SMALL_VARINTS = tuple(_varint_slow(i) for i in range(1 << 14))  # every length and tag we write
+
+
+def _varint(value: int) -> bytes:
+    if 0 <= value < 16384:
+        return _SMALL_VARINTS[value]
+    return _varint_slow(value)
 
 
 def _tag(field: int, wire_type: int) -> bytes:

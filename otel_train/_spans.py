@@ -142,6 +142,7 @@ class SpanAssembler:
         self._siblings: deque[tuple[int, int]] = deque(maxlen=256)
         self._prev_step_end: int | None = None
         self._trace_ids: dict[int | None, int] = {}
+        self._step_ids: dict[int, int] = {}
         self.spans_built = 0
 
     # -- public ------------------------------------------------------------------------
@@ -195,7 +196,7 @@ class SpanAssembler:
         elif parent_seq is not None:
             parent_id = region_span_id(self.salt, parent_seq)
         elif step_seq is not None:
-            parent_id = step_span_id(self.run.run_id, step_n, self.run.rank, self.run.restart)
+            parent_id = self._step_span_id(step_n)
         else:
             parent_id = None
         self._observe_span(name, wire, attrs)
@@ -263,8 +264,7 @@ class SpanAssembler:
             return
         run = self.run
         parent = None if run.rank == 0 else step_span_id(run.run_id, step_n, 0, run.restart)
-        out.append(self._build(semconv.SPAN_STEP, self._trace_id(step_n),
-                               step_span_id(run.run_id, step_n, run.rank, run.restart), parent,
+        out.append(self._build(semconv.SPAN_STEP, self._trace_id(step_n), self._step_span_id(step_n), parent,
                                parent is not None, wire, attrs, held.events, wire[W_LINKS]))
 
     # -- helpers -----------------------------------------------------------------------
@@ -273,6 +273,15 @@ class SpanAssembler:
 
     def _sibling_ns(self, start: int, end: int) -> int:
         return sum(max(0, min(s1, end) - max(s0, start)) for s0, s1 in self._siblings)
+
+    def _step_span_id(self, step_n: int) -> int:
+        cached = self._step_ids.get(step_n)
+        if cached is None:
+            if len(self._step_ids) > 4096:
+                self._step_ids.clear()
+            run = self.run
+            cached = self._step_ids[step_n] = step_span_id(run.run_id, step_n, run.rank, run.restart)
+        return cached
 
     def _trace_id(self, step_n: int | None) -> int:
         trace_id = self._trace_ids.get(step_n)
