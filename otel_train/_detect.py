@@ -860,6 +860,17 @@ def install(lazy: bool = False) -> None:
     _imports.when_imported("torch._dynamo.eval_frame", _skip_dynamo_frames)
 
 
+def claim() -> bool | None:
+    """For framework callbacks: make sure detection runs. None when disabled (nothing may be
+    installed), True when this call installed it (the caller uninstalls it), False otherwise."""
+    if _runtime.sdk_disabled() or _runtime.init() is None:
+        return None
+    if _installed:
+        return False
+    install()
+    return True
+
+
 def uninstall() -> None:
     """Close what is open, then remove every hook and restore every patched function."""
     global _installed

@@ -19,7 +19,7 @@ from typing import Any
 import transformers
 import transformers.trainer as hf_trainer
 
-from otel_train import _detect, _runtime
+from otel_train import _detect
 
 __all__ = ["OtelTrainerCallback"]
 
@@ -31,11 +31,10 @@ class OtelTrainerCallback(transformers.TrainerCallback):  # type: ignore[misc]
         self._installed_here = False
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if _runtime.sdk_disabled() or _runtime.init() is None:
+        claimed = _detect.claim()
+        if claimed is None:
             return
-        if not _detect.installed():
-            _detect.install()
-            self._installed_here = True
+        self._installed_here = self._installed_here or claimed
         _patch_trainer()
         _detect.set_epoch(int(state.epoch or 0))
 

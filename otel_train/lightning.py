@@ -17,7 +17,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from otel_train import _detect, _runtime
+from otel_train import _detect
 
 __all__ = ["OtelCallback"]
 
@@ -30,11 +30,10 @@ class OtelCallback(pl.Callback):
         self._installed_here = False
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if _runtime.sdk_disabled() or _runtime.init() is None:
+        claimed = _detect.claim()
+        if claimed is None:
             return
-        if not _detect.installed():
-            _detect.install()
-            self._installed_here = True
+        self._installed_here = self._installed_here or claimed
         _patch_trainer()
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
