@@ -47,16 +47,6 @@ class _Receiver:
         self.proc.wait(timeout=10)
 
 
-def _cpu_ns(pid: int, tid: int | None = None) -> int:
-    path = f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat"
-    try:
-        with open(path, "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
 # --- regions ------------------------------------------------------------------------------
 def _per_iteration_ns(body: Callable[[int], None], empty: Callable[[int], None], n: int) -> float:
     pc = time.perf_counter_ns
@@ -183,13 +173,23 @@ class _Workload:
                 self.opt.zero_grad(set_to_none=True)
 
 
-def _timed_block(step: Callable[[], None], steps: int, settle: Callable[[], None] | None = None) -> float:
+def _timed_block(step: Callable[[], None], steps: int, worker: Any = None) -> float:
+    """ms per step. With `worker`, the block is also charged the export work it left behind:
+    the drain (on this thread, wall time) and the CPU the exporter process then spends catching
+    up; not the idle wait for the receiver's reply, which a training loop never waits for."""
     t0 = time.perf_counter_ns()
     for _ in range(steps):
         step()
-    if settle is not None:
-        settle()  # export still in flight for this block is charged to it, not to the next
-    return (time.perf_counter_ns() - t0) / steps / 1e6
+    elapsed = time.perf_counter_ns() - t0
+    if worker is not None:
+        t1 = time.perf_counter_ns()
+        worker.drain()
+        elapsed += time.perf_counter_ns() - t1
+        cpu = getattr(worker.sink, "cpu_ns", None)
+        before = cpu() if cpu else 0
+        worker.sink.wait_idle(30.0)
+        elapsed += (cpu() - before) if cpu else 0
+    return elapsed / steps / 1e6
 
 
 def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any | None = None,
@@ -197,7 +197,7 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
     from otel_train import _runtime
 
     worker = _runtime.state().worker  # type: ignore[union-attr]
-    child = getattr(worker.sink, "proc", None)
+    exporter_cpu = getattr(worker.sink, "cpu_ns", lambda: 0)
     for _ in range(3):  # warm up every path
         work.plain()
         work.instrumented()
@@ -205,17 +205,21 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
     plain: list[float] = []
     inst: list[float] = []
     sdk: list[float] = []
-    worker_cpu = child_cpu = 0
-    inst_steps = 0
+    worker_cpu = child_cpu = inst_steps = 0
     for _ in range(rounds):
         plain.append(_timed_block(work.plain, block_steps))
-        w0, c0 = _cpu_ns(os.getpid(), worker.native_id), _cpu_ns(child.pid) if child else 0
-        inst.append(_timed_block(work.instrumented, block_steps, worker.flush))
-        worker_cpu += _cpu_ns(os.getpid(), worker.native_id) - w0
-        child_cpu += (_cpu_ns(child.pid) - c0) if child else 0
+        w0, c0 = worker.cpu_ns(), exporter_cpu()
+        inst.append(_timed_block(work.instrumented, block_steps, worker))
+        worker_cpu += worker.cpu_ns() - w0
+        child_cpu += exporter_cpu() - c0
         inst_steps += block_steps
         if sdk_tracer is not None:
-            sdk.append(_timed_block(lambda: work.sdk(sdk_tracer), block_steps, sdk_flush))
+            t0 = time.perf_counter_ns()
+            for _ in range(block_steps):
+                work.sdk(sdk_tracer)
+            if sdk_flush is not None:
+                sdk_flush()  # the SDK's export is on this process's threads: its wall time is its cost
+            sdk.append((time.perf_counter_ns() - t0) / block_steps / 1e6)
     out: dict[str, Any] = {
         "plain": statistics.median(plain), "instrumented": statistics.median(inst),
         "overhead_pct": _paired_overhead_pct(plain, inst),
@@ -255,7 +259,7 @@ def bench_auto(work: _Workload, rounds: int, block_steps: int) -> dict[str, floa
         instrumentor.instrument()
         for _ in range(2):  # one-time work (first detection decisions) is not a per-step cost
             work.plain()
-        auto.append(_timed_block(work.plain, block_steps, worker.flush))
+        auto.append(_timed_block(work.plain, block_steps, worker))
         instrumentor.uninstrument()
     return {"plain": statistics.median(plain), "auto": statistics.median(auto),
             "overhead_pct": _paired_overhead_pct(plain, auto), "noise_pct": _noise_pct(plain)}

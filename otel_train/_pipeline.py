@@ -14,7 +14,7 @@ from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExportResult
 
 from otel_train import semconv
@@ -72,10 +72,16 @@ class ExportPipeline:
         self._pending: list[Any] = []
         self._closed = False
 
-    def feed(self, records: Sequence[tuple[Any, ...]], dropped: Mapping[str, int]) -> None:
+    def feed(self, records: Sequence[tuple[Any, ...]], dropped: Mapping[str, int], export: bool = True) -> None:
+        """Take a slice of wire records; export what they complete now, or wait (`export=False`)
+        until `export_pending()` so several slices share one export call."""
         self.received += len(records)
         self.assembler.feed(records)
         self.metrics.set_dropped({**dropped, "export_failed": self.failed})
+        if export:
+            self._export_pending(None)
+
+    def export_pending(self) -> None:
         self._export_pending(None)
 
     def shutdown(self, deadline: float) -> dict[str, int]:

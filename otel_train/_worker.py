@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import pickle
-import signal
 import struct
 import subprocess
 import sys
@@ -146,6 +145,10 @@ class ProcessSink:
         self.proc.kill()  # any write blocked on the full pipe now fails at once
         return True
 
+    def cpu_ns(self) -> int:
+        """CPU time the exporter process has used, as of its last progress report."""
+        return int(self.progress.get("cpu_ns", 0))
+
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait until the exporter process has exported everything sent to it (benchmarks, tests)."""
         if self._fallback is not None:
@@ -213,6 +216,16 @@ class Worker:
 
     def start(self) -> None:
         self._thread.start()
+
+    def cpu_ns(self) -> int:
+        """CPU time this worker thread has used (0 before it started)."""
+        ident = self._thread.ident
+        if ident is None or not self._thread.is_alive():
+            return 0
+        try:
+            return time.clock_gettime_ns(time.pthread_getcpuclockid(ident))
+        except (OSError, AttributeError):
+            return 0
 
     def _run(self) -> None:
         self.native_id = threading.get_native_id()

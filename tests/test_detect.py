@@ -570,7 +570,7 @@ def test_global_module_hooks_give_way_to_hooks_on_the_root_only(run: Run) -> Non
     assert not nn_module._global_forward_pre_hooks and not nn_module._global_forward_hooks
     assert model._forward_pre_hooks and model._forward_hooks
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.children())
-    t = run.finish()
+    run.finish()  # also checks the span tree invariants
     steps = [s for s in run.exporter.get_finished_spans() if s.name == semconv.SPAN_STEP]
     forwards = [s for s in run.exporter.get_finished_spans() if s.name == semconv.SPAN_FORWARD]
     assert len(steps) == 5 and len(forwards) == 5  # still one forward per step after the switch
