@@ -289,7 +289,9 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
     import otel_train
     from otel_train import _runtime
 
-    rounds, block, region_n, region_rounds = (3, 5, 1000, 3) if quick else (15, 20, 2000, 25)
+    # Blocks of about a second: long against the 500 ms flush interval, so the one extra export
+    # a block's settle forces is a small share of what the block is charged.
+    rounds, block, region_n, region_rounds = (3, 5, 1000, 3) if quick else (11, 50, 2000, 25)
     receiver = _Receiver()
     provider, tracer = _sdk_tracer(receiver.endpoint)
     try:
@@ -304,7 +306,7 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
                 for name, value in figures.items():
                     _print(name, value)
             large = bench_steps(_Workload("large"), rounds, block)
-            small = bench_steps(_Workload("small"), rounds, block * 4,
+            small = bench_steps(_Workload("small"), rounds, block * 6,
                                 tracer if index == 0 else None, lambda: provider.force_flush())
             for label, res in (("", large), ("_small", small)):
                 _print(f"step_ms_plain{label}{suffix}", res["plain"])
@@ -317,7 +319,7 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
                     _print(f"step_ms_sdk{label}", res["sdk"])
                     _print(f"step_overhead_pct_sdk{label}", res["sdk_overhead_pct"])
             if index == 0:
-                for label, work, steps in (("", _Workload("large"), block), ("_small", _Workload("small"), block * 4)):
+                for label, work, steps in (("", _Workload("large"), block), ("_small", _Workload("small"), block * 6)):
                     res = bench_auto(work, rounds, steps)
                     _print(f"step_ms_plain_auto_baseline{label}", res["plain"])
                     _print(f"step_ms_auto{label}", res["auto"])
