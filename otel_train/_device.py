@@ -299,7 +299,6 @@ class DeviceResolver:
         self.parked: deque[Any] = deque()
         self.limbo: deque[tuple[EventPool, DeviceEvent]] = deque()
         self.unresolved = 0  # records released without device time (never completed in time)
-        self.resolved = 0
         self._ref: DeviceEvent | None = None
         self._ref_pool: EventPool | None = None
         self._ref_host = 0  # estimated host perf ns at which `_ref` completed
@@ -369,7 +368,6 @@ class DeviceResolver:
             record.dev = {semconv.DEVICE_TYPE: self.timing.device_type,
                           semconv.WIRE_DEV_END_NS: end_host - record.t1}
             self._done(dev, end_host, pool)
-            self.resolved += 1
             return True
         end = getattr(record, "ev1", None)
         if end is None:  # no end event (pool empty at exit, or force-ended at shutdown)
@@ -391,7 +389,6 @@ class DeviceResolver:
         self._done(dev, start_host, pool)
         if pool is not None:
             pool.give(end)
-        self.resolved += 1
         return True
 
     def _since_ref(self, event: DeviceEvent, t_record: int, pool: EventPool | None) -> int:
@@ -500,19 +497,6 @@ class _DeviceRegion(_Region):
 
 
 _DEVICE_TIMED = frozenset(semconv.DEVICE_TIMED_SPANS)
-
-
-def region_class(name: str | None = None) -> type[_Region]:
-    """The class to open a phase region with; for integrations (automatic instrumentation).
-
-    `region_class(semconv.SPAN_FORWARD)(semconv.SPAN_FORWARD, **attrs)`: `_DeviceRegion` while
-    device timing is choosing or has chosen a device (and, with `name`, the name is one that
-    carries device time by default), else the plain `_Region`. Cheap: call it per region.
-    """
-    cls = _recorder.region_factory
-    if cls is _DeviceRegion and (name is None or name in _DEVICE_TIMED):
-        return _DeviceRegion
-    return _Region
 
 
 def _publish() -> None:

@@ -467,8 +467,3 @@ def abandon(region: _Region) -> None:
         _current.reset(region.token)
     except ValueError:  # left in another context
         _current.set(region.parent)
-
-
-def open_step() -> _Step | None:
-    r = _rec
-    return r.step if r is not None and isinstance(r.step, _Step) else None

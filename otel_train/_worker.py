@@ -212,7 +212,6 @@ class Worker:
         self._stop = False
         self._busy = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="otel_train-worker", daemon=True)
-        self.native_id: int | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -228,7 +227,6 @@ class Worker:
             return 0
 
     def _run(self) -> None:
-        self.native_id = threading.get_native_id()
         while not self._stop:
             self._wake.wait(self.interval_s)
             self._wake.clear()
