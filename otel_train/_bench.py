@@ -173,23 +173,38 @@ class _Workload:
                 self.opt.zero_grad(set_to_none=True)
 
 
-def _timed_block(step: Callable[[], None], steps: int, worker: Any = None) -> float:
-    """ms per step. With `worker`, the block is also charged the export work it left behind:
-    the drain (on this thread, wall time) and the CPU the exporter process then spends catching
-    up; not the idle wait for the receiver's reply, which a training loop never waits for."""
+def _timed_block(step: Callable[[], None], steps: int, settle: Callable[[], int] | None = None) -> float:
+    """ms per step; `settle()` returns the ns of leftover background work to charge the block."""
     t0 = time.perf_counter_ns()
     for _ in range(steps):
         step()
     elapsed = time.perf_counter_ns() - t0
-    if worker is not None:
-        t1 = time.perf_counter_ns()
-        worker.drain()
-        elapsed += time.perf_counter_ns() - t1
-        cpu = getattr(worker.sink, "cpu_ns", None)
-        before = cpu() if cpu else 0
-        worker.sink.wait_idle(30.0)
-        elapsed += (cpu() - before) if cpu else 0
+    if settle is not None:
+        elapsed += settle()
     return elapsed / steps / 1e6
+
+
+def _export_settle(worker: Any, exporter_cpu: Callable[[], int]) -> Callable[[], int]:
+    """otel_train's leftover export work: the drain (on this thread, wall time) and the CPU the
+    exporter process then spends catching up; not the idle wait for the receiver's reply,
+    which a training loop never waits for."""
+    def settle() -> int:
+        t0 = time.perf_counter_ns()
+        worker.drain()
+        drained = time.perf_counter_ns() - t0
+        before = exporter_cpu()
+        worker.sink.wait_idle(30.0)
+        return drained + exporter_cpu() - before
+    return settle
+
+
+def _wall_settle(flush: Callable[[], Any]) -> Callable[[], int]:
+    """The SDK's leftover export work runs on this process's threads: its wall time is its cost."""
+    def settle() -> int:
+        t0 = time.perf_counter_ns()
+        flush()
+        return time.perf_counter_ns() - t0
+    return settle
 
 
 def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any | None = None,
@@ -198,6 +213,8 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
 
     worker = _runtime.state().worker  # type: ignore[union-attr]
     exporter_cpu = getattr(worker.sink, "cpu_ns", lambda: 0)
+    export_settle = _export_settle(worker, exporter_cpu)
+    sdk_settle = _wall_settle(sdk_flush) if sdk_flush is not None else None
     for _ in range(3):  # warm up every path
         work.plain()
         work.instrumented()
@@ -209,17 +226,12 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
     for _ in range(rounds):
         plain.append(_timed_block(work.plain, block_steps))
         w0, c0 = worker.cpu_ns(), exporter_cpu()
-        inst.append(_timed_block(work.instrumented, block_steps, worker))
+        inst.append(_timed_block(work.instrumented, block_steps, export_settle))
         worker_cpu += worker.cpu_ns() - w0
         child_cpu += exporter_cpu() - c0
         inst_steps += block_steps
         if sdk_tracer is not None:
-            t0 = time.perf_counter_ns()
-            for _ in range(block_steps):
-                work.sdk(sdk_tracer)
-            if sdk_flush is not None:
-                sdk_flush()  # the SDK's export is on this process's threads: its wall time is its cost
-            sdk.append((time.perf_counter_ns() - t0) / block_steps / 1e6)
+            sdk.append(_timed_block(lambda: work.sdk(sdk_tracer), block_steps, sdk_settle))
     out: dict[str, Any] = {
         "plain": statistics.median(plain), "instrumented": statistics.median(inst),
         "overhead_pct": _paired_overhead_pct(plain, inst),
@@ -251,6 +263,7 @@ def bench_auto(work: _Workload, rounds: int, block_steps: int) -> dict[str, floa
     from otel_train.instrumentation import TorchTrainingInstrumentor
 
     worker = _runtime.state().worker  # type: ignore[union-attr]
+    settle = _export_settle(worker, getattr(worker.sink, "cpu_ns", lambda: 0))
     instrumentor = TorchTrainingInstrumentor()
     plain: list[float] = []
     auto: list[float] = []
@@ -259,7 +272,7 @@ def bench_auto(work: _Workload, rounds: int, block_steps: int) -> dict[str, floa
         instrumentor.instrument()
         for _ in range(2):  # one-time work (first detection decisions) is not a per-step cost
             work.plain()
-        auto.append(_timed_block(work.plain, block_steps, worker))
+        auto.append(_timed_block(work.plain, block_steps, settle))
         instrumentor.uninstrument()
     return {"plain": statistics.median(plain), "auto": statistics.median(auto),
             "overhead_pct": _paired_overhead_pct(plain, auto), "noise_pct": _noise_pct(plain)}

@@ -187,7 +187,7 @@ class Config:
             try:
                 setattr(self, name, spec.parse(value))
             except _Invalid as err:
-                _warn_invalid(name, spec, value, str(err), default)
+                _warn_invalid(spec.env[0] if spec.env else name, value, str(err), default)
                 setattr(self, name, default)
 
     @classmethod
@@ -234,8 +234,7 @@ def _checked(name: str, spec: _Spec, value: Any, source: str,
         default = _DEFAULTS[name]
         if source not in warned:
             warned.add(source)
-            _log.warning("otel_train: %s=%r is not valid: %s; using the default %r.",
-                         source, value, err, default)
+            _warn_invalid(source, value, str(err), default)
         if environ is not None:
             for var in spec.env:
                 raw = environ.get(var)
@@ -244,8 +243,8 @@ def _checked(name: str, spec: _Spec, value: Any, source: str,
         return default
 
 
-def _warn_invalid(name: str, spec: _Spec, value: Any, why: str, default: Any) -> None:
-    source = spec.env[0] if spec.env else name
+def _warn_invalid(source: str, value: Any, why: str, default: Any) -> None:
+    """The one message a bad setting gets: what, which value, what is allowed, what is used."""
     _log.warning("otel_train: %s=%r is not valid: %s; using the default %r.", source, value, why, default)
 
 

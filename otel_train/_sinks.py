@@ -68,12 +68,17 @@ def _http_url(endpoint: str, signal: str) -> str:
     return endpoint.rstrip("/") + f"/v1/{signal}"
 
 
+def _default_endpoint(protocol: str) -> str:
+    """The OTLP specification's default receiver for `protocol`."""
+    return "http://localhost:4317" if protocol == "grpc" else "http://localhost:4318"
+
+
 def describe_destination(cfg: Config, run: RunInfo) -> str:
     kind = effective_exporter(cfg.traces_exporter, cfg.endpoint)
     if kind == "file":
         return str(traces_path(cfg, run))
     if kind == "otlp":
-        return f"{cfg.endpoint or 'http://localhost:4317'} (OTLP {cfg.protocol})"
+        return f"{cfg.endpoint or _default_endpoint(cfg.protocol)} (OTLP {cfg.protocol})"
     return kind
 
 
@@ -86,7 +91,7 @@ def build_span_exporter(cfg: Config, run: RunInfo) -> SpanExporter | None:
     if kind == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
         return ConsoleSpanExporter()
-    endpoint = cfg.endpoint or ("http://localhost:4317" if cfg.protocol == "grpc" else "http://localhost:4318")
+    endpoint = cfg.endpoint or _default_endpoint(cfg.protocol)
     headers = parse_headers(cfg.headers)
     if cfg.protocol == "grpc":
         return _lean_grpc_exporter_class()(endpoint=endpoint, insecure=endpoint.startswith("http://"),
@@ -123,7 +128,7 @@ def build_metric_exporter(cfg: Config, run: RunInfo) -> MetricExporter | None:
     if kind == "console":
         from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
         return ConsoleMetricExporter()
-    endpoint = endpoint or ("http://localhost:4317" if cfg.protocol == "grpc" else "http://localhost:4318")
+    endpoint = endpoint or _default_endpoint(cfg.protocol)
     headers = parse_headers(cfg.headers)
     if cfg.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter

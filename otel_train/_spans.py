@@ -192,10 +192,9 @@ class SpanAssembler:
             self._siblings.append((s0, s1))
             if step_n is not None:
                 self._add_tag(step_n, step_seq, sibling_tag)
-            parent_id = region_span_id(self.salt, parent_seq) if parent_seq is not None else None
-        elif parent_seq is not None:
+        if parent_seq is not None:
             parent_id = region_span_id(self.salt, parent_seq)
-        elif step_seq is not None:
+        elif step_seq is not None and sibling_tag is None:
             parent_id = self._step_span_id(step_n)
         else:
             parent_id = None

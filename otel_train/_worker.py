@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from otel_train._clock import wall_offset
-from otel_train._recorder import Recorder, to_wire
+from otel_train._recorder import W_ATTRS, Recorder, to_wire
 
 _log = logging.getLogger("otel_train")
 _SLICE = 256
@@ -189,13 +189,13 @@ class ProcessSink:
 
 def _picklable(record: tuple[Any, ...]) -> tuple[Any, ...]:
     """Replace attribute values pickle would copy expensively (tensors) or choke on."""
-    attrs = record[8]
+    attrs = record[W_ATTRS]
     if attrs and not all(type(v) in _PRIMITIVE for v in attrs.values()):
         from otel_train._spans import _describe  # only when a non-primitive appears
         clean = {k: v if type(v) in _PRIMITIVE or (isinstance(v, (list, tuple)) and
                                                    all(type(i) in _PRIMITIVE for i in v))
                  else _describe(v) for k, v in attrs.items()}
-        record = (*record[:8], clean, *record[9:])
+        record = (*record[:W_ATTRS], clean, *record[W_ATTRS + 1:])
     return record
 
 
