@@ -75,7 +75,7 @@ def inject() -> dict[str, str]:
     if region is not None:
         step_n, _ = _recorder._step_ref(region.step)
         return {"traceparent": format_traceparent(trace_id_for(run.run_id, step_n),
-                                                  region_span_id(st.salt, _recorder.seq_of(region)))}
+                                                  region_span_id(st.salt, region.seq))}
     if rec is not None and isinstance(rec.step, _recorder._Step):
         n = rec.step.n
         return {"traceparent": format_traceparent(trace_id_for(run.run_id, n),

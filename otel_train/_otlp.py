@@ -23,10 +23,23 @@ _DOUBLE = struct.Struct("<d")
 _FIXED64 = struct.Struct("<Q")
 _FIXED32 = struct.Struct("<I")
 _CACHE_MAX = 65536
+_MASK64 = (1 << 64) - 1
 
 # Span flags as the official encoder sets them (trace.proto SpanFlags).
 _HAS_IS_REMOTE = 0x100
 _IS_REMOTE = 0x200
+
+# The fixed-width head of a span in one `pack`: trace_id (field 1, 16 bytes, as two big-endian
+# halves), span_id (field 2), and optionally parent_span_id (field 4).
+_IDS = struct.Struct(">2sQQ2sQ")
+_IDS_PARENT = struct.Struct(">2sQQ2sQ2sQ")
+# kind (field 6) = SPAN_KIND_INTERNAL, start (field 7) and end (field 8) as fixed64.
+_TIMES = struct.Struct("<2sBQBQ")
+_KIND_INTERNAL = b"\x30\x01"
+# An unset status (field 15, empty) and the flags (field 16) of a local or a remote parent.
+_STATUS_UNSET = b"\x7a\x00"
+_FLAGS_LOCAL = b"\x85\x01" + _FIXED32.pack(_HAS_IS_REMOTE)
+_FLAGS_REMOTE = b"\x85\x01" + _FIXED32.pack(_HAS_IS_REMOTE | _IS_REMOTE)
 
 
 def _varint_slow(value: int) -> bytes:
@@ -87,9 +100,29 @@ class LeanEncoder:
         self._names: dict[str, bytes] = {}
 
     def encode(self, spans: Sequence[tuple[Any, ...]]) -> bytes:
-        """An `ExportTraceServiceRequest` holding `spans` (see `span_tuple` for their shape)."""
-        body = b"".join([_len_field(2, self._span(s)) for s in spans])  # ScopeSpans.spans
-        scope_spans = self._scope_field + body
+        """An `ExportTraceServiceRequest` holding `spans` (`_spans.SpanAssembler._build`'s lean tuples)."""
+        span = self._span
+        return self._request([_len_field(2, span(s)) for s in spans])
+
+    def batches(self, spans: Sequence[tuple[Any, ...]], max_spans: int, max_bytes: int) -> list[LeanSpanBatch]:
+        """`spans` as requests of at most `max_spans` spans and (but for a lone huge span) `max_bytes`."""
+        span = self._span
+        out: list[LeanSpanBatch] = []
+        fields: list[bytes] = []
+        size = 0
+        for s in spans:
+            field = _len_field(2, span(s))  # ScopeSpans.spans
+            if fields and (len(fields) >= max_spans or size + len(field) > max_bytes):
+                out.append(LeanSpanBatch(self._request(fields), len(fields)))
+                fields, size = [], 0
+            fields.append(field)
+            size += len(field)
+        if fields:
+            out.append(LeanSpanBatch(self._request(fields), len(fields)))
+        return out
+
+    def _request(self, span_fields: list[bytes]) -> bytes:
+        scope_spans = self._scope_field + b"".join(span_fields)
         resource_spans = self._resource_field + _len_field(2, scope_spans)
         return _len_field(1, resource_spans)
 
@@ -131,12 +164,27 @@ class LeanEncoder:
     def _span(self, span: tuple[Any, ...]) -> bytes:
         (name, trace_id, span_id, parent_id, parent_remote, start, end, attrs, events, links,
          status_code, status_message) = span
-        trace = trace_id.to_bytes(16, "big")
-        parts = [b"\x0a\x10", trace, b"\x12\x08", span_id.to_bytes(8, "big")]
+        names = self._names
+        name_field = names.get(name) or self._name(name)
         if parent_id:
-            parts += (b"\x22\x08", parent_id.to_bytes(8, "big"))
-        parts += (self._name(name), b"\x30\x01",  # kind = SPAN_KIND_INTERNAL
-                  b"\x39", _FIXED64.pack(start), b"\x41", _FIXED64.pack(end), self._attributes(attrs, 9))
+            head = _IDS_PARENT.pack(b"\x0a\x10", trace_id >> 64, trace_id & _MASK64, b"\x12\x08", span_id,
+                                    b"\x22\x08", parent_id)
+        else:
+            head = _IDS.pack(b"\x0a\x10", trace_id >> 64, trace_id & _MASK64, b"\x12\x08", span_id)
+        parts = [head, name_field, _TIMES.pack(_KIND_INTERNAL, 0x39, start, 0x41, end)]
+        if attrs:
+            kv = self._kv
+            parts += [kv(k, v) for k, v in attrs.items()]
+        if events or links or status_code or status_message:
+            parts.append(self._rare(events, links, status_code, status_message))
+        else:
+            parts.append(_STATUS_UNSET)
+        parts.append(_FLAGS_REMOTE if parent_id and parent_remote else _FLAGS_LOCAL)
+        return b"".join(parts)
+
+    def _rare(self, events: Any, links: Any, status_code: int, status_message: str | None) -> bytes:
+        """Events, links and the status: fields 11, 13 and 15, in field order."""
+        parts = []
         for ev_name, ev_time, ev_attrs in events or ():
             event = b"\x09" + _FIXED64.pack(ev_time) + _str_field(2, ev_name) + self._attributes(ev_attrs, 3)
             parts.append(_len_field(11, event))
@@ -147,7 +195,6 @@ class LeanEncoder:
         status = (_str_field(2, status_message) if status_message else b"") + \
             (_tag(3, 0) + _varint(status_code) if status_code else b"")
         parts.append(_len_field(15, status))
-        parts += (b"\x85\x01", _FIXED32.pack(_HAS_IS_REMOTE | (_IS_REMOTE if parent_id and parent_remote else 0)))
         return b"".join(parts)
 
 

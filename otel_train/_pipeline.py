@@ -21,11 +21,13 @@ from otel_train import semconv
 from otel_train._config import Config
 from otel_train._distributed import RunInfo
 from otel_train._metrics import TrainMetrics
-from otel_train._otlp import LeanEncoder, LeanSpanBatch
+from otel_train._otlp import LeanEncoder
 from otel_train._sinks import build_metric_exporter, build_span_exporter
 from otel_train._spans import AttributeCleaner, SpanAssembler
 
 _log = logging.getLogger("otel_train")
+#: Pre-encoded OTLP/gRPC requests are cut here: a collector's gRPC receiver takes 4 MiB by default.
+_MAX_REQUEST_BYTES = 1 << 20
 
 
 def make_setup(cfg: Config, run: RunInfo, resource: Mapping[str, Any], salt: int, version: str) -> dict[str, Any]:
@@ -116,12 +118,21 @@ class ExportPipeline:
             if deadline is not None and time.monotonic() >= deadline:
                 return  # what is left is reported as failed by stats()
             chunk, self._pending = self._pending[:size], self._pending[size:]
-            batch: Any = chunk if self.encoder is None else LeanSpanBatch(self.encoder.encode(chunk), len(chunk))
-            result = _guarded(self.exporter.export, batch)  # type: ignore[union-attr]
-            if result == SpanExportResult.SUCCESS:
-                self.exported += len(chunk)
-            else:
-                self.failed += len(chunk)
+            if self.encoder is None:
+                self._export(chunk, len(chunk))
+                continue
+            for batch in self.encoder.batches(chunk, size, _MAX_REQUEST_BYTES):
+                if deadline is not None and time.monotonic() >= deadline:
+                    self.failed += batch.count  # cut off at shutdown
+                    continue
+                self._export(batch, batch.count)
+
+    def _export(self, batch: Any, count: int) -> None:
+        result = _guarded(self.exporter.export, batch)  # type: ignore[union-attr]
+        if result == SpanExportResult.SUCCESS:
+            self.exported += count
+        else:
+            self.failed += count
 
 
 def _guarded(fn: Any, *args: Any) -> Any:

@@ -101,18 +101,41 @@ def build_span_exporter(cfg: Config, run: RunInfo) -> SpanExporter | None:
 
 
 def _lean_grpc_exporter_class() -> type[SpanExporter]:
-    """The official OTLP/gRPC span exporter, also accepting spans pre-encoded by `_otlp`."""
+    """The official OTLP/gRPC span exporter, also accepting spans pre-encoded by `_otlp`.
+
+    Pre-encoded bytes go onto the wire as they are: the exporter's stub gets a request
+    serializer that passes bytes through (and serializes a message as the generated stub
+    does), so they are not parsed into a message only to be serialized again. Retries,
+    reconnection, headers, TLS and compression stay the official exporter's.
+    """
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
     from otel_train._otlp import LeanSpanBatch
+
+    def serialize(request: Any) -> bytes:
+        return request if isinstance(request, bytes) else request.SerializeToString()
+
+    class BytesTraceStub(trace_service_pb2_grpc.TraceServiceStub):  # type: ignore[misc]
+        def __init__(self, channel: Any) -> None:
+            self.Export = channel.unary_unary(
+                "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                request_serializer=serialize, response_deserializer=ExportTraceServiceResponse.FromString,
+                _registered_method=True)
 
     class LeanGrpcSpanExporter(OTLPSpanExporter):  # type: ignore[misc]
         accepts_lean = True
 
-        def _translate_data(self, data: Any) -> ExportTraceServiceRequest:
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            # The stub the mixin made in __init__, and makes again on every reconnect.
+            self._stub = BytesTraceStub
+            self._client = BytesTraceStub(self._channel)
+
+        def _translate_data(self, data: Any) -> Any:
             if isinstance(data, LeanSpanBatch):
-                return ExportTraceServiceRequest.FromString(data.payload)
+                return data.payload
             return super()._translate_data(data)
 
     return LeanGrpcSpanExporter

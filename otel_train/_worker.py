@@ -88,6 +88,7 @@ class ProcessSink:
 
     def __init__(self, setup: Mapping[str, Any], fallback: Callable[[], LocalSink]) -> None:
         self._fallback_factory = fallback
+        self._priority = setup["config"].get("exporter_priority", "low")
         self._fallback: LocalSink | None = None
         self._aborted = False
         self.sent = 0
@@ -144,6 +145,17 @@ class ProcessSink:
             return False
         self.proc.kill()  # any write blocked on the full pipe now fails at once
         return True
+
+    def overflow_hint(self) -> str:
+        """Why the buffer may have overflowed, for the worker's one warning."""
+        behind = self.unacknowledged()
+        if not behind:
+            return "Raise OTEL_TRAIN_BUFFER_SIZE, or lower OTEL_TRAIN_FLUSH_INTERVAL_MS, for this span rate."
+        hint = f"The exporter process is {behind} records behind"
+        if self._priority == "idle":
+            hint += (": it runs at idle CPU priority and training leaves it no CPU time; "
+                     "OTEL_TRAIN_EXPORTER_PRIORITY=low gives it a share")
+        return hint + "."
 
     def cpu_ns(self) -> int:
         """CPU time the exporter process has used, as of its last progress report."""
@@ -211,6 +223,7 @@ class Worker:
         self._wake = threading.Event()
         self._stop = False
         self._busy = threading.Lock()
+        self._overflow_said = False
         self._thread = threading.Thread(target=self._run, name="otel_train-worker", daemon=True)
 
     def start(self) -> None:
@@ -260,6 +273,11 @@ class Worker:
         return moved
 
     def _send(self, batch: list[Any], offset: int) -> int:
+        if self.recorder.dropped and not self._overflow_said:
+            self._overflow_said = True
+            _log.warning("otel_train: the buffer of %d records overflowed; the oldest are being dropped "
+                         "(counted in otel_train.spans.dropped and at shutdown). %s", self.recorder.cap,
+                         getattr(self.sink, "overflow_hint", lambda: "")())
         try:
             self.sink.send([to_wire(r, offset) for r in batch], {"buffer_full": self.recorder.dropped})
         except Exception as err:  # noqa: BLE001 - never let the worker die

@@ -43,3 +43,18 @@ def test_lean_bytes_parse_into_the_official_message() -> None:
 
 def test_batch_reports_its_span_count() -> None:
     assert len(LeanSpanBatch(b"", 7)) == 7
+
+
+def test_batches_are_cut_by_count_and_by_bytes() -> None:
+    encoder = LeanEncoder(RESOURCE, "otel_train", "1.0")
+    spans = [("s", 1, i + 1, None, False, 0, 1, {"big": "x" * 1000}, None, [], 0, None) for i in range(10)]
+    by_count = encoder.batches(spans, 4, 1 << 20)
+    assert [b.count for b in by_count] == [4, 4, 2]
+    by_bytes = encoder.batches(spans, 100, 2500)  # two ~1 KB spans fit, a third does not
+    assert [b.count for b in by_bytes] == [2, 2, 2, 2, 2]
+    assert all(len(b.payload) <= 2600 for b in by_bytes)
+    for batch in by_count + by_bytes:  # each is a whole request, parseable on its own
+        request = ExportTraceServiceRequest.FromString(batch.payload)
+        assert sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans) == batch.count
+    assert [s.span_id for b in by_count for s in ExportTraceServiceRequest.FromString(b.payload)
+            .resource_spans[0].scope_spans[0].spans] == [(i + 1).to_bytes(8, "big") for i in range(10)]

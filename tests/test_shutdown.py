@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -119,3 +120,42 @@ def test_exporter_process_death_falls_back_without_losing_the_loop(tmp_path) -> 
              if s["name"] == "train.step"]
     # Steps sent after the death are exported by the fallback; nothing after it is lost.
     assert {3, 4, 5} <= {s["attributes"][semconv.TRAIN_STEP] for s in steps}
+
+
+@pytest.mark.parametrize(("priority", "policy", "nice"), [("low", "SCHED_OTHER", 10), ("idle", "SCHED_IDLE", 10),
+                                                          ("normal", "SCHED_OTHER", 0)])
+def test_exporter_process_runs_at_the_configured_priority(tmp_path, priority: str, policy: str, nice: int) -> None:
+    if not hasattr(os, "sched_getscheduler") or not hasattr(os, policy):
+        pytest.skip("Linux scheduling policies only")
+    code = f"""
+        import os, otel_train
+        from otel_train import _runtime
+        otel_train.init(run_id="prio", exporter_priority="{priority}")
+        with otel_train.step():
+            pass
+        _runtime.state().worker.flush(30.0)  # set up and exporting: its priority is in place
+        pid = _runtime.state().worker.sink.proc.pid
+        print(os.sched_getscheduler(pid), os.getpriority(os.PRIO_PROCESS, pid) - os.getpriority(os.PRIO_PROCESS, 0))
+    """
+    proc = run_python(code, cwd=tmp_path, timeout=60)
+    got_policy, got_nice = proc.stdout.split()[-2:]
+    assert int(got_policy) == getattr(os, policy) and int(got_nice) == nice
+
+
+def test_a_full_buffer_is_said_once_while_it_happens(tmp_path) -> None:
+    code = """
+        import otel_train
+        from otel_train import _runtime
+        otel_train.init(run_id="full", buffer_size=64, flush_interval_ms=10**7)
+        for n in range(100):
+            with otel_train.span("s"):
+                pass
+        _runtime.state().worker.drain()
+        for n in range(100):
+            with otel_train.span("s"):
+                pass
+        _runtime.state().worker.drain()
+    """
+    proc = run_python(code, cwd=tmp_path, timeout=60)
+    assert proc.stderr.count("the buffer of 64 records overflowed") == 1, proc.stderr
+    assert "dropped: 72 (buffer full)" in proc.stderr
