@@ -315,7 +315,9 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
         _print("load_avg_1m", os.getloadavg()[0])
         for index, mode in enumerate(modes):
             suffix = "" if index == 0 else f"_{mode}"
-            otel_train.init(endpoint=receiver.endpoint, protocol="grpc", export_mode=mode,
+            otel_train.init(endpoint=receiver.endpoint, protocol="grpc",
+                            export_mode="thread" if mode == "thread" else "process",
+                            exporter_priority="idle" if mode == "idle" else "low",
                             run_id=f"bench-{os.getpid()}-{mode}", metric_interval_ms=60000)
             if index == 0:
                 figures = bench_regions(tracer, provider.force_flush, region_n, region_rounds)

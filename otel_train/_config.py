@@ -169,6 +169,9 @@ class Config:
     saturated node) or normal."""
     flush_interval_ms: int = 500
     """OTEL_TRAIN_FLUSH_INTERVAL_MS: how often the worker drains the buffer."""
+    export_delay_ms: int = 2000
+    """OTEL_BSP_SCHEDULE_DELAY: how long built spans may wait for an export call (sooner when a
+    full request is ready). The SDK's default is 5000; each call costs 0.4-1.4 ms of CPU."""
     shutdown_timeout_s: float = 5.0
     """OTEL_TRAIN_SHUTDOWN_TIMEOUT_S: the bound on flush-and-stop at exit or SIGTERM."""
     attribute_value_limit: int = 2048
@@ -270,8 +273,9 @@ _SPECS: dict[str, _Spec] = {
     "step_sample": _Spec((semconv.ENV_STEP_SAMPLE,), _int_at_least(1)),
     "buffer_size": _Spec((semconv.ENV_BUFFER_SIZE,), _int_at_least(64)),
     "export_mode": _Spec((semconv.ENV_EXPORT_MODE,), _one_of("process", "thread")),
-    "exporter_priority": _Spec((semconv.ENV_EXPORTER_PRIORITY,), _one_of("idle", "low", "normal")),
+    "exporter_priority": _Spec((semconv.ENV_EXPORTER_PRIORITY,), _one_of("low", "idle", "normal")),
     "flush_interval_ms": _Spec((semconv.ENV_FLUSH_INTERVAL,), _int_at_least(1)),
+    "export_delay_ms": _Spec(("OTEL_BSP_SCHEDULE_DELAY",), _int_at_least(0)),
     "shutdown_timeout_s": _Spec((semconv.ENV_SHUTDOWN_TIMEOUT,), _float_above(0.0)),
     "attribute_value_limit": _Spec(("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",), _int_at_least(1)),
     "export_batch_size": _Spec(("OTEL_BSP_MAX_EXPORT_BATCH_SIZE",), _int_at_least(1)),

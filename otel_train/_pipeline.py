@@ -86,6 +86,10 @@ class ExportPipeline:
     def export_pending(self) -> None:
         self._export_pending(None)
 
+    def pending(self) -> int:
+        """Spans built and waiting for an export call."""
+        return len(self._pending)
+
     def shutdown(self, deadline: float) -> dict[str, int]:
         """Emit held steps, export what remains before `deadline` (monotonic s), stop."""
         if not self._closed:

@@ -94,6 +94,7 @@ class ProcessSink:
         self.sent = 0
         self.lost = 0
         self.progress: dict[str, int] = {}
+        self._flushes = 0
         self._lock = threading.Lock()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "otel_train._exporter_process"],
@@ -162,11 +163,16 @@ class ProcessSink:
         return int(self.progress.get("cpu_ns", 0))
 
     def wait_idle(self, timeout_s: float) -> bool:
-        """Wait until the exporter process has exported everything sent to it (benchmarks, tests)."""
+        """Have the exporter process export everything sent to it, and wait until it has
+        (benchmarks, tests)."""
         if self._fallback is not None:
             return True
+        self._flushes += 1
+        token = self._flushes
+        if not self._write(("flush", token)):
+            return self._fallback is not None
         deadline = time.monotonic() + timeout_s
-        while self.progress.get("received", 0) < self.sent:
+        while self.progress.get("flushed", 0) < token:
             if time.monotonic() >= deadline or self.proc.poll() is not None:
                 return False
             time.sleep(0.001)

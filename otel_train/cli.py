@@ -23,8 +23,10 @@ def _parser() -> argparse.ArgumentParser:
     bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
     overhead = bench_sub.add_parser("overhead", help="hot-path region and training-step overhead")
     overhead.add_argument("--quick", action="store_true", help="few rounds (a smoke run, not a measurement)")
-    overhead.add_argument("--mode", choices=("process", "thread", "both"), default="both",
-                          help="export mode(s) to measure (default: both, process first)")
+    overhead.add_argument("--mode", choices=("process", "idle", "thread", "all"), default="all",
+                          help="export mode(s) to measure: the exporter process (default priority), the "
+                               "exporter process at idle priority, the worker thread, or all (default), "
+                               "process first")
     device = bench_sub.add_parser("device", help="device timing: synchronisations and device durations")
     device.add_argument("--steps", type=int, default=50, help="training steps per variant (default 50)")
     return parser
@@ -43,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "bench" and args.bench == "overhead":
         from otel_train._bench import run_overhead
-        modes = ("process", "thread") if args.mode == "both" else (args.mode,)
+        modes = ("process", "idle", "thread") if args.mode == "all" else (args.mode,)
         return run_overhead(quick=args.quick, modes=modes)
     if args.command == "bench" and args.bench == "device":
         if args.steps < 1:

@@ -27,6 +27,8 @@ BAD_VALUES = [
     ("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon", "protocol", "expected one of grpc"),
     ("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "0", "attribute_value_limit", "expected an integer >= 1"),
     ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "x", "export_batch_size", "expected an integer >= 1"),
+    ("OTEL_BSP_SCHEDULE_DELAY", "-5", "export_delay_ms", "expected an integer >= 0"),
+    ("OTEL_TRAIN_EXPORTER_PRIORITY", "high", "exporter_priority", "expected one of low, idle, normal"),
     ("OTEL_EXPORTER_OTLP_TIMEOUT", "never", "export_timeout_s", "expected a number > 0"),
     ("OTEL_METRIC_EXPORT_INTERVAL", "often", "metric_interval_ms", "expected an integer >= 1"),
     ("OTEL_SERVICE_NAME", "   ", "service_name", None),  # blank = unset: silently the default
