@@ -99,13 +99,9 @@ class LeanEncoder:
         self._kv_cache: dict[tuple[str, type, Any], bytes] = {}
         self._names: dict[str, bytes] = {}
 
-    def encode(self, spans: Sequence[tuple[Any, ...]]) -> bytes:
-        """An `ExportTraceServiceRequest` holding `spans` (`_spans.SpanAssembler._build`'s lean tuples)."""
-        span = self._span
-        return self._request([_len_field(2, span(s)) for s in spans])
-
     def batches(self, spans: Sequence[tuple[Any, ...]], max_spans: int, max_bytes: int) -> list[LeanSpanBatch]:
-        """`spans` as requests of at most `max_spans` spans and (but for a lone huge span) `max_bytes`."""
+        """`spans` (`_spans.SpanAssembler._build`'s lean tuples) as `ExportTraceServiceRequest`s of
+        at most `max_spans` spans and (but for a lone huge span) `max_bytes`."""
         span = self._span
         out: list[LeanSpanBatch] = []
         fields: list[bytes] = []
