@@ -66,8 +66,8 @@ def _watch_parent(timeout_s: float) -> None:
     os._exit(0)
 
 
-def lower_priority(priority: str) -> str:
-    """Yield the CPU to training: export can wait, a step cannot. Returns what was applied.
+def lower_priority(priority: str) -> None:
+    """Yield the CPU to training: export can wait, a step cannot.
 
     `low` is nice +10. `idle` is Linux's SCHED_IDLE: the scheduler runs this process only on
     CPU time nothing else wants, and a training thread that wakes up preempts it at once.
@@ -79,18 +79,13 @@ def lower_priority(priority: str) -> str:
     leave SCHED_IDLE again, so it cannot raise itself when it falls behind.
     """
     if priority == "normal":
-        return "normal"
+        return
     try:
         os.nice(_NICE)
-    except OSError:
-        return "normal"
-    if priority == "idle" and hasattr(os, "SCHED_IDLE"):
-        try:
+        if priority == "idle" and hasattr(os, "SCHED_IDLE"):
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-            return "idle"
-        except OSError:
-            pass
-    return "low"
+    except OSError:
+        pass  # left at what could be set: still correct, only less polite
 
 
 def main() -> int:
@@ -118,11 +113,19 @@ def main() -> int:
     full = setup["config"]["export_batch_size"]
     next_export = time.monotonic() + delay_s
     flushed = 0
+
+    def export() -> float:
+        """Export what is pending; returns when the next export is due."""
+        pipeline.export_pending()
+        return time.monotonic() + delay_s
+
+    def report() -> None:
+        _report({**pipeline.stats(), "flushed": flushed, "cpu_ns": time.process_time_ns()})
+
     while True:
         if pipeline.pending() and not _more_input(stdin, max(0.0, next_export - time.monotonic())):
-            pipeline.export_pending()
-            next_export = time.monotonic() + delay_s
-            _report({**pipeline.stats(), "flushed": flushed, "cpu_ns": time.process_time_ns()})
+            next_export = export()
+            report()
             continue
         message = _read(stdin)
         if message is None or message[0] == "shutdown":
@@ -133,13 +136,11 @@ def main() -> int:
         if message[0] == "batch":
             pipeline.feed(message[1], message[2], export=False)
             if pipeline.pending() >= full and not _more_input(stdin):
-                pipeline.export_pending()
-                next_export = time.monotonic() + delay_s
+                next_export = export()
         elif message[0] == "flush":
-            pipeline.export_pending()
-            next_export = time.monotonic() + delay_s
+            next_export = export()
             flushed = message[1]
-        _report({**pipeline.stats(), "flushed": flushed, "cpu_ns": time.process_time_ns()})
+        report()
 
 
 if __name__ == "__main__":

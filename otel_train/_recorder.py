@@ -161,9 +161,10 @@ class _Region:
         if len(buf) == r.cap:
             r.dropped += 1
         if self.dev is None:
+            # `_parent_seq` and `_step_ref` written out: two calls fewer on the hot path.
             parent, step = self.parent, self.step
             buf.append((KIND_SPAN, self.name, self.seq, parent.seq if parent is not None and parent.rec is r
-                        else None, step.ref if step is not None else None, self.t0, t1, self.attrs or None,
+                        else None, step.ref if step is not None else _NO_STEP, self.t0, t1, self.attrs or None,
                         exc_type, self.events))
         else:
             self.exc = exc_type
@@ -367,9 +368,17 @@ W_KIND, W_NAME, W_SEQ, W_PARENT, W_STEP, W_STEP_SEQ, W_T0, W_T1, W_ATTRS, W_EVEN
     W_ERROR, W_TRUNC, W_DEV = range(14)
 
 
+_NO_STEP = (None, None)
+
+
 def _step_ref(step: _Step | _After | None) -> tuple[int | None, int | None]:
     """(step number, step seq) of the step a region ran in; seq is None between steps."""
-    return step.ref if step is not None else (None, None)
+    return step.ref if step is not None else _NO_STEP
+
+
+def _parent_seq(parent: _Region | None, rec: Recorder | None) -> int | None:
+    """The seq of a region's parent, if that parent was recorded by the same recorder."""
+    return parent.seq if parent is not None and parent.rec is rec else None
 
 
 def _events(events: list[tuple[str, int, Any]] | None, offset: int) -> list[tuple[str, int, Any]] | None:
@@ -407,8 +416,7 @@ def to_wire(record: Any, offset: int) -> tuple[Any, ...]:
     if type(record) is tuple:
         kind = record[0]
         if kind == KIND_SPAN:
-            _, name, seq, parent_seq, ref, t0, t1, attrs, exc, events = record
-            step_n, step_seq = ref if ref is not None else (None, None)
+            _, name, seq, parent_seq, (step_n, step_seq), t0, t1, attrs, exc, events = record
             error, truncated = _error(exc) if exc is not None else (None, False)
             return (KIND_SPAN, name, seq, parent_seq, step_n, step_seq, t0 + offset, t1 + offset, attrs or None,
                     _events(events, offset), None, error, truncated, None)
@@ -425,12 +433,9 @@ def to_wire(record: Any, offset: int) -> tuple[Any, ...]:
                           record.micro_batches, record.tags, record.events, record.links, record.exc,
                           record.dev, offset)
     # A region with device time, or force-ended at shutdown.
-    parent = record.parent
     step_n, step_seq = _step_ref(record.step)
     error, truncated = _error(record.exc)
-    return (KIND_SPAN, record.name, record.seq,
-            parent.seq if parent is not None and parent.rec is record.rec else None,
-            step_n, step_seq, record.t0 + offset, record.t1 + offset, record.attrs or None,
+    return (KIND_SPAN, record.name, record.seq, _parent_seq(record.parent, record.rec), step_n, step_seq, record.t0 + offset, record.t1 + offset, record.attrs or None,
             _events(record.events, offset), None, error, truncated, record.dev)
 
 
@@ -466,8 +471,8 @@ def record(name: str, attrs: dict[str, Any] | None, t0: int, t1: int, parent: _R
     r = _rec
     if r is None:
         return
-    r.append((KIND_SPAN, name, next(_seq_counter), parent.seq if parent is not None and parent.rec is r else None,
-              r.step.ref if r.step is not None else None, t0, t1, attrs or None, None, None))
+    r.append((KIND_SPAN, name, next(_seq_counter), _parent_seq(parent, r), _step_ref(r.step), t0, t1,
+              attrs or None, None, None))
 
 
 def abandon(region: _Region) -> None:
