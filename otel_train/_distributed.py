@@ -9,6 +9,7 @@ so the worker (or `inject()`) can name a span before it has ended.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -105,27 +106,44 @@ def _process_start_ticks(pid: int) -> str:
         return "0"
 
 
-def _digest_int(text: str, size: int) -> int:
-    value = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=size).digest(), "big")
-    return value or 1  # all-zero ids are invalid in OTLP
+@functools.lru_cache(maxsize=64)
+def _hasher(prefix: str, size: int) -> Any:
+    return hashlib.blake2b(prefix.encode(), digest_size=size)
+
+
+def _digest_int(prefix: str, rest: str, size: int) -> int:
+    """blake2b of `prefix + rest` as an int: the prefix's state is hashed once and copied."""
+    hasher = _hasher(prefix, size).copy()
+    hasher.update(rest.encode())
+    return int.from_bytes(hasher.digest(), "big") or 1  # all-zero ids are invalid in OTLP
 
 
 def trace_id_for(run_id: str, step: int | None) -> int:
     """The trace of step `step` of run `run_id` (one per step, the same on every rank)."""
-    return _digest_int(f"otel_train/trace/{run_id}/{'init' if step is None else step}", 16)
+    return _digest_int(f"otel_train/trace/{run_id}/", "init" if step is None else str(step), 16)
 
 
 def step_span_id(run_id: str, step: int, rank: int, restart: int = 0) -> int:
     """Span id of rank `rank`'s `train.step` span; rank 0's is the root of the step's trace."""
-    return _digest_int(f"otel_train/step/{run_id}/{step}/{rank}/{restart}", 8)
+    return _digest_int(f"otel_train/step/{run_id}/", f"{step}/{rank}/{restart}", 8)
+
+
+def region_wire_id(salt: int, seq: int) -> int:
+    """The `seq`-th region's span id as the exporter writes it: a little-endian fixed64 of this
+    number is the id's 8 bytes. A multiply by an odd constant and an xor with the process's
+    random salt: a bijection of `seq`, so ids never repeat in a process, and three operations,
+    since the exporter computes one or two per span."""
+    return ((seq * 0x9E3779B97F4A7C15) ^ salt) & _MASK64 or 1
 
 
 def region_span_id(salt: int, seq: int) -> int:
-    """Span id of the `seq`-th region of the process with `salt` (splitmix64, never zero)."""
-    z = (salt + seq * 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (z ^ (z >> 31)) or 1
+    """Span id of the `seq`-th region of the process with `salt` (never zero)."""
+    return int.from_bytes(region_wire_id(salt, seq).to_bytes(8, "little"), "big")
+
+
+def wire_id(span_id: int) -> int:
+    """`span_id` in the exporter's little-endian form (`region_wire_id`)."""
+    return int.from_bytes(span_id.to_bytes(8, "big"), "little")
 
 
 def new_salt() -> int:

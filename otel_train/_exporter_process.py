@@ -1,7 +1,7 @@
 """The per-rank exporter process: reads wire records from stdin, exports spans and metrics.
 
 Started by the training process (`ProcessSink`); never imports torch. Messages are
-length-prefixed pickles: `("setup", dict)`, then `("batch", records, dropped totals)`…,
+length-prefixed pickles: `("setup", dict)`, then `("batch", segments, offset, dropped totals)`…,
 then `("shutdown", seconds)`. End of input (the trainer died) is a shutdown too. After each
 message it writes one JSON line of progress to stdout, which the trainer reads to report
 exactly what was lost if it has to kill this process at the shutdown bound.
@@ -134,7 +134,7 @@ def main() -> int:
             _report({**stats, "final": 1})
             return 0
         if message[0] == "batch":
-            pipeline.feed(message[1], message[2], export=False)
+            pipeline.feed(*message[1:], export=False)
             if pipeline.pending() >= full and not _more_input(stdin):
                 next_export = export()
         elif message[0] == "flush":

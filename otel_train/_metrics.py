@@ -76,13 +76,17 @@ class _Histogram:
         self.series: dict[Any, tuple[dict[str, Any], list[_Window]]] = {}
 
     def record(self, value: float, key: Any = None, attrs: Mapping[str, Any] | None = None) -> None:
+        index = bisect.bisect_left(self.bounds, value)
+        for window in self.windows(key, attrs):
+            window.add(index, value)
+
+    def windows(self, key: Any = None, attrs: Mapping[str, Any] | None = None) -> list[_Window]:
+        """One series' windows, one per reader (the list is kept; a delta collect replaces its items)."""
         entry = self.series.get(key)
         if entry is None:
             entry = self.series[key] = (dict(attrs or {}), [_Window(len(self.bounds) + 1, self.start_ns)
                                                             for _ in range(self.readers)])
-        index = bisect.bisect_left(self.bounds, value)
-        for window in entry[1]:
-            window.add(index, value)
+        return entry[1]
 
     def collect(self, reader: int, delta: bool, now_ns: int) -> Metric | None:
         points = []
@@ -167,7 +171,8 @@ class TrainMetrics:
         self.resource = resource
         self.scope = InstrumentationScope(semconv.SCOPE_NAME, version)
         self._time_ns = time_ns
-        self._lock = threading.Lock()
+        #: Held while aggregating; reentrant, so a caller may hold it across a batch of records.
+        self.lock = threading.RLock()
         start = time_ns()
         readers = list(extra_readers)
         count = len(readers) + (exporter is not None)
@@ -199,7 +204,7 @@ class TrainMetrics:
             reader._set_collect_callback(self._collector(index))
 
     def observe(self, name: str, duration_s: float, attrs: Mapping[str, Any]) -> None:
-        with self._lock:
+        with self.lock:
             if name == semconv.SPAN_STEP:
                 self.step_duration.record(duration_s)
                 if duration_s > 0:
@@ -218,16 +223,28 @@ class TrainMetrics:
             if isinstance(device_s, float):
                 self.device_duration.record(device_s, name, {semconv.METRIC_ATTR_PHASE: name})
 
+    def span_windows(self, name: str) -> tuple[Sequence[float], list[_Window]]:
+        """Bucket bounds and windows that `observe(name, ...)` adds a region's host duration to,
+        for a caller that adds to them itself while holding `lock` (the span assembler's fast
+        path); no windows for a name that has no histogram."""
+        if name in self._phases:
+            histogram = self.phase_duration
+            return histogram.bounds, histogram.windows(name, {semconv.METRIC_ATTR_PHASE: name})
+        histogram = self._by_span.get(name)
+        if histogram is None or name == semconv.SPAN_STEP:
+            return (), []
+        return histogram.bounds, histogram.windows()
+
     def set_dropped(self, totals: Mapping[str, int]) -> None:
         """The cumulative count of dropped records per reason."""
-        with self._lock:
+        with self.lock:
             for reason, total in totals.items():
                 if total > 0:
                     self.dropped.set_total(total, reason, {semconv.METRIC_ATTR_REASON: reason})
 
     def collect(self, reader: int, delta_histograms: bool = False, delta_counters: bool = False) -> MetricsData:
         """Everything aggregated, as reader number `reader` sees it."""
-        with self._lock:
+        with self.lock:
             now = self._time_ns()
             metrics = [h.collect(reader, delta_histograms, now) for h in self._histograms]
             metrics += [g.collect(now) for g in (self.tokens_per_s, self.samples_per_s)]

@@ -40,6 +40,13 @@ _KIND_INTERNAL = b"\x30\x01"
 _STATUS_UNSET = b"\x7a\x00"
 _FLAGS_LOCAL = b"\x85\x01" + _FIXED32.pack(_HAS_IS_REMOTE)
 _FLAGS_REMOTE = b"\x85\x01" + _FIXED32.pack(_HAS_IS_REMOTE | _IS_REMOTE)
+_TAIL_LOCAL = _STATUS_UNSET + _FLAGS_LOCAL
+_TAIL_REMOTE = _STATUS_UNSET + _FLAGS_REMOTE
+_TAIL_LEN = len(_TAIL_LOCAL)
+# `region`'s head: trace_id with its tag, span_id (and parent_span_id) as little-endian fixed64s
+# (`_distributed.region_wire_id`), kind, start and end.
+_REGION = struct.Struct("<18s2sQ2sBQBQ")
+_REGION_PARENT = struct.Struct("<18s2sQ2sQ2sBQBQ")
 
 
 def _varint_slow(value: int) -> bytes:
@@ -98,6 +105,9 @@ class LeanEncoder:
         self._scope_field = _len_field(1, scope_msg)  # ScopeSpans.scope
         self._kv_cache: dict[tuple[str, type, Any], bytes] = {}
         self._names: dict[str, bytes] = {}
+        self._float_prefixes: dict[str, bytes] = {}
+        self._keys: dict[str, bytes] = {}
+        self.kv = self._kv
 
     def batches(self, spans: Sequence[tuple[Any, ...]], max_spans: int, max_bytes: int) -> list[LeanSpanBatch]:
         """`spans` (`_spans.SpanAssembler._build`'s lean tuples) as `ExportTraceServiceRequest`s of
@@ -107,7 +117,8 @@ class LeanEncoder:
         fields: list[bytes] = []
         size = 0
         for s in spans:
-            field = _len_field(2, span(s))  # ScopeSpans.spans
+            # ScopeSpans.spans; a usual region comes encoded already (`region`).
+            field = s if type(s) is bytes else _len_field(2, span(s))
             if fields and (len(fields) >= max_spans or size + len(field) > max_bytes):
                 out.append(LeanSpanBatch(self._request(fields), len(fields)))
                 fields, size = [], 0
@@ -141,6 +152,53 @@ class LeanEncoder:
             except TypeError:  # an unhashable value: encode every time
                 pass
             return encoded
+
+    def region(self, name: str, trace_field: bytes, span_wire: int, parent_wire: int | None, start: int,
+               end: int, attributes: bytes, remote: bool = False) -> bytes:
+        """A span with no events, links or status (a region or a step): the whole
+        `ScopeSpans.spans` field in one `pack` and one `join`. `trace_field` is `trace_field()`;
+        the ids are in `_distributed.region_wire_id`'s little-endian form; `attributes` are
+        encoded already (`attributes`). Fields go in an order of their own (times before the
+        name), which parses into the same message."""
+        name_field = self._names.get(name) or self._name(name)
+        if parent_wire:
+            head = _REGION_PARENT.pack(trace_field, b"\x12\x08", span_wire, b"\x22\x08", parent_wire,
+                                       _KIND_INTERNAL, 0x39, start, 0x41, end)
+        else:
+            head = _REGION.pack(trace_field, b"\x12\x08", span_wire, _KIND_INTERNAL, 0x39, start, 0x41, end)
+        return b"".join((b"\x12", _varint(len(head) + len(name_field) + len(attributes) + _TAIL_LEN), head,
+                         name_field, attributes, _TAIL_REMOTE if remote else _TAIL_LOCAL))
+
+    @staticmethod
+    def trace_field(trace_id: int) -> bytes:
+        """`Span.trace_id` with its tag, for `region`."""
+        return b"\x0a\x10" + trace_id.to_bytes(16, "big")
+
+    def attributes(self, attrs: Mapping[str, Any]) -> bytes:
+        """`Span.attributes` fields for valid attribute values (cleaned already)."""
+        return self._attributes(attrs, 9)
+
+    def int_attribute(self, key: str, value: int) -> bytes:
+        """One int `Span.attributes` field, uncached (for values that rarely repeat: a step number)."""
+        key_field = self._keys.get(key) or self._key(key)
+        value_field = b"\x18" + _varint(value)  # AnyValue{int_value}
+        body = key_field + b"\x12" + _SMALL_VARINTS[len(value_field)] + value_field
+        return b"\x4a" + _varint(len(body)) + body
+
+    def _key(self, key: str) -> bytes:
+        if len(self._keys) >= _CACHE_MAX:
+            self._keys.clear()
+        encoded = self._keys[key] = _str_field(1, key)
+        return encoded
+
+    def float_attribute(self, key: str, value: float) -> bytes:
+        """One float `Span.attributes` field; only its key's part is cached (the value rarely repeats)."""
+        prefix = self._float_prefixes.get(key)
+        if prefix is None:
+            key_field = _str_field(1, key)
+            prefix = self._float_prefixes[key] = (_tag(9, 2) + _varint(len(key_field) + 11) + key_field
+                                                  + b"\x12\x09\x21")  # value: AnyValue{double_value}
+        return prefix + _DOUBLE.pack(value)
 
     def _attributes(self, attrs: Mapping[str, Any] | None, field: int) -> bytes:
         if not attrs:

@@ -66,19 +66,24 @@ class ExportPipeline:
             self.encoder = LeanEncoder(self.resource.attributes, semconv.SCOPE_NAME, setup["version"])
         self.assembler = SpanAssembler(self.run, setup["salt"], self.resource,
                                        AttributeCleaner(self.cfg.attribute_value_limit), self._emit,
-                                       self.cfg.step_sample, self.metrics.observe, setup["version"],
-                                       lean=self.encoder is not None)
+                                       self.cfg.step_sample, self.metrics, setup["version"], self.encoder)
         self.received = 0
         self.exported = 0
         self.failed = 0
         self._pending: list[Any] = []
         self._closed = False
 
-    def feed(self, records: Sequence[tuple[Any, ...]], dropped: Mapping[str, int], export: bool = True) -> None:
-        """Take a slice of wire records; export what they complete now, or wait (`export=False`)
-        until `export_pending()` so several slices share one export call."""
-        self.received += len(records)
-        self.assembler.feed(records)
+    def feed(self, segments: Sequence[tuple[bool, Sequence[tuple[Any, ...]]]], offset: int,
+             dropped: Mapping[str, int], export: bool = True) -> None:
+        """Take a slice of records (`_worker.Segments`: runs of hot-path tuples, whose clock
+        `offset` this is, and of wire tuples); export what they complete now, or wait
+        (`export=False`) until `export_pending()` so several slices share one export call."""
+        for is_wire, records in segments:
+            self.received += len(records)
+            if is_wire:
+                self.assembler.feed(records)
+            else:
+                self.assembler.feed_raw(records, offset)
         self.metrics.set_dropped({**dropped, "export_failed": self.failed})
         if export:
             self._export_pending(None)

@@ -393,6 +393,8 @@ def _error(exc: Any) -> tuple[str | None, bool]:
         return None, False
     if exc is Truncated:
         return None, True
+    if isinstance(exc, str):  # the exception class's name, as the exporter process receives it
+        return exc, False
     return exc.__name__, False
 
 

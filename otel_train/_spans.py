@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 import numbers
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -22,10 +24,13 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_train import semconv
-from otel_train._distributed import RunInfo, parse_traceparent, region_span_id, step_span_id, trace_id_for
+from otel_train._distributed import (RunInfo, parse_traceparent, region_span_id, step_span_id, trace_id_for,
+                                     wire_id)
+from otel_train._metrics import TrainMetrics
+from otel_train._otlp import LeanEncoder
 from otel_train._recorder import (KIND_EVENT, KIND_SPAN, KIND_STEP, KIND_TAG, W_ATTRS, W_DEV, W_ERROR,
                                   W_EVENTS, W_LINKS, W_NAME, W_PARENT, W_SEQ, W_STEP, W_STEP_SEQ, W_T0,
-                                  W_T1, W_TRUNC)
+                                  W_T1, W_TRUNC, to_wire)
 
 _log = logging.getLogger("otel_train")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -33,6 +38,9 @@ _SIBLING_TAGS = {semconv.SPAN_CHECKPOINT: semconv.TAG_CHECKPOINT, semconv.SPAN_E
                  semconv.SPAN_GC: semconv.TAG_GC}
 _MAX_ORPHANS = 1024  # tags/events waiting for a step record that may never come
 _SCALARS = (str, bool, int, float)
+_CACHE_MAX = 4096  # per-step and per-attribute caches of the fast path are cleared past this
+_NO_LOCK = nullcontext()
+_MASK64 = (1 << 64) - 1
 
 
 class AttributeCleaner:
@@ -122,21 +130,33 @@ class _HeldStep:
 
 
 class SpanAssembler:
-    """Wire records in, `ReadableSpan`s (or lean tuples) out through `emit`; metrics observed on the way."""
+    """Records in, spans out through `emit`; metrics observed on the way.
+
+    What comes out is a `ReadableSpan`, or with an `encoder` (the lean OTLP/gRPC path) a plain
+    tuple the encoder encodes at export, or, for the usual region, its encoded bytes already:
+    `feed_raw` turns a hot-path tuple with no exception, event or device time straight into
+    OTLP bytes and its metric observation in one pass (`_fast_region`), which is most of
+    what this process does for a training loop.
+    """
 
     def __init__(self, run: RunInfo, salt: int, resource: Resource, cleaner: AttributeCleaner,
-                 emit: Callable[[list[ReadableSpan]], None], step_sample: int = 1,
-                 observe: Callable[[str, float, Mapping[str, Any]], None] | None = None,
-                 version: str = "", lean: bool = False) -> None:
+                 emit: Callable[[list[Any]], None], step_sample: int = 1, metrics: TrainMetrics | None = None,
+                 version: str = "", encoder: LeanEncoder | None = None) -> None:
         self.run = run
         self.salt = salt
         self.resource = resource
         self.cleaner = cleaner
         self.emit = emit
         self.step_sample = step_sample
-        self.observe = observe
+        self.metrics = metrics
+        self.observe = metrics.observe if metrics is not None else None
         self.scope = InstrumentationScope(semconv.SCOPE_NAME, version)
-        self.lean = lean  # emit plain tuples for `_otlp.LeanEncoder` instead of ReadableSpans
+        self.encoder = encoder
+        self.lean = encoder is not None  # plain tuples (or bytes) for `encoder`, not ReadableSpans
+        self.fast = self.lean  # `feed_raw` may encode usual regions directly (tests turn it off)
+        self._windows: dict[str, tuple[Sequence[float], list[Any]]] = {}
+        self._attr_kvs: dict[tuple[str, str, type, Any], bytes] = {}
+        self._fast_steps: dict[int | None, tuple[bytes, int | None, bytes, bool]] = {}
         self._held: dict[int, _HeldStep] = {}
         self._orphans: dict[int, list[tuple[int, Any]]] = {}
         self._siblings: deque[tuple[int, int]] = deque(maxlen=256)
@@ -147,15 +167,23 @@ class SpanAssembler:
 
     # -- public ------------------------------------------------------------------------
     def feed(self, records: Iterable[tuple[Any, ...]]) -> None:
-        out: list[ReadableSpan] = []
+        """Wire tuples (`_recorder.to_wire`)."""
+        out: list[Any] = []
         for wire in records:
-            kind = wire[0]
-            if kind == KIND_SPAN:
-                self._on_span(wire, out)
-            elif kind == KIND_STEP:
-                self._on_step(wire, out)
-            else:
-                self._on_step_note(wire)
+            self._dispatch(wire, out)
+        if out:
+            self.spans_built += len(out)
+            self.emit(out)
+
+    def feed_raw(self, records: Iterable[tuple[Any, ...]], offset: int) -> None:
+        """Hot-path tuples as the recorder appended them, with the perf-to-wall `offset`."""
+        out: list[Any] = []
+        fast = self._fast_region if self.fast else None
+        # One lock for the batch: the fast path adds to metric windows itself.
+        with self.metrics.lock if self.metrics is not None else _NO_LOCK:
+            for record in records:
+                if fast is None or record[0] != KIND_SPAN or not fast(record, offset, out):
+                    self._dispatch(to_wire(record, offset), out)
         if out:
             self.spans_built += len(out)
             self.emit(out)
@@ -170,6 +198,119 @@ class SpanAssembler:
             self.emit(out)
 
     # -- records -----------------------------------------------------------------------
+    def _dispatch(self, wire: tuple[Any, ...], out: list[Any]) -> None:
+        kind = wire[0]
+        if kind == KIND_SPAN:
+            self._on_span(wire, out)
+        elif kind == KIND_STEP:
+            self._on_step(wire, out)
+        else:
+            self._on_step_note(wire)
+
+    def _fast_region(self, record: tuple[Any, ...], offset: int, out: list[Any]) -> bool:
+        """The usual region straight to OTLP bytes; False (nothing done) for any other."""
+        _, name, seq, parent_seq, (step_n, step_seq), t0, t1, attrs, exc, events = record
+        if exc is not None or events is not None or name in _SIBLING_TAGS:
+            return False
+        if attrs:
+            user = self._fast_attrs(name, attrs)
+            if user is None:
+                return False
+        else:
+            user = b""
+        t0 += offset
+        t1 += offset
+        try:
+            bounds, windows = self._windows[name]
+        except KeyError:
+            bounds, windows = self._windows_for(name)
+        if windows:
+            seconds = (t1 - t0) / 1e9
+            index = bisect_left(bounds, seconds)
+            for window in windows:
+                window.add(index, seconds)
+        step = self._fast_steps.get(step_n) or self._fast_step(step_n)
+        trace_field, step_wire, step_kv, sampled, _ = step
+        if not sampled:
+            return True
+        salt = self.salt
+        if parent_seq is not None:
+            parent_wire = ((parent_seq * 0x9E3779B97F4A7C15) ^ salt) & _MASK64 or 1  # region_wire_id
+        elif step_seq is not None:
+            parent_wire = step_wire
+        else:
+            parent_wire = None
+        out.append(self.encoder.region(name, trace_field, ((seq * 0x9E3779B97F4A7C15) ^ salt) & _MASK64 or 1,  # type: ignore[union-attr]
+                                       parent_wire, t0, t1, user + step_kv if step_kv else user))
+        return True
+
+    def _fast_step(self, step_n: int | None) -> tuple[bytes, int | None, bytes, bool, int | None]:
+        """What the fast path needs of step `step_n`: its trace id field, the step span's id
+        (wire form), the encoded `train.step` attribute, whether the step is sampled, and the
+        step span's parent id (rank 0's step span, wire form; None on rank 0)."""
+        if len(self._fast_steps) >= _CACHE_MAX:
+            self._fast_steps.clear()
+        if step_n is None:
+            found: tuple[bytes, int | None, bytes, bool, int | None] = (
+                LeanEncoder.trace_field(self._trace_id(None)), None, b"", True, None)
+        else:
+            run = self.run
+            root = None if run.rank == 0 else wire_id(step_span_id(run.run_id, step_n, 0, run.restart))
+            found = (LeanEncoder.trace_field(self._trace_id(step_n)), wire_id(self._step_span_id(step_n)),
+                     self._step_number(step_n), self._sampled(step_n), root)
+        self._fast_steps[step_n] = found
+        return found
+
+    def _step_number(self, step_n: Any) -> bytes:
+        """The encoded `train.step` attribute."""
+        if type(step_n) is int and -(1 << 63) <= step_n < (1 << 63):
+            return self.encoder.int_attribute(semconv.TRAIN_STEP, step_n)  # type: ignore[union-attr]
+        return self.encoder.attributes(self.cleaner.clean(semconv.SPAN_STEP, {semconv.TRAIN_STEP: step_n}))  # type: ignore[union-attr]
+
+    def _step_attributes(self, attrs: Mapping[str, Any], step_kv: bytes) -> bytes:
+        encoder = self.encoder
+        kv = encoder.kv  # type: ignore[union-attr]
+        parts = []
+        for key, value in attrs.items():
+            if key == semconv.TRAIN_STEP:
+                parts.append(step_kv)
+            elif key == semconv.TRAIN_STEP_TIME_S:
+                parts.append(encoder.float_attribute(key, value))  # type: ignore[union-attr]
+            else:
+                parts.append(kv(key, value))
+        return b"".join(parts)
+
+    def _fast_attrs(self, name: str, attrs: Mapping[Any, Any]) -> bytes | None:
+        """User attributes as encoded `KeyValue` fields, cached per span name, key, type and
+        value; None sends the record the general way (an unhashable or unusual value)."""
+        cache = self._attr_kvs
+        parts = []
+        try:
+            for key, value in attrs.items():
+                encoded = cache.get((name, key, type(value), value))
+                if encoded is None:
+                    encoded = self._attr_kv(name, key, value)
+                    if encoded is None:
+                        return None
+                parts.append(encoded)
+        except TypeError:  # unhashable: a list value
+            return None
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _attr_kv(self, name: str, key: Any, value: Any) -> bytes | None:
+        if type(value) not in _SCALARS or not isinstance(key, str):
+            return None  # the general path converts it and says so
+        if len(self._attr_kvs) >= _CACHE_MAX:
+            self._attr_kvs.clear()
+        encoded = self.encoder.attributes(self.cleaner.clean(name, {key: value}))  # type: ignore[union-attr]
+        self._attr_kvs[(name, key, type(value), value)] = encoded
+        return encoded
+
+    def _windows_for(self, name: str) -> tuple[Sequence[float], list[Any]]:
+        found = self.metrics.span_windows(name) if self.metrics is not None else ((), [])
+        self._windows[name] = found
+        return found
+
     def _on_span(self, wire: tuple[Any, ...], out: list[ReadableSpan]) -> None:
         name, step_n, step_seq = wire[W_NAME], wire[W_STEP], wire[W_STEP_SEQ]
         attrs = self.cleaner.clean(name, wire[W_ATTRS])
@@ -261,6 +402,12 @@ class SpanAssembler:
         self._observe_step(held.time_s, attrs)
         if not self._sampled(step_n):
             return
+        if self.fast and not (held.events or wire[W_LINKS] or wire[W_ERROR] or wire[W_TRUNC]):
+            trace_field, step_wire, step_kv, _, root_wire = self._fast_steps.get(step_n) or self._fast_step(step_n)
+            out.append(self.encoder.region(semconv.SPAN_STEP, trace_field, step_wire, root_wire,  # type: ignore[union-attr]
+                                           wire[W_T0], wire[W_T1], self._step_attributes(attrs, step_kv),
+                                           remote=root_wire is not None))
+            return
         run = self.run
         parent = None if run.rank == 0 else step_span_id(run.run_id, step_n, 0, run.restart)
         out.append(self._build(semconv.SPAN_STEP, self._trace_id(step_n), self._step_span_id(step_n), parent,
@@ -276,7 +423,7 @@ class SpanAssembler:
     def _step_span_id(self, step_n: int) -> int:
         cached = self._step_ids.get(step_n)
         if cached is None:
-            if len(self._step_ids) > 4096:
+            if len(self._step_ids) > _CACHE_MAX:
                 self._step_ids.clear()
             run = self.run
             cached = self._step_ids[step_n] = step_span_id(run.run_id, step_n, run.rank, run.restart)
@@ -285,7 +432,7 @@ class SpanAssembler:
     def _trace_id(self, step_n: int | None) -> int:
         trace_id = self._trace_ids.get(step_n)
         if trace_id is None:
-            if len(self._trace_ids) > 4096:
+            if len(self._trace_ids) > _CACHE_MAX:
                 self._trace_ids.clear()
             trace_id = self._trace_ids[step_n] = trace_id_for(self.run.run_id, step_n)
         return trace_id

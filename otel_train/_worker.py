@@ -13,12 +13,19 @@ Each slice becomes wire tuples, which go to a sink:
 
 Device events (whose polling must stay in the training process) are resolved here before
 a record is handed on.
+
+What a sink gets, in recording order: runs of the hot path's plain tuples as they are, and
+runs of the few records that are objects (with device events, or force-ended at shutdown)
+already as wire tuples, with the perf-to-wall clock offset. Turning raw tuples into spans is the exporter's work: every
+microsecond spent here is spent in the training process, twice over through the GIL.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import numbers
 import os
 import pickle
 import struct
@@ -30,17 +37,26 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from otel_train._clock import wall_offset
-from otel_train._recorder import W_ATTRS, Recorder, to_wire
+from otel_train._recorder import Recorder, to_wire
 
 _log = logging.getLogger("otel_train")
 _SLICE = 256
 _FRAME = struct.Struct("<I")
-_PRIMITIVE = (str, int, float, bool, type(None))
 ENV_CHILD = "OTEL_TRAIN_EXPORTER_CHILD"
 
 
+#: Records in order, as runs: `(False, hot-path tuples)` or `(True, wire tuples)`.
+Segments = list[tuple[bool, list[tuple[Any, ...]]]]
+
+
+def segments_count(segments: Segments) -> int:
+    return sum(len(records) for _, records in segments)
+
+
 class Sink(Protocol):
-    def send(self, records: list[tuple[Any, ...]], dropped: Mapping[str, int]) -> None: ...
+    def send(self, segments: Segments, offset: int, dropped: Mapping[str, int]) -> None:
+        """Records (`Segments`) and the perf-to-wall offset of the hot-path tuples among them."""
+        ...
 
     def close(self, deadline: float) -> dict[str, int]: ...
 
@@ -59,8 +75,8 @@ class LocalSink:
     def __init__(self, pipeline: Any) -> None:
         self.pipeline = pipeline
 
-    def send(self, records: list[tuple[Any, ...]], dropped: Mapping[str, int]) -> None:
-        self.pipeline.feed(records, dropped)
+    def send(self, segments: Segments, offset: int, dropped: Mapping[str, int]) -> None:
+        self.pipeline.feed(segments, offset, dropped)
 
     def close(self, deadline: float) -> dict[str, int]:
         return self.pipeline.shutdown(deadline)
@@ -104,17 +120,17 @@ class ProcessSink:
         self._reader.start()
         self._write(("setup", dict(setup)))
 
-    def send(self, records: list[tuple[Any, ...]], dropped: Mapping[str, int]) -> None:
+    def send(self, segments: Segments, offset: int, dropped: Mapping[str, int]) -> None:
         if self._fallback is not None:
-            self._fallback.send(records, dropped)
+            self._fallback.send(segments, offset, dropped)
             return
-        records = [_picklable(r) for r in records]
-        if self._write(("batch", records, dict(dropped))):
-            self.sent += len(records)
+        count = segments_count(segments)
+        if self._write(("batch", segments, offset, dict(dropped))):
+            self.sent += count
         elif self._fallback is not None:
-            self._fallback.send(records, dropped)
+            self._fallback.send(segments, offset, dropped)
         else:
-            self.lost += len(records)  # aborted at the shutdown bound
+            self.lost += count  # aborted at the shutdown bound
 
     def close(self, deadline: float) -> dict[str, int]:
         if self._fallback is not None:
@@ -182,7 +198,7 @@ class ProcessSink:
         return max(0, self.sent - self.progress.get("received", 0))
 
     def _write(self, message: tuple[Any, ...]) -> bool:
-        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        payload = _dumps(message)
         try:
             with self._lock:
                 stdin = self.proc.stdin
@@ -205,16 +221,36 @@ class ProcessSink:
                 continue
 
 
-def _picklable(record: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Replace attribute values pickle would copy expensively (tensors) or choke on."""
-    attrs = record[W_ATTRS]
-    if attrs and not all(type(v) in _PRIMITIVE for v in attrs.values()):
-        from otel_train._spans import _describe  # only when a non-primitive appears
-        clean = {k: v if type(v) in _PRIMITIVE or (isinstance(v, (list, tuple)) and
-                                                   all(type(i) in _PRIMITIVE for i in v))
-                 else _describe(v) for k, v in attrs.items()}
-        record = (*record[:W_ATTRS], clean, *record[W_ATTRS + 1:])
-    return record
+class _WirePickler(pickle.Pickler):
+    """Pickles records as they are, except what the exporter process must not receive.
+
+    The C pickler consults `reducer_override` only for objects that are not plain str, int,
+    float, bool, None, bytes, tuple, list, dict or set, so the usual record costs nothing
+    extra. What does reach it: a class not in builtins (a span's `exc`: its name goes), a number
+    of another type (numpy, IntEnum: as int or float), anything else (a tensor would be copied
+    whole, or its `str()` would sync the device) as a short description, which the exporter
+    records as a string.
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, type):
+            if obj.__module__ == "builtins":
+                return NotImplemented  # ValueError, or the `str` of a reduction made here: by reference
+            return str, (obj.__name__,)  # a user's exception class: the exporter cannot import it
+        if isinstance(obj, numbers.Integral):
+            return int, (int(obj),)
+        if isinstance(obj, numbers.Real):
+            return float, (float(obj),)
+        if isinstance(obj, (tuple, list)):  # torch.Size, a namedtuple: the exporter has neither
+            return tuple, (tuple(obj),)
+        from otel_train._spans import _describe  # only when such a value appears
+        return str, (_describe(obj),)
+
+
+def _dumps(message: tuple[Any, ...]) -> bytes:
+    out = io.BytesIO()
+    _WirePickler(out, pickle.HIGHEST_PROTOCOL).dump(message)
+    return out.getvalue()
 
 
 class Worker:
@@ -284,8 +320,17 @@ class Worker:
             _log.warning("otel_train: the buffer of %d records overflowed; the oldest are being dropped "
                          "(counted in otel_train.spans.dropped and at shutdown). %s", self.recorder.cap,
                          getattr(self.sink, "overflow_hint", lambda: "")())
+        plain = [type(record) is tuple for record in batch]
+        if all(plain):
+            segments: Segments = [(False, batch)]
+        else:
+            segments = []
+            for record, is_plain in zip(batch, plain):
+                if not segments or segments[-1][0] == is_plain:
+                    segments.append((not is_plain, []))
+                segments[-1][1].append(record if is_plain else to_wire(record, offset))
         try:
-            self.sink.send([to_wire(r, offset) for r in batch], {"buffer_full": self.recorder.dropped})
+            self.sink.send(segments, offset, {"buffer_full": self.recorder.dropped})
         except Exception as err:  # noqa: BLE001 - never let the worker die
             _log.warning("otel_train: exporting %d records failed: %s", len(batch), err)
         return len(batch)

@@ -291,8 +291,9 @@ class ListSink:
     def __init__(self) -> None:
         self.records: list[tuple[Any, ...]] = []
 
-    def send(self, records: list[tuple[Any, ...]], dropped: Any) -> None:
-        self.records.extend(records)
+    def send(self, segments: Any, offset: int, dropped: Any) -> None:
+        for is_wire, records in segments:
+            self.records.extend(records if is_wire else [_recorder.to_wire(r, offset) for r in records])
 
     def close(self, deadline: float) -> dict[str, int]:
         return {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
@@ -59,3 +60,82 @@ def test_batches_are_cut_by_count_and_by_bytes() -> None:
         assert sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans) == batch.count
     assert [s.span_id for b in by_count for s in ExportTraceServiceRequest.FromString(b.payload)
             .resource_spans[0].scope_spans[0].spans] == [(i + 1).to_bytes(8, "big") for i in range(10)]
+
+
+def _assemble(records: list, offset: int, fast: bool, rank: int) -> tuple[list, object, int]:
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from otel_train._distributed import RunInfo
+    from otel_train._metrics import TrainMetrics
+    from otel_train._spans import AttributeCleaner, SpanAssembler
+
+    encoder = LeanEncoder(RESOURCE, "otel_train", "1.2")
+    reader = InMemoryMetricReader()
+    metrics = TrainMetrics(Resource(RESOURCE), None, 60_000, [reader], "1.2", time_ns=lambda: 5)
+    out: list = []
+    assembler = SpanAssembler(RunInfo(run_id="r", rank=rank), 12345, Resource(RESOURCE), AttributeCleaner(16), out.extend,
+                              metrics=metrics, version="1.2", encoder=encoder)
+    assembler.fast = fast
+    assembler.feed_raw(records, offset)
+    assembler.flush()
+    (batch,) = encoder.batches(out, len(out), 1 << 30)
+    spans = ExportTraceServiceRequest.FromString(batch.payload).resource_spans[0].scope_spans[0].spans
+    encoded = sum(type(s) is bytes for s in out)  # spans the fast path encoded itself
+    return sorted(spans, key=lambda s: s.span_id), reader.get_metrics_data(), encoded
+
+
+@pytest.mark.parametrize("rank", [0, 1])  # rank 1: step spans have a remote parent
+def test_fast_path_encodes_exactly_what_the_general_path_does(rank: int) -> None:
+    """Usual regions go from hot-path tuple to bytes in one pass; the others (an exception, an
+    event, a list or unusual attribute, a checkpoint sibling) take the general path. The spans
+    and the metrics must not tell the two apart."""
+    from otel_train import _recorder
+    from otel_train._clock import FakeClock
+
+    class Odd:
+        def __str__(self) -> str:
+            return "odd"
+
+    clock = FakeClock()
+    recorder = _recorder.Recorder(1024, clock)
+    _recorder.install(recorder)
+    try:
+        for n in range(3):
+            with _recorder._Step(n, None):
+                if n == 1:
+                    _recorder.event("step.note", {"k": "v"})  # a step with an event: the general path
+                with _recorder._Region("train.data"):
+                    clock.advance(1_000)
+                for mb in range(2):
+                    with _recorder._Region("train.forward", **{"train.micro_batch": mb, "x.s": "é" * 20,
+                                                               "x.f": 0.5, "x.b": True, "x.i": 1}):
+                        with _recorder._Region("inner"):
+                            clock.advance(2_000_000)
+                with _recorder._Region("train.backward", **{"x.list": [1, 2], "x.odd": Odd()}):
+                    clock.advance(3_000)
+                try:
+                    with _recorder._Region("train.optimizer"):
+                        _recorder.event("note", {"k": 1})
+                        raise ValueError("x")
+                except ValueError:
+                    pass
+            with _recorder._Region("train.checkpoint"):
+                clock.advance(50_000_000)
+        with _recorder._Region("outside"):
+            clock.advance(7)
+    finally:
+        _recorder.install(None)
+    records = list(recorder.buf)
+    assert all(type(r) is tuple for r in records)
+    fast_spans, fast_metrics, encoded = _assemble(records, 10**18, fast=True, rank=rank)
+    slow_spans, slow_metrics, none = _assemble(records, 10**18, fast=False, rank=rank)
+    assert len(fast_spans) == 3 * 9 + 1
+    # data, 2 forwards, 2 inner a step; "outside"; steps 0 and 2
+    assert (encoded, none) == (3 * 5 + 1 + 2, 0)
+    assert fast_spans == slow_spans
+    assert fast_metrics == slow_metrics
+    forward = next(s for s in fast_spans if s.name == "train.forward")
+    assert {kv.key for kv in forward.attributes} == {"train.micro_batch", "x.s", "x.f", "x.b", "x.i", "train.step"}
+    assert next(kv.value.string_value for kv in forward.attributes if kv.key == "x.s") == "é" * 16  # capped
+    step = next(s for s in fast_spans if s.name == "train.step")
+    assert bool(step.parent_span_id) == (rank == 1) and bool(step.flags & 0x200) == (rank == 1)

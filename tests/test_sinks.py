@@ -90,3 +90,42 @@ def test_headers_parse_and_bad_items_are_named(caplog) -> None:
     assert parse_headers("Authorization=Bearer%20x, x-team = ml") == {"authorization": "Bearer x", "x-team": "ml"}
     assert parse_headers("novalue,a=b") == {"a": "b"}
     assert "'novalue'" in caplog.text
+
+
+def test_records_cross_to_the_exporter_process_as_plain_values() -> None:
+    """The pipe to the exporter carries hot-path tuples as they are; what the exporter (no torch,
+    no numpy) could not load, or what would copy a tensor, is converted on the way."""
+    import enum
+    import pickle
+    from collections import namedtuple
+
+    import torch
+
+    from otel_train import _recorder
+    from otel_train._worker import _dumps
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    Pair = namedtuple("Pair", "a b")
+
+    class StepFailed(Exception):  # a class the exporter process could not import
+        pass
+
+    record = (0, "train.forward", 7, None, (1, 1), 10, 20,
+              {"t": torch.ones(2, 3), "size": torch.Size([2, 3]), "lvl": Level.HIGH, "pair": Pair(1, 2),
+               "f": torch.tensor(0.5).numpy().dtype.type(0.5), "plain": "x", "n": 4}, StepFailed, None)
+    loaded = pickle.loads(_dumps(("batch", [(False, [record])], 0, {})))
+    (_, [(_, [out])], _, _) = loaded
+    attrs = out[7]
+    assert attrs["t"] == "<tensor shape=(2, 3) dtype=torch.float32 device=cpu>"
+    assert attrs["size"] == (2, 3) and type(attrs["size"]) is tuple
+    assert attrs["lvl"] == 3 and type(attrs["lvl"]) is int
+    assert attrs["pair"] == (1, 2) and type(attrs["pair"]) is tuple
+    assert attrs["f"] == 0.5 and type(attrs["f"]) is float
+    assert (attrs["plain"], attrs["n"]) == ("x", 4)
+    assert out[8] == "StepFailed"  # the exception class, by name
+    assert _recorder.to_wire(out, 0)[_recorder.W_ERROR] == "StepFailed"
+    builtin = pickle.loads(_dumps((*record[:8], ValueError, None)))
+    assert builtin[8] is ValueError
+    assert out[:7] == record[:7]
