@@ -9,7 +9,9 @@ spans, and vs automatic instrumentation (`TorchTrainingInstrumentor`), exporting
 gRPC to a live local receiver in its own process (at idle CPU priority: it stands in for a
 collector on another machine). Background costs land inside the instrumented blocks: the
 worker runs during them, and what it has left at the end of a block is drained inside the
-block's timing. Overheads are the median over rounds of each round's own ratio (its blocks ran back to back);
+block's timing. Also the export pipeline's CPU per span stage by stage, measured alone
+(`export_*_us_per_span*`), fast path against general path. Overheads are the median over
+rounds of each round's own ratio (its blocks ran back to back);
 `step_noise_pct*` is the baseline's spread between rounds (IQR / median), the machine's noise
 to read them against. Output: one `name: value` line per figure.
 """
@@ -279,6 +281,88 @@ def bench_auto(work: _Workload, rounds: int, block_steps: int) -> dict[str, floa
             "overhead_pct": _paired_overhead_pct(plain, auto), "noise_pct": _noise_pct(plain)}
 
 
+# --- the export pipeline in isolation ---------------------------------------------------------
+def _small_step_records(steps: int) -> list[Any]:
+    """The hot-path tuples of `steps` small-benchmark steps (9 regions each), recorded by a
+    private recorder with empty region bodies."""
+    from otel_train import _recorder
+    from otel_train._clock import SystemClock
+
+    recorder = _recorder.Recorder(steps * 16, SystemClock())
+    previous = _recorder.active()
+    _recorder.install(recorder)
+    try:
+        for n in range(steps):
+            with _recorder._Step(n, None):
+                for mb in range(2):
+                    for name in (semconv.SPAN_DATA, semconv.SPAN_FORWARD, semconv.SPAN_BACKWARD):
+                        with _recorder._Region(name, **{_PHASE_ATTR: mb}):
+                            pass
+                with _recorder._Region(semconv.SPAN_OPTIMIZER):
+                    with _recorder._Region(_CLIP_SPAN):
+                        pass
+    finally:
+        _recorder.install(previous)
+    return list(recorder.buf)
+
+
+def bench_export_cpu(steps: int, rounds: int) -> dict[str, float]:
+    """CPU per span of each stage between the buffer and the wire, measured alone (best of
+    `rounds`): the worker's pickling, in the training process, and in the exporter process the
+    unpickling, span assembly with metrics, and OTLP encoding, on the fast path and on the
+    general path (what a record with an exception, an event or device time takes, and what
+    every record took before the fast path). Inside a real run the exporter shares cores
+    with training and pays about twice this (`exporter_cpu_us_per_step*`)."""
+    import pickle
+
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.resources import Resource
+
+    from otel_train._clock import SystemClock, wall_offset
+    from otel_train._distributed import RunInfo
+    from otel_train._metrics import TrainMetrics
+    from otel_train._otlp import LeanEncoder
+    from otel_train._spans import AttributeCleaner, SpanAssembler
+    from otel_train._worker import _SLICE, _dumps
+
+    records = _small_step_records(steps)
+    offset = wall_offset(SystemClock())
+    resource = {"service.name": "bench", "ml.run.id": "bench", "ml.rank": 0}
+    cpu = time.process_time_ns
+    best: dict[str, float] = {}
+
+    def keep(name: str, ns: int, count: int) -> None:
+        best[name] = min(best.get(name, float("inf")), ns / count / 1e3)
+
+    for _ in range(rounds):
+        t0 = cpu()
+        payloads = [_dumps(("batch", [(False, records[i:i + _SLICE])], offset, {}))
+                    for i in range(0, len(records), _SLICE)]
+        keep("export_pickle_us_per_span", cpu() - t0, len(records))
+        for fast in (True, False):
+            label = "fast" if fast else "general"
+            encoder = LeanEncoder(resource, semconv.SCOPE_NAME, "bench")
+            metrics = TrainMetrics(Resource(resource), None, 60_000, [InMemoryMetricReader()])
+            out: list[Any] = []
+            assembler = SpanAssembler(RunInfo(run_id="bench"), 1, Resource(resource), AttributeCleaner(2048),
+                                      out.extend, metrics=metrics, encoder=encoder)
+            assembler.fast = fast
+            t0 = cpu()
+            messages = [pickle.loads(payload) for payload in payloads]
+            t1 = cpu()
+            for message in messages:
+                assembler.feed_raw(message[1][0][1], offset)
+            assembler.flush()
+            t2 = cpu()
+            encoder.batches(out, 2048, 1 << 20)
+            t3 = cpu()
+            keep("export_unpickle_us_per_span", t1 - t0, len(records))
+            keep(f"export_assemble_us_per_span_{label}", t2 - t1, len(records))
+            keep(f"export_encode_us_per_span_{label}", t3 - t2, len(records))
+            keep(f"export_total_us_per_span_{label}", t3 - t0, len(records))
+    return best
+
+
 # --- the command --------------------------------------------------------------------------
 def _print(name: str, value: float | int | str) -> None:
     if isinstance(value, float):
@@ -321,6 +405,7 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
                             run_id=f"bench-{os.getpid()}-{mode}", metric_interval_ms=60000)
             if index == 0:
                 figures = bench_regions(tracer, provider.force_flush, region_n, region_rounds)
+                figures.update(bench_export_cpu(100 if quick else 2000, 2 if quick else 5))
                 for name, value in figures.items():
                     _print(name, value)
             large = bench_steps(_Workload("large"), rounds, block)

@@ -10,7 +10,8 @@ from procs import run_python
 REQUIRED = ["region_ns_floor", "region_ns_otel_train", "region_ns_otel_sdk", "region_ns_disabled",
             "sdk_over_otel_train", "step_ms_plain", "step_ms_instrumented", "step_overhead_pct",
             "step_ms_plain_small", "step_ms_instrumented_small", "step_overhead_pct_small",
-            "exporter_cpu_us_per_step", "worker_cpu_us_per_step", "receiver_spans"]
+            "exporter_cpu_us_per_step", "worker_cpu_us_per_step", "receiver_spans",
+            "export_total_us_per_span_fast", "export_total_us_per_span_general"]
 
 
 def test_bench_overhead_prints_every_figure_as_name_value() -> None:
