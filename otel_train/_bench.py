@@ -313,20 +313,34 @@ def bench_export_cpu(steps: int, rounds: int) -> dict[str, float]:
     general path (what a record with an exception, an event or device time takes, and what
     every record took before the fast path). Inside a real run the exporter shares cores
     with training and pays about twice this (`exporter_cpu_us_per_step*`)."""
+    import gc
+
+    from otel_train._clock import SystemClock, wall_offset
+
+    records = _small_step_records(steps)
+    offset = wall_offset(SystemClock())
+    # As in the exporter process (`gc.freeze()` after its setup): this process's heap (models,
+    # the SDK) is not what a collection triggered here would have to scan there.
+    gc.collect()
+    gc.freeze()
+    try:
+        return _export_cpu(records, offset, rounds)
+    finally:
+        gc.unfreeze()
+
+
+def _export_cpu(records: list[Any], offset: int, rounds: int) -> dict[str, float]:
     import pickle
 
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from opentelemetry.sdk.resources import Resource
 
-    from otel_train._clock import SystemClock, wall_offset
     from otel_train._distributed import RunInfo
     from otel_train._metrics import TrainMetrics
     from otel_train._otlp import LeanEncoder
     from otel_train._spans import AttributeCleaner, SpanAssembler
     from otel_train._worker import _SLICE, _dumps
 
-    records = _small_step_records(steps)
-    offset = wall_offset(SystemClock())
     resource = {"service.name": "bench", "ml.run.id": "bench", "ml.rank": 0}
     cpu = time.process_time_ns
     best: dict[str, float] = {}
