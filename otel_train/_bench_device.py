@@ -95,11 +95,24 @@ def _build(torch: Any, device: str) -> tuple[Any, Any, Any, Any]:
     return model, opt, x, y
 
 
+def train_instrumented(torch: Any, model: Any, opt: Any, x: Any, y: Any, steps: int) -> None:
+    """`steps` steps with explicit step and phase spans (the GPU tests train the same way)."""
+    import otel_train
+
+    for _ in range(steps):
+        with otel_train.step():
+            with otel_train.span(semconv.SPAN_FORWARD):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+            with otel_train.span(semconv.SPAN_BACKWARD):
+                loss.backward()
+            with otel_train.span(semconv.SPAN_OPTIMIZER):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+
 def _loop(torch: Any, model: Any, opt: Any, x: Any, y: Any, steps: int, instrument: bool,
           counter: SyncCounter | None) -> float:
     """Run `steps` steps; returns wall ms per step (the final device sync included, not counted)."""
-    import otel_train
-
     def sync() -> None:
         if x.is_cuda:
             torch.cuda.synchronize()  # CPU-GPU sync point: the bench's own, outside the count
@@ -108,17 +121,10 @@ def _loop(torch: Any, model: Any, opt: Any, x: Any, y: Any, steps: int, instrume
     if counter is not None:
         counter.active = True
     t0 = time.perf_counter()
-    for _ in range(steps):
-        if instrument:
-            with otel_train.step():
-                with otel_train.span(semconv.SPAN_FORWARD):
-                    loss = torch.nn.functional.mse_loss(model(x), y)
-                with otel_train.span(semconv.SPAN_BACKWARD):
-                    loss.backward()
-                with otel_train.span(semconv.SPAN_OPTIMIZER):
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-        else:
+    if instrument:
+        train_instrumented(torch, model, opt, x, y, steps)
+    else:
+        for _ in range(steps):
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()
             opt.step()

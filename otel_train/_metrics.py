@@ -231,7 +231,7 @@ class TrainMetrics:
             histogram = self.phase_duration
             return histogram.bounds, histogram.windows(name, {semconv.METRIC_ATTR_PHASE: name})
         histogram = self._by_span.get(name)
-        if histogram is None or name == semconv.SPAN_STEP:
+        if histogram is None:
             return (), []
         return histogram.bounds, histogram.windows()
 

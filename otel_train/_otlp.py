@@ -107,7 +107,6 @@ class LeanEncoder:
         self._names: dict[str, bytes] = {}
         self._float_prefixes: dict[str, bytes] = {}
         self._keys: dict[str, bytes] = {}
-        self.kv = self._kv
 
     def batches(self, spans: Sequence[tuple[Any, ...]], max_spans: int, max_bytes: int) -> list[LeanSpanBatch]:
         """`spans` (`_spans.SpanAssembler._build`'s lean tuples) as `ExportTraceServiceRequest`s of
@@ -138,7 +137,7 @@ class LeanEncoder:
     def _kv_uncached(key: str, value: Any) -> bytes:
         return _str_field(1, key) + _len_field(2, _any_value(value))
 
-    def _kv(self, key: str, value: Any) -> bytes:
+    def kv(self, key: str, value: Any) -> bytes:
         """One `KeyValue` field (tag included), cached by key, value and its type."""
         cache_key = (key, type(value), value if not isinstance(value, list) else tuple(value))
         try:
@@ -195,7 +194,7 @@ class LeanEncoder:
         """One float `Span.attributes` field; only its key's part is cached (the value rarely repeats)."""
         prefix = self._float_prefixes.get(key)
         if prefix is None:
-            key_field = _str_field(1, key)
+            key_field = self._keys.get(key) or self._key(key)
             prefix = self._float_prefixes[key] = (_tag(9, 2) + _varint(len(key_field) + 11) + key_field
                                                   + b"\x12\x09\x21")  # value: AnyValue{double_value}
         return prefix + _DOUBLE.pack(value)
@@ -204,7 +203,7 @@ class LeanEncoder:
         if not attrs:
             return b""
         if field == 9:
-            return b"".join([self._kv(k, v) for k, v in attrs.items()])
+            return b"".join([self.kv(k, v) for k, v in attrs.items()])
         return b"".join([_len_field(field, self._kv_uncached(k, v)) for k, v in attrs.items()])
 
     def _name(self, name: str) -> bytes:
@@ -227,7 +226,7 @@ class LeanEncoder:
             head = _IDS.pack(b"\x0a\x10", trace_id >> 64, trace_id & _MASK64, b"\x12\x08", span_id)
         parts = [head, name_field, _TIMES.pack(_KIND_INTERNAL, 0x39, start, 0x41, end)]
         if attrs:
-            kv = self._kv
+            kv = self.kv
             parts += [kv(k, v) for k, v in attrs.items()]
         if events or links or status_code or status_message:
             parts.append(self._rare(events, links, status_code, status_message))

@@ -24,8 +24,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_train import semconv
-from otel_train._distributed import (RunInfo, parse_traceparent, region_span_id, step_span_id, trace_id_for,
-                                     wire_id)
+from otel_train._distributed import (RunInfo, parse_traceparent, region_span_id, region_wire_id, step_span_id,
+                                     trace_id_for, wire_id)
 from otel_train._metrics import TrainMetrics
 from otel_train._otlp import LeanEncoder
 from otel_train._recorder import (KIND_EVENT, KIND_SPAN, KIND_STEP, KIND_TAG, W_ATTRS, W_DEV, W_ERROR,
@@ -40,7 +40,6 @@ _MAX_ORPHANS = 1024  # tags/events waiting for a step record that may never come
 _SCALARS = (str, bool, int, float)
 _CACHE_MAX = 4096  # per-step and per-attribute caches of the fast path are cleared past this
 _NO_LOCK = nullcontext()
-_MASK64 = (1 << 64) - 1
 
 
 class AttributeCleaner:
@@ -149,11 +148,9 @@ class SpanAssembler:
         self.emit = emit
         self.step_sample = step_sample
         self.metrics = metrics
-        self.observe = metrics.observe if metrics is not None else None
         self.scope = InstrumentationScope(semconv.SCOPE_NAME, version)
-        self.encoder = encoder
-        self.lean = encoder is not None  # plain tuples (or bytes) for `encoder`, not ReadableSpans
-        self.fast = self.lean  # `feed_raw` may encode usual regions directly (tests turn it off)
+        self.encoder = encoder  # if set: plain tuples (or bytes) for it, not ReadableSpans
+        self.fast = encoder is not None  # `feed_raw` may encode usual records directly (tests turn it off)
         self._windows: dict[str, tuple[Sequence[float], list[Any]]] = {}
         self._attr_kvs: dict[tuple[str, str, type, Any], bytes] = {}
         self._fast_steps: dict[int | None, tuple[bytes, int | None, bytes, bool]] = {}
@@ -233,14 +230,13 @@ class SpanAssembler:
         trace_field, step_wire, step_kv, sampled, _ = step
         if not sampled:
             return True
-        salt = self.salt
         if parent_seq is not None:
-            parent_wire = ((parent_seq * 0x9E3779B97F4A7C15) ^ salt) & _MASK64 or 1  # region_wire_id
+            parent_wire = region_wire_id(self.salt, parent_seq)
         elif step_seq is not None:
             parent_wire = step_wire
         else:
             parent_wire = None
-        out.append(self.encoder.region(name, trace_field, ((seq * 0x9E3779B97F4A7C15) ^ salt) & _MASK64 or 1,  # type: ignore[union-attr]
+        out.append(self.encoder.region(name, trace_field, region_wire_id(self.salt, seq),  # type: ignore[union-attr]
                                        parent_wire, t0, t1, user + step_kv if step_kv else user))
         return True
 
@@ -254,10 +250,9 @@ class SpanAssembler:
             found: tuple[bytes, int | None, bytes, bool, int | None] = (
                 LeanEncoder.trace_field(self._trace_id(None)), None, b"", True, None)
         else:
-            run = self.run
-            root = None if run.rank == 0 else wire_id(step_span_id(run.run_id, step_n, 0, run.restart))
+            root = self._root_step_id(step_n)
             found = (LeanEncoder.trace_field(self._trace_id(step_n)), wire_id(self._step_span_id(step_n)),
-                     self._step_number(step_n), self._sampled(step_n), root)
+                     self._step_number(step_n), self._sampled(step_n), wire_id(root) if root else None)
         self._fast_steps[step_n] = found
         return found
 
@@ -408,8 +403,7 @@ class SpanAssembler:
                                            wire[W_T0], wire[W_T1], self._step_attributes(attrs, step_kv),
                                            remote=root_wire is not None))
             return
-        run = self.run
-        parent = None if run.rank == 0 else step_span_id(run.run_id, step_n, 0, run.restart)
+        parent = self._root_step_id(step_n)
         out.append(self._build(semconv.SPAN_STEP, self._trace_id(step_n), self._step_span_id(step_n), parent,
                                parent is not None, wire, attrs, held.events, wire[W_LINKS]))
 
@@ -429,6 +423,11 @@ class SpanAssembler:
             cached = self._step_ids[step_n] = step_span_id(run.run_id, step_n, run.rank, run.restart)
         return cached
 
+    def _root_step_id(self, step_n: int) -> int | None:
+        """The parent of this rank's step span: rank 0's step span (None on rank 0)."""
+        run = self.run
+        return None if run.rank == 0 else step_span_id(run.run_id, step_n, 0, run.restart)
+
     def _trace_id(self, step_n: int | None) -> int:
         trace_id = self._trace_ids.get(step_n)
         if trace_id is None:
@@ -446,7 +445,7 @@ class SpanAssembler:
         if error:
             attrs[semconv.ERROR_TYPE] = error
         link_ids = self._link_ids(links)
-        if self.lean:
+        if self.encoder is not None:
             return (name, trace_id, span_id, parent_id, parent_remote, wire[W_T0], wire[W_T1], attrs,
                     [(n, t, self.cleaner.clean(n, a)) for n, t, a in events] if events else None,
                     link_ids, StatusCode.ERROR.value if error else 0, error)
@@ -479,9 +478,9 @@ class SpanAssembler:
         return links
 
     def _observe_span(self, name: str, wire: tuple[Any, ...], attrs: Mapping[str, Any]) -> None:
-        if self.observe is not None:
-            self.observe(name, (wire[W_T1] - wire[W_T0]) / 1e9, attrs)
+        if self.metrics is not None:
+            self.metrics.observe(name, (wire[W_T1] - wire[W_T0]) / 1e9, attrs)
 
     def _observe_step(self, time_s: float, attrs: Mapping[str, Any]) -> None:
-        if self.observe is not None:
-            self.observe(semconv.SPAN_STEP, time_s, attrs)
+        if self.metrics is not None:
+            self.metrics.observe(semconv.SPAN_STEP, time_s, attrs)

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 import otel_train  # noqa: E402
 from otel_train import _device, _runtime, semconv  # noqa: E402
-from otel_train._bench_device import SyncCounter  # noqa: E402
+from otel_train._bench_device import SyncCounter, train_instrumented  # noqa: E402
 
 PHASES = (semconv.SPAN_FORWARD, semconv.SPAN_BACKWARD, semconv.SPAN_OPTIMIZER)
 
@@ -48,15 +48,7 @@ def _model() -> tuple[Any, Any, Any, Any]:
 
 
 def _train(model: Any, opt: Any, x: Any, y: Any, steps: int) -> None:
-    for _ in range(steps):
-        with otel_train.step():
-            with otel_train.span(semconv.SPAN_FORWARD):
-                loss = torch.nn.functional.mse_loss(model(x), y)
-            with otel_train.span(semconv.SPAN_BACKWARD):
-                loss.backward()
-            with otel_train.span(semconv.SPAN_OPTIMIZER):
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+    train_instrumented(torch, model, opt, x, y, steps)
 
 
 @pytest.fixture
