@@ -564,11 +564,16 @@ def test_global_module_hooks_give_way_to_hooks_on_the_root_only(run: Run) -> Non
     from torch.nn.modules import module as nn_module
 
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    loss_fn = nn.MSELoss()  # a root too, but never a forward: it keeps torch's fast path
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    _train_steps(model, opt, 5)
+    for _ in range(5):
+        loss_fn(model(torch.randn(2, 4)), torch.zeros(2, 1)).backward()
+        opt.step()
+        opt.zero_grad()
     # Any global module hook would send every submodule call down torch's slow path.
     assert not nn_module._global_forward_pre_hooks and not nn_module._global_forward_hooks
     assert model._forward_pre_hooks and model._forward_hooks
+    assert not loss_fn._forward_pre_hooks and not loss_fn._forward_hooks
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.children())
     run.finish()  # also checks the span tree invariants
     steps = [s for s in run.exporter.get_finished_spans() if s.name == semconv.SPAN_STEP]
