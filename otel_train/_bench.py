@@ -11,13 +11,16 @@ collector on another machine). Background costs land inside the instrumented blo
 worker runs during them, and what it has left at the end of a block is drained inside the
 block's timing. Also the export pipeline's CPU per span stage by stage, measured alone
 (`export_*_us_per_span*`), fast path against general path. Overheads are the median over
-rounds of each round's own ratio (its blocks ran back to back);
-`step_noise_pct*` is the baseline's spread between rounds (IQR / median), the machine's noise
-to read them against. Output: one `name: value` line per figure.
+rounds of each round's own ratio (its blocks ran back to back, in alternating order), with a
+distribution-free 95 % confidence interval for that median (`*_ci95_lo`, `*_ci95_hi`): a target
+is shown met only when the interval's upper end is within it. `step_noise_pct*` is the
+baseline's spread between rounds (IQR / median), the machine's noise. Output: one
+`name: value` line per figure.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import subprocess
@@ -226,18 +229,27 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
     inst: list[float] = []
     sdk: list[float] = []
     worker_cpu = child_cpu = inst_steps = 0
-    for _ in range(rounds):
+    def run_plain() -> None:
         plain.append(_timed_block(work.plain, block_steps))
+
+    def run_instrumented() -> None:
+        nonlocal worker_cpu, child_cpu, inst_steps
         w0, c0 = worker.cpu_ns(), exporter_cpu()
         inst.append(_timed_block(work.instrumented, block_steps, export_settle))
         worker_cpu += worker.cpu_ns() - w0
         child_cpu += exporter_cpu() - c0
         inst_steps += block_steps
-        if sdk_tracer is not None:
-            sdk.append(_timed_block(lambda: work.sdk(sdk_tracer), block_steps, sdk_settle))
+
+    def run_sdk() -> None:
+        sdk.append(_timed_block(lambda: work.sdk(sdk_tracer), block_steps, sdk_settle))
+
+    for blocks in _alternating(rounds, [run_plain, run_instrumented] + ([run_sdk] if sdk_tracer is not None else [])):
+        for block in blocks:
+            block()
     out: dict[str, Any] = {
         "plain": statistics.median(plain), "instrumented": statistics.median(inst),
         "overhead_pct": _paired_overhead_pct(plain, inst),
+        "overhead_ci95_pct": _paired_ci95_pct(plain, inst),
         "noise_pct": _noise_pct(plain),
         "worker_cpu_us_per_step": worker_cpu / inst_steps / 1e3,
         "exporter_cpu_us_per_step": child_cpu / inst_steps / 1e3,
@@ -254,13 +266,32 @@ def _paired_overhead_pct(plain: list[float], other: list[float]) -> float:
     return 100 * statistics.median(o / p - 1 for p, o in zip(plain, other))
 
 
+def _alternating(rounds: int, blocks: list[Callable[[], None]]) -> Iterator[list[Callable[[], None]]]:
+    """Each round's blocks, in forward order on even rounds and reversed on odd ones: a machine
+    that slows down or speeds up over a round then favours neither side of a pair."""
+    for r in range(rounds):
+        yield blocks if r % 2 == 0 else blocks[::-1]
+
+
+def _paired_ci95_pct(plain: list[float], other: list[float]) -> tuple[float, float]:
+    """A distribution-free 95 % confidence interval for the median of the rounds' ratios (in %):
+    the order statistics that the binomial distribution puts around the median. It assumes
+    only that rounds are independent; with fewer than 6 rounds it is the whole range."""
+    ratios = sorted(100 * (o / p - 1) for p, o in zip(plain, other))
+    n = len(ratios)
+    j = 0  # the most order statistics to leave out on each side: P(Binomial(n, 1/2) < j) <= 2.5 %
+    while j < n // 2 and sum(math.comb(n, i) for i in range(j + 1)) / 2 ** n <= 0.025:
+        j += 1
+    return (ratios[j - 1], ratios[n - j]) if j else (ratios[0], ratios[-1])
+
+
 def _noise_pct(plain: list[float]) -> float:
     """Spread of the baseline between rounds (interquartile range / median): the machine's noise."""
     q = statistics.quantiles(plain, n=4)
     return 100 * (q[2] - q[0]) / statistics.median(plain)
 
 
-def bench_auto(work: _Workload, rounds: int, block_steps: int) -> dict[str, float]:
+def bench_auto(work: _Workload, rounds: int, block_steps: int) -> dict[str, Any]:
     """The plain step under automatic instrumentation (hooks installed only for those blocks)."""
     from otel_train import _runtime
     from otel_train.instrumentation import TorchTrainingInstrumentor
@@ -270,15 +301,22 @@ def bench_auto(work: _Workload, rounds: int, block_steps: int) -> dict[str, floa
     instrumentor = TorchTrainingInstrumentor()
     plain: list[float] = []
     auto: list[float] = []
-    for _ in range(rounds):
+    def run_plain() -> None:
         plain.append(_timed_block(work.plain, block_steps))
+
+    def run_auto() -> None:
         instrumentor.instrument()
         for _ in range(2):  # one-time work (first detection decisions) is not a per-step cost
             work.plain()
         auto.append(_timed_block(work.plain, block_steps, settle))
         instrumentor.uninstrument()
+
+    for blocks in _alternating(rounds, [run_plain, run_auto]):
+        for block in blocks:
+            block()
     return {"plain": statistics.median(plain), "auto": statistics.median(auto),
-            "overhead_pct": _paired_overhead_pct(plain, auto), "noise_pct": _noise_pct(plain)}
+            "overhead_pct": _paired_overhead_pct(plain, auto),
+            "overhead_ci95_pct": _paired_ci95_pct(plain, auto), "noise_pct": _noise_pct(plain)}
 
 
 # --- the export pipeline in isolation ---------------------------------------------------------
@@ -384,6 +422,11 @@ def _print(name: str, value: float | int | str) -> None:
     print(f"{name}: {value}", flush=True)
 
 
+def _print_ci(name: str, ci: tuple[float, float]) -> None:
+    _print(f"{name}_ci95_lo", ci[0])
+    _print(f"{name}_ci95_hi", ci[1])
+
+
 def _sdk_tracer(endpoint: str) -> tuple[Any, Any]:
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
@@ -401,11 +444,11 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
     import otel_train
     from otel_train import _runtime
 
-    # Blocks of about three seconds, six flush intervals: what the export pipeline holds at the
+    # Blocks of about two and a half seconds, five flush intervals: what the export pipeline holds at the
     # end of a block (up to an interval not yet drained, and what the exporter process has not
     # caught up with) is charged to the block at its full CPU cost by the settle, and a short
     # block would be mostly that tail rather than the steady state a training run lives in.
-    rounds, block, region_n, region_rounds = (3, 5, 1000, 3) if quick else (9, 180, 2000, 25)
+    rounds, block, region_n, region_rounds = (3, 5, 1000, 3) if quick else (15, 120, 2000, 25)
     receiver = _Receiver()
     provider, tracer = _sdk_tracer(receiver.endpoint)
     try:
@@ -429,6 +472,7 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
                 _print(f"step_ms_plain{label}{suffix}", res["plain"])
                 _print(f"step_ms_instrumented{label}{suffix}", res["instrumented"])
                 _print(f"step_overhead_pct{label}{suffix}", res["overhead_pct"])
+                _print_ci(f"step_overhead_pct{label}{suffix}", res["overhead_ci95_pct"])
                 _print(f"step_noise_pct{label}{suffix}", res["noise_pct"])
                 _print(f"worker_cpu_us_per_step{label}{suffix}", res["worker_cpu_us_per_step"])
                 _print(f"exporter_cpu_us_per_step{label}{suffix}", res["exporter_cpu_us_per_step"])
@@ -441,6 +485,7 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
                     _print(f"step_ms_plain_auto_baseline{label}", res["plain"])
                     _print(f"step_ms_auto{label}", res["auto"])
                     _print(f"step_overhead_pct_auto{label}", res["overhead_pct"])
+                    _print_ci(f"step_overhead_pct_auto{label}", res["overhead_ci95_pct"])
                     _print(f"step_noise_pct_auto{label}", res["noise_pct"])
             otel_train.shutdown()
         provider.shutdown()

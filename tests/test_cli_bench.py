@@ -11,7 +11,9 @@ REQUIRED = ["region_ns_floor", "region_ns_otel_train", "region_ns_otel_sdk", "re
             "sdk_over_otel_train", "step_ms_plain", "step_ms_instrumented", "step_overhead_pct",
             "step_ms_plain_small", "step_ms_instrumented_small", "step_overhead_pct_small",
             "exporter_cpu_us_per_step", "worker_cpu_us_per_step", "receiver_spans",
-            "export_total_us_per_span_fast", "export_total_us_per_span_general"]
+            "export_total_us_per_span_fast", "export_total_us_per_span_general",
+            "step_overhead_pct_ci95_lo", "step_overhead_pct_ci95_hi",
+            "step_overhead_pct_small_ci95_lo", "step_overhead_pct_small_ci95_hi"]
 
 
 def test_bench_overhead_prints_every_figure_as_name_value() -> None:
@@ -52,3 +54,19 @@ def test_quickstart_example_leaves_traces_on_the_embedded_default(tmp_path) -> N
     assert sorted(steps) == list(range(20))
     assert steps[19]["attributes"]["train.step.tags"] == ["checkpoint", "eval"]
     assert sum(s["name"] == "train.forward" for s in spans) == 40
+
+
+def test_overhead_interval_is_the_binomial_order_statistics_around_the_median() -> None:
+    from otel_train._bench import _alternating, _paired_ci95_pct
+
+    # Ratios 0 %, 1 %, ... in shuffled rounds: the interval is read off the sorted ratios.
+    plain = [2.0] * 15
+    other = [2.0 * (1 + k / 100) for k in (7, 3, 14, 0, 9, 1, 12, 5, 2, 13, 4, 11, 6, 10, 8)]
+    lo, hi = _paired_ci95_pct(plain, other)
+    assert (round(lo, 6), round(hi, 6)) == (3.0, 11.0)  # the 4th and 12th of 15 (96.5 % coverage)
+    lo, hi = _paired_ci95_pct(plain[:9], [2.0 * (1 + k / 100) for k in range(9)])
+    assert (round(lo, 6), round(hi, 6)) == (1.0, 7.0)  # the 2nd and 8th of 9 (96.1 %)
+    lo, hi = _paired_ci95_pct([1.0] * 3, [1.0, 1.1, 1.2])  # too few rounds: the whole range
+    assert (round(lo, 6), round(hi, 6)) == (0.0, 20.0)
+    order = [[block.__name__ for block in blocks] for blocks in _alternating(3, [str, int])]
+    assert order == [["str", "int"], ["int", "str"], ["str", "int"]]
