@@ -243,9 +243,7 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
     def run_sdk() -> None:
         sdk.append(_timed_block(lambda: work.sdk(sdk_tracer), block_steps, sdk_settle))
 
-    for blocks in _alternating(rounds, [run_plain, run_instrumented] + ([run_sdk] if sdk_tracer is not None else [])):
-        for block in blocks:
-            block()
+    _run_alternating(rounds, [run_plain, run_instrumented] + ([run_sdk] if sdk_tracer is not None else []))
     out: dict[str, Any] = {
         "plain": statistics.median(plain), "instrumented": statistics.median(inst),
         "overhead_pct": _paired_overhead_pct(plain, inst),
@@ -266,11 +264,12 @@ def _paired_overhead_pct(plain: list[float], other: list[float]) -> float:
     return 100 * statistics.median(o / p - 1 for p, o in zip(plain, other))
 
 
-def _alternating(rounds: int, blocks: list[Callable[[], None]]) -> Iterator[list[Callable[[], None]]]:
-    """Each round's blocks, in forward order on even rounds and reversed on odd ones: a machine
-    that slows down or speeds up over a round then favours neither side of a pair."""
+def _run_alternating(rounds: int, blocks: list[Callable[[], None]]) -> None:
+    """Run `rounds` rounds of `blocks`, in forward order on even rounds and reversed on odd
+    ones: a machine that slows down or speeds up over a round then favours neither side of a pair."""
     for r in range(rounds):
-        yield blocks if r % 2 == 0 else blocks[::-1]
+        for block in blocks if r % 2 == 0 else blocks[::-1]:
+            block()
 
 
 def _paired_ci95_pct(plain: list[float], other: list[float]) -> tuple[float, float]:
@@ -311,9 +310,7 @@ def bench_auto(work: _Workload, rounds: int, block_steps: int) -> dict[str, Any]
         auto.append(_timed_block(work.plain, block_steps, settle))
         instrumentor.uninstrument()
 
-    for blocks in _alternating(rounds, [run_plain, run_auto]):
-        for block in blocks:
-            block()
+    _run_alternating(rounds, [run_plain, run_auto])
     return {"plain": statistics.median(plain), "auto": statistics.median(auto),
             "overhead_pct": _paired_overhead_pct(plain, auto),
             "overhead_ci95_pct": _paired_ci95_pct(plain, auto), "noise_pct": _noise_pct(plain)}
@@ -444,10 +441,11 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
     import otel_train
     from otel_train import _runtime
 
-    # Blocks of about two and a half seconds, five flush intervals: what the export pipeline holds at the
-    # end of a block (up to an interval not yet drained, and what the exporter process has not
-    # caught up with) is charged to the block at its full CPU cost by the settle, and a short
-    # block would be mostly that tail rather than the steady state a training run lives in.
+    # Blocks of about two and a half seconds, five flush intervals: what the export pipeline
+    # holds at the end of a block (up to an interval not yet drained, and what the exporter
+    # process has not caught up with) is charged to the block at its full CPU cost by the
+    # settle, and a short block would be mostly that tail rather than the steady state a
+    # training run lives in.
     rounds, block, region_n, region_rounds = (3, 5, 1000, 3) if quick else (15, 120, 2000, 25)
     receiver = _Receiver()
     provider, tracer = _sdk_tracer(receiver.endpoint)
