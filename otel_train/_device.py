@@ -231,6 +231,12 @@ class DeviceTiming:
         if torch is None:
             return False
         try:
+            if not _accelerator_built(torch):
+                # A CPU-only build: nothing can ever be timed; stop paying for the look each step.
+                self.settled = True
+                if _timing is self:
+                    _publish()
+                return False
             if torch.cuda.is_initialized():
                 return self.use_device("cuda")
             xpu = getattr(torch, "xpu", None)
@@ -264,6 +270,13 @@ class DeviceTiming:
                 return
             pool = self.pool
         step.dev = pool.take()  # type: ignore[union-attr]
+
+
+def _accelerator_built(torch: Any) -> bool:
+    """Whether this torch build has any accelerator `probe` looks for (compile-time facts)."""
+    xpu = getattr(torch, "xpu", None)
+    return bool(torch.backends.cuda.is_built() or torch.backends.mps.is_built()
+                or (xpu is not None and getattr(xpu, "_is_compiled", lambda: True)()))
 
 
 def _device_of(where: Any) -> tuple[str | None, int | None]:

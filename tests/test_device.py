@@ -225,6 +225,36 @@ def test_use_device_picks_the_model_device(harness: Harness) -> None:
     harness.finish()
 
 
+def _builds(monkeypatch: pytest.MonkeyPatch, cuda: bool) -> Any:
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: cuda)
+    monkeypatch.setattr(torch.backends.mps, "is_built", lambda: False)
+    if hasattr(torch, "xpu"):
+        monkeypatch.setattr(torch.xpu, "_is_compiled", lambda: False, raising=False)
+    return torch
+
+
+def test_probe_stops_looking_on_a_build_without_accelerators(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = _builds(monkeypatch, cuda=False)
+    looked: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: looked.append(1) or False)
+    timing = _device.DeviceTiming()
+    assert timing.probe() is False and timing.settled and timing.pool is None
+    assert timing.probe() is False and looked == []  # settled: later steps do not look again
+
+
+def test_probe_keeps_looking_on_a_cuda_build_until_cuda_is_initialised(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = _builds(monkeypatch, cuda=True)
+    initialised = [False]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialised[0])
+    timing = _device.DeviceTiming()
+    chosen: list[Any] = []
+    monkeypatch.setattr(timing, "use_device", lambda where: chosen.append(where) or True)
+    assert timing.probe() is False and not timing.settled
+    initialised[0] = True  # the loop moved its model to the GPU
+    assert timing.probe() is True and chosen == ["cuda"]
+
+
 # --- the anchor: device times on the host clock -------------------------------------------
 def test_anchor_is_exact_from_an_idle_device_and_tightens_at_a_natural_sync(harness: Harness,
                                                                               fake: FakeDevice) -> None:
