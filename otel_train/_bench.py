@@ -435,6 +435,29 @@ def _sdk_tracer(endpoint: str) -> tuple[Any, Any]:
     return provider, provider.get_tracer("bench")
 
 
+def bench_spare_core(rounds: int, block_steps: int) -> None:
+    """The small step again with torch's intra-op threads one fewer than the cores it had.
+
+    With every core an intra-op thread, each parallel op waits for its slowest thread, so
+    any other CPU work (the exporter, the worker, anything) costs the step about twice its own
+    time; a node that leaves a core to such work (as GPU nodes do) sees about its CPU cost."""
+    import torch
+
+    threads = torch.get_num_threads()
+    if threads < 2:
+        return
+    torch.set_num_threads(threads - 1)
+    try:
+        res = bench_steps(_Workload("small"), rounds, block_steps)
+    finally:
+        torch.set_num_threads(threads)
+    _print("torch_threads_spare_core", threads - 1)
+    _print("step_ms_plain_small_spare_core", res["plain"])
+    _print("step_overhead_pct_small_spare_core", res["overhead_pct"])
+    _print_ci("step_overhead_pct_small_spare_core", res["overhead_ci95_pct"])
+    _print("step_noise_pct_small_spare_core", res["noise_pct"])
+
+
 def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thread")) -> int:
     import torch
 
@@ -485,6 +508,7 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
                     _print(f"step_overhead_pct_auto{label}", res["overhead_pct"])
                     _print_ci(f"step_overhead_pct_auto{label}", res["overhead_ci95_pct"])
                     _print(f"step_noise_pct_auto{label}", res["noise_pct"])
+                bench_spare_core(rounds, block * 6)
             otel_train.shutdown()
         provider.shutdown()
         _print("receiver_spans", receiver.spans())
