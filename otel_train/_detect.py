@@ -1,13 +1,14 @@
 """Step and phase detection for unmodified PyTorch training loops: the hooks and the state machine.
 
-`install()` uses torch's own hooks where torch has them and patches (with `wrapt`) only where
-it has none; `uninstall()` undoes every one. What each hook sees becomes (CONVENTIONS.md §3):
+`install()` uses torch's own hooks where torch has them and patches only where it has none
+(plain functions for what runs every step, wrapt for the rest); `uninstall()` undoes every one. What each hook sees becomes (CONVENTIONS.md §3):
 
 | source                                                        | span                              |
 |---------------------------------------------------------------|-----------------------------------|
 | global module forward pre/post hooks, outermost module only   | `train.forward`, or `train.eval`  |
 | `torch.autograd.backward` (patched; `Tensor.backward` calls it) | `train.backward`                |
 | global optimizer step pre/post hooks                          | `train.optimizer`, step boundary  |
+| `GradScaler.step` (also when it skips the optimizer's step)   | `train.optimizer`, step boundary  |
 | `Optimizer.zero_grad`, `Module.zero_grad`, `clip_grad_norm_`  | `train.optimizer` inside a step   |
 | `_BaseDataLoaderIter.__next__` and the `Tensor.to` calls after it | `train.data`                  |
 | `torch.save`, `torch.distributed.checkpoint.save/load`        | `train.checkpoint`                |
@@ -119,7 +120,7 @@ class _State:
     __slots__ = ("step", "boundary", "opt_end", "last_end", "stepped", "mb", "mb_fwd", "mb_bwd",
                  "pending", "data_driven", "train_src", "train_iter", "epoch", "epoch_fixed", "uses_opt",
                  "fetching", "fwd_depth", "fwd_kind", "fwd_region", "bwd_depth", "opt_depth", "opt_region",
-                 "opt_owner", "opt_closure", "aux_depth", "ckpt_depth", "coll_depth", "eval_t0", "eval_t1",
+                 "opt_owner", "opt_closure", "scaling", "aux_depth", "ckpt_depth", "coll_depth", "eval_t0", "eval_t1",
                  "eval_data", "eval_module", "eval_region", "eval_explicit", "gc_t0", "lazy")
 
     def __init__(self) -> None:
@@ -150,6 +151,7 @@ class _State:
         self.opt_region: _Region | None = None
         self.opt_owner: Any = None
         self.opt_closure = False
+        self.scaling = False  # inside GradScaler.step: its optimizer's own step() is nested
         self.aux_depth = 0
         self.ckpt_depth = 0
         self.coll_depth = 0
@@ -526,7 +528,7 @@ def _optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
         return None
     s = _s
     if s.opt_depth:
-        stale = optimizer is s.opt_owner or (
+        stale = (optimizer is s.opt_owner and not s.scaling) or (
             s.opt_region is not None and _recorder.current_region() is not s.opt_region)
         if not stale:
             s.opt_depth += 1  # an optimizer wrapping another one
@@ -575,6 +577,25 @@ def _optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
         s.opt_end = s.last_end = t
         s.stepped.append(id(optimizer))
     return None
+
+
+def _scaler_step_wrapper(wrapped: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """`GradScaler.step(optimizer)` is the update, whether or not the scaler found inf/NaN
+    gradients and skipped the optimizer's own `step()` (a skipped update is still a step)."""
+    if is_compiling() or _s.opt_depth:
+        return wrapped(*args, **kwargs)
+    optimizer = args[1] if len(args) > 1 else kwargs.get("optimizer")
+    if optimizer is None:
+        return wrapped(*args, **kwargs)
+    s = _s
+    _optimizer_pre_hook(optimizer, (), {})
+    s.scaling = True
+    try:
+        out = wrapped(*args, **kwargs)
+    finally:
+        s.scaling = False
+    _optimizer_post_hook(optimizer, (), {})
+    return out
 
 
 def _optimizer_aux_wrapper(wrapped: Callable[..., Any], args: Any, kwargs: Any) -> Any:
@@ -857,6 +878,7 @@ def install(lazy: bool = False) -> None:
     # shutdown() (explicit, at exit or on SIGTERM) first lets us close the last step at its real end.
     _runtime.before_shutdown(_at_exit)
 
+    import torch.amp.grad_scaler
     import torch.nn.utils
     import torch.nn.utils.clip_grad
     import torch.utils.data.dataloader as dataloader
@@ -867,6 +889,7 @@ def install(lazy: bool = False) -> None:
     _patch(torch.nn.utils, "clip_grad_norm_", _optimizer_aux_wrapper, lean=True)
     _patch(torch.nn.utils.clip_grad, "clip_grad_norm_", _optimizer_aux_wrapper, lean=True)
     _patch(dataloader._BaseDataLoaderIter, "__next__", _next_wrapper, lean=True)
+    _patch(torch.amp.grad_scaler.GradScaler, "step", _scaler_step_wrapper, lean=True)
     _patch(torch.Tensor, "to", _lean_to, factory=True)
     _patch(torch, "save", _checkpoint_wrapper)
     _patch(torch.serialization, "save", _checkpoint_wrapper)

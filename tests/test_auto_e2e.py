@@ -182,6 +182,7 @@ def launched(otlp_receiver: OTLPReceiver, tmp_path_factory: pytest.TempPathFacto
     add("workers", _python(str(SCENARIOS / "workers_auto.py")))
     add("plain", _run_module("plain_loop.py"))
     add("grad_accum", _run_module("grad_accum.py"))
+    add("amp", _run_module("amp_scaler.py"))
     add("manual_sgd", _run_module("manual_sgd.py"))
     add("eval", _run_module("eval_every_k.py"))
     add("checkpoint", _run_module("checkpoint_every_k.py", "."))
@@ -256,6 +257,16 @@ def test_gradient_accumulation_4(otlp_receiver: OTLPReceiver, launched: dict[str
     micro = [p for k in range(4) for p in ((DATA, k), (FWD, k), (BWD, k))]
     assert _shapes(t) == [micro + [(OPT, None)] * 3] * 4  # clip_grad_norm_, step, zero_grad
     assert all(v.attrs[semconv.TRAIN_MICRO_BATCHES] == 4 for v in t.steps.values())
+
+
+def test_grad_scaler_skipped_updates_are_still_steps(otlp_receiver: OTLPReceiver,
+                                                     launched: dict[str, Launched]) -> None:
+    run = launched["amp"]
+    t = _tree(otlp_receiver, run)
+    assert run.steps == 8 and run.outcome[0]["skipped"] == [0, 3]  # the scaler skipped opt.step() twice
+    # clip_grad_norm_, scaler.step (with opt.step() inside when not skipped), zero_grad
+    assert _shapes(t) == [[(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None), (OPT, None), (OPT, None)]] * 8
+    assert all(v.attrs[semconv.TRAIN_MICRO_BATCHES] == 1 for v in t.steps.values())
 
 
 def test_manual_sgd_without_optimizer(otlp_receiver: OTLPReceiver, launched: dict[str, Launched]) -> None:
