@@ -1,7 +1,8 @@
 """Step and phase detection for unmodified PyTorch training loops: the hooks and the state machine.
 
 `install()` uses torch's own hooks where torch has them and patches only where it has none
-(plain functions for what runs every step, wrapt for the rest); `uninstall()` undoes every one. What each hook sees becomes (CONVENTIONS.md §3):
+(plain functions for what runs every step, wrapt for the rest); `uninstall()` undoes every
+one. What each hook sees becomes (CONVENTIONS.md §3):
 
 | source                                                        | span                              |
 |---------------------------------------------------------------|-----------------------------------|
@@ -120,8 +121,8 @@ class _State:
     __slots__ = ("step", "boundary", "opt_end", "last_end", "stepped", "mb", "mb_fwd", "mb_bwd",
                  "pending", "data_driven", "train_src", "train_iter", "epoch", "epoch_fixed", "uses_opt",
                  "fetching", "fwd_depth", "fwd_kind", "fwd_region", "bwd_depth", "opt_depth", "opt_region",
-                 "opt_owner", "opt_closure", "scaling", "aux_depth", "ckpt_depth", "coll_depth", "eval_t0", "eval_t1",
-                 "eval_data", "eval_module", "eval_region", "eval_explicit", "gc_t0", "lazy")
+                 "opt_owner", "opt_closure", "scaling", "aux_depth", "ckpt_depth", "coll_depth", "eval_t0",
+                 "eval_t1", "eval_data", "eval_module", "eval_region", "eval_explicit", "gc_t0", "lazy")
 
     def __init__(self) -> None:
         self.reset()
@@ -582,12 +583,10 @@ def _optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
 def _scaler_step_wrapper(wrapped: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     """`GradScaler.step(optimizer)` is the update, whether or not the scaler found inf/NaN
     gradients and skipped the optimizer's own `step()` (a skipped update is still a step)."""
-    if is_compiling() or _s.opt_depth:
-        return wrapped(*args, **kwargs)
-    optimizer = args[1] if len(args) > 1 else kwargs.get("optimizer")
-    if optimizer is None:
-        return wrapped(*args, **kwargs)
     s = _s
+    optimizer = args[1] if len(args) > 1 else kwargs.get("optimizer")
+    if is_compiling() or s.opt_depth or optimizer is None:
+        return wrapped(*args, **kwargs)
     _optimizer_pre_hook(optimizer, (), {})
     s.scaling = True
     try:
@@ -943,7 +942,8 @@ def patch_once(owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
         _patch(owner, name, wrapper)
 
 
-def _patch(owner: Any, name: str, wrapper: Callable[..., Any], lean: bool = False, factory: bool = False) -> None:
+def _patch(owner: Any, name: str, wrapper: Callable[..., Any], lean: bool = False,
+           factory: bool = False) -> None:
     """Replace `owner.name` by a wrapt wrapper around it. `lean`, for what runs every step: by
     a plain function calling `wrapper(original, args, kwargs)` (a method's `self` is `args[0]`),
     ~0.1 µs a call where wrapt's binding costs 0.6-1.3 µs and trips torch.compile's guards when
