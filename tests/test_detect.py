@@ -427,6 +427,7 @@ def _functions() -> dict[str, Any]:
         "Module.zero_grad": vars(nn.Module)["zero_grad"], "clip_grad_norm_": torch.nn.utils.clip_grad_norm_,
         "clip_grad.clip_grad_norm_": torch.nn.utils.clip_grad.clip_grad_norm_,
         "__next__": vars(dataloader._BaseDataLoaderIter)["__next__"],
+        "GradScaler.step": vars(torch.amp.grad_scaler.GradScaler)["step"],
         "Tensor.to in Tensor.__dict__": "to" in vars(torch.Tensor), "torch.save": torch.save,
         "serialization.save": torch.serialization.save, "dist.all_reduce": dist.all_reduce,
         "c10d.all_reduce": dist.distributed_c10d.all_reduce, "dist.barrier": dist.barrier,
