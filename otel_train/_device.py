@@ -189,6 +189,7 @@ class DeviceTiming:
         self.pool: EventPool | None = None
         self.device_type: str | None = None
         self.settled = False  # an explicit choice (or an accelerator) was made: stop probing
+        self.built: bool | None = None  # this torch build has an accelerator (known at the first probe)
         self.region_probes = _REGION_PROBES
         self.dropped: deque[DeviceEvent] = deque()  # events of abandoned regions (training thread)
 
@@ -231,7 +232,9 @@ class DeviceTiming:
         if torch is None:
             return False
         try:
-            if not _accelerator_built(torch):
+            if self.built is None:
+                self.built = _accelerator_built(torch)
+            if not self.built:
                 # A CPU-only build: nothing can ever be timed; stop paying for the look each step.
                 self.settled = True
                 if _timing is self:

@@ -225,17 +225,19 @@ def test_use_device_picks_the_model_device(harness: Harness) -> None:
     harness.finish()
 
 
-def _builds(monkeypatch: pytest.MonkeyPatch, cuda: bool) -> Any:
+def _builds(monkeypatch: pytest.MonkeyPatch, cuda: bool) -> tuple[Any, list[int]]:
+    """torch, made to say whether it was built with CUDA; the list counts how often it was asked."""
     torch = pytest.importorskip("torch")
-    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: cuda)
+    asked: list[int] = []
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: asked.append(1) or cuda)
     monkeypatch.setattr(torch.backends.mps, "is_built", lambda: False)
     if hasattr(torch, "xpu"):
         monkeypatch.setattr(torch.xpu, "_is_compiled", lambda: False, raising=False)
-    return torch
+    return torch, asked
 
 
 def test_probe_stops_looking_on_a_build_without_accelerators(monkeypatch: pytest.MonkeyPatch) -> None:
-    torch = _builds(monkeypatch, cuda=False)
+    torch, _ = _builds(monkeypatch, cuda=False)
     looked: list[int] = []
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: looked.append(1) or False)
     timing = _device.DeviceTiming()
@@ -244,7 +246,7 @@ def test_probe_stops_looking_on_a_build_without_accelerators(monkeypatch: pytest
 
 
 def test_probe_keeps_looking_on_a_cuda_build_until_cuda_is_initialised(monkeypatch: pytest.MonkeyPatch) -> None:
-    torch = _builds(monkeypatch, cuda=True)
+    torch, asked = _builds(monkeypatch, cuda=True)
     initialised = [False]
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialised[0])
     timing = _device.DeviceTiming()
@@ -253,6 +255,7 @@ def test_probe_keeps_looking_on_a_cuda_build_until_cuda_is_initialised(monkeypat
     assert timing.probe() is False and not timing.settled
     initialised[0] = True  # the loop moved its model to the GPU
     assert timing.probe() is True and chosen == ["cuda"]
+    assert asked == [1]  # what the build has is asked once, not at every step's probe
 
 
 # --- the anchor: device times on the host clock -------------------------------------------
