@@ -435,8 +435,9 @@ def _sdk_tracer(endpoint: str) -> tuple[Any, Any]:
     return provider, provider.get_tracer("bench")
 
 
-def bench_spare_core(rounds: int, block_steps: int) -> None:
-    """The small step again with torch's intra-op threads one fewer than the cores it had.
+def bench_spare_core(rounds: int, block_steps: int) -> dict[str, Any] | None:
+    """The small step again with torch's intra-op threads one fewer than the cores it had
+    (None with a single thread).
 
     With every core an intra-op thread, each parallel op waits for its slowest thread, so
     any other CPU work (the exporter, the worker, anything) costs the step about twice its own
@@ -445,17 +446,26 @@ def bench_spare_core(rounds: int, block_steps: int) -> None:
 
     threads = torch.get_num_threads()
     if threads < 2:
-        return
+        return None
     torch.set_num_threads(threads - 1)
     try:
-        res = bench_steps(_Workload("small"), rounds, block_steps)
+        return bench_steps(_Workload("small"), rounds, block_steps)
     finally:
         torch.set_num_threads(threads)
-    _print("torch_threads_spare_core", threads - 1)
-    _print("step_ms_plain_small_spare_core", res["plain"])
-    _print("step_overhead_pct_small_spare_core", res["overhead_pct"])
-    _print_ci("step_overhead_pct_small_spare_core", res["overhead_ci95_pct"])
-    _print("step_noise_pct_small_spare_core", res["noise_pct"])
+
+
+def _print_steps(label: str, res: dict[str, Any]) -> None:
+    """`bench_steps`' figures, each name ending in `label`."""
+    _print(f"step_ms_plain{label}", res["plain"])
+    _print(f"step_ms_instrumented{label}", res["instrumented"])
+    _print(f"step_overhead_pct{label}", res["overhead_pct"])
+    _print_ci(f"step_overhead_pct{label}", res["overhead_ci95_pct"])
+    _print(f"step_noise_pct{label}", res["noise_pct"])
+    _print(f"worker_cpu_us_per_step{label}", res["worker_cpu_us_per_step"])
+    _print(f"exporter_cpu_us_per_step{label}", res["exporter_cpu_us_per_step"])
+    if "sdk" in res:
+        _print(f"step_ms_sdk{label}", res["sdk"])
+        _print(f"step_overhead_pct_sdk{label}", res["sdk_overhead_pct"])
 
 
 def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thread")) -> int:
@@ -490,16 +500,7 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
             small = bench_steps(_Workload("small"), rounds, block * 6,
                                 tracer if index == 0 else None, lambda: provider.force_flush())
             for label, res in (("", large), ("_small", small)):
-                _print(f"step_ms_plain{label}{suffix}", res["plain"])
-                _print(f"step_ms_instrumented{label}{suffix}", res["instrumented"])
-                _print(f"step_overhead_pct{label}{suffix}", res["overhead_pct"])
-                _print_ci(f"step_overhead_pct{label}{suffix}", res["overhead_ci95_pct"])
-                _print(f"step_noise_pct{label}{suffix}", res["noise_pct"])
-                _print(f"worker_cpu_us_per_step{label}{suffix}", res["worker_cpu_us_per_step"])
-                _print(f"exporter_cpu_us_per_step{label}{suffix}", res["exporter_cpu_us_per_step"])
-                if "sdk" in res:
-                    _print(f"step_ms_sdk{label}", res["sdk"])
-                    _print(f"step_overhead_pct_sdk{label}", res["sdk_overhead_pct"])
+                _print_steps(f"{label}{suffix}", res)  # (SDK figures: first mode only, no suffix)
             if index == 0:
                 for label, work, steps in (("", _Workload("large"), block), ("_small", _Workload("small"), block * 6)):
                     res = bench_auto(work, rounds, steps)
@@ -508,7 +509,10 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
                     _print(f"step_overhead_pct_auto{label}", res["overhead_pct"])
                     _print_ci(f"step_overhead_pct_auto{label}", res["overhead_ci95_pct"])
                     _print(f"step_noise_pct_auto{label}", res["noise_pct"])
-                bench_spare_core(rounds, block * 6)
+                spare = bench_spare_core(rounds, block * 6)
+                if spare is not None:
+                    _print("torch_threads_spare_core", torch.get_num_threads() - 1)
+                    _print_steps("_small_spare_core", spare)
             otel_train.shutdown()
         provider.shutdown()
         _print("receiver_spans", receiver.spans())

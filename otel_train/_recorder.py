@@ -437,8 +437,9 @@ def to_wire(record: Any, offset: int) -> tuple[Any, ...]:
     # A region with device time, or force-ended at shutdown.
     step_n, step_seq = _step_ref(record.step)
     error, truncated = _error(record.exc)
-    return (KIND_SPAN, record.name, record.seq, _parent_seq(record.parent, record.rec), step_n, step_seq, record.t0 + offset, record.t1 + offset, record.attrs or None,
-            _events(record.events, offset), None, error, truncated, record.dev)
+    return (KIND_SPAN, record.name, record.seq, _parent_seq(record.parent, record.rec), step_n, step_seq,
+            record.t0 + offset, record.t1 + offset, record.attrs or None, _events(record.events, offset), None,
+            error, truncated, record.dev)
 
 
 # --- for automatic step detection (integrations, not the public API) ------------------

@@ -153,7 +153,7 @@ class SpanAssembler:
         self.fast = encoder is not None  # `feed_raw` may encode usual records directly (tests turn it off)
         self._windows: dict[str, tuple[Sequence[float], list[Any]]] = {}
         self._attr_kvs: dict[tuple[str, str, type, Any], bytes] = {}
-        self._fast_steps: dict[int | None, tuple[bytes, int | None, bytes, bool]] = {}
+        self._fast_steps: dict[int | None, tuple[bytes, int | None, bytes, bool, int | None]] = {}
         self._held: dict[int, _HeldStep] = {}
         self._orphans: dict[int, list[tuple[int, Any]]] = {}
         self._siblings: deque[tuple[int, int]] = deque(maxlen=256)

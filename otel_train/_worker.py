@@ -16,8 +16,9 @@ a record is handed on.
 
 What a sink gets, in recording order: runs of the hot path's plain tuples as they are, and
 runs of the few records that are objects (with device events, or force-ended at shutdown)
-already as wire tuples, with the perf-to-wall clock offset. Turning raw tuples into spans is the exporter's work: every
-microsecond spent here is spent in the training process, twice over through the GIL.
+already as wire tuples, with the perf-to-wall clock offset. Turning raw tuples into spans is
+the exporter's work: every microsecond spent here is spent in the training process, twice
+over through the GIL.
 """
 
 from __future__ import annotations
@@ -326,9 +327,10 @@ class Worker:
         else:
             segments = []
             for record, is_plain in zip(batch, plain):
-                if not segments or segments[-1][0] == is_plain:
-                    segments.append((not is_plain, []))
-                segments[-1][1].append(record if is_plain else to_wire(record, offset))
+                is_wire = not is_plain
+                if not segments or segments[-1][0] != is_wire:
+                    segments.append((is_wire, []))
+                segments[-1][1].append(to_wire(record, offset) if is_wire else record)
         try:
             self.sink.send(segments, offset, {"buffer_full": self.recorder.dropped})
         except Exception as err:  # noqa: BLE001 - never let the worker die
