@@ -2,9 +2,10 @@
 
 Started by the training process (`ProcessSink`); never imports torch. Messages are
 length-prefixed pickles: `("setup", dict)`, then `("batch", segments, offset, dropped totals)`…,
-then `("shutdown", seconds)`. End of input (the trainer died) is a shutdown too. After each
-message it writes one JSON line of progress to stdout, which the trainer reads to report
-exactly what was lost if it has to kill this process at the shutdown bound.
+then `("shutdown", seconds)`. End of input (the trainer died) is a shutdown too. Whenever it
+has caught up with its input, and after every flush, it writes one JSON line of progress to
+stdout, which the trainer reads to report exactly what was lost if it has to kill
+this process at the shutdown bound.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import Any
 
 _FRAME = struct.Struct("<I")
 _NICE = 10
+#: Full requests held back while more input is waiting (a drain's later slices), at most.
+_HELD_REQUESTS = 8
 
 
 def _read_exact(fd: int, size: int) -> bytes | None:
@@ -135,8 +138,12 @@ def main() -> int:
             return 0
         if message[0] == "batch":
             pipeline.feed(*message[1:], export=False)
-            if pipeline.pending() >= full and not _more_input(stdin):
+            more = _more_input(stdin)
+            # Full requests wait for the rest of a drain (one call for several), up to a bound.
+            if pipeline.pending() >= (full * _HELD_REQUESTS if more else full):
                 next_export = export()
+            if more:
+                continue  # a drain comes as several slices: report once, when caught up
         elif message[0] == "flush":
             next_export = export()
             flushed = message[1]

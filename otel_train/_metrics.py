@@ -20,6 +20,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import reduce
+from operator import add
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import (AggregationTemporality, Gauge, Histogram, HistogramDataPoint,
@@ -62,6 +64,19 @@ class _Window:
             self.low = value
         if value > self.high:
             self.high = value
+
+    def add_all(self, buckets: Mapping[int, int], values: Sequence[float]) -> None:
+        """`add` for each of `values` (non-empty), in order: `buckets` counts them per bucket index."""
+        counts = self.counts
+        for index, count in buckets.items():
+            counts[index] += count
+        self.count += len(values)
+        self.total = reduce(add, values, self.total)  # summed one by one, as `add` does
+        low, high = min(values), max(values)
+        if low < self.low:
+            self.low = low
+        if high > self.high:
+            self.high = high
 
 
 class _Histogram:

@@ -69,6 +69,21 @@ def _varint(value: int) -> bytes:
     return _varint_slow(value)
 
 
+# What `LeanEncoder.region` writes, for a loop that inlines it (`_spans.SpanAssembler._fast_regions`):
+# the field's tag and length (`region_prefix`), the head (`REGION_HEAD` or `REGION_HEAD_PARENT`,
+# packed with `KIND_INTERNAL` as `region` packs it), the name field, attributes and `TAIL_LOCAL`.
+REGION_HEAD = _REGION
+REGION_HEAD_PARENT = _REGION_PARENT
+KIND_INTERNAL = _KIND_INTERNAL
+TAIL_LOCAL = _TAIL_LOCAL
+_REGION_PREFIXES = tuple(b"\x12" + v for v in _SMALL_VARINTS)
+
+
+def region_prefix(length: int) -> bytes:
+    """The tag and length of a `ScopeSpans.spans` field holding `length` bytes."""
+    return _REGION_PREFIXES[length] if length < 16384 else b"\x12" + _varint_slow(length)
+
+
 def _tag(field: int, wire_type: int) -> bytes:
     return _varint((field << 3) | wire_type)
 
@@ -159,13 +174,13 @@ class LeanEncoder:
         the ids are in `_distributed.region_wire_id`'s little-endian form; `attributes` are
         encoded already (`attributes`). Fields go in an order of their own (times before the
         name), which parses into the same message."""
-        name_field = self._names.get(name) or self._name(name)
+        name_field = self._names.get(name) or self.name_field(name)
         if parent_wire:
             head = _REGION_PARENT.pack(trace_field, b"\x12\x08", span_wire, b"\x22\x08", parent_wire,
                                        _KIND_INTERNAL, 0x39, start, 0x41, end)
         else:
             head = _REGION.pack(trace_field, b"\x12\x08", span_wire, _KIND_INTERNAL, 0x39, start, 0x41, end)
-        return b"".join((b"\x12", _varint(len(head) + len(name_field) + len(attributes) + _TAIL_LEN), head,
+        return b"".join((region_prefix(len(head) + len(name_field) + len(attributes) + _TAIL_LEN), head,
                          name_field, attributes, _TAIL_REMOTE if remote else _TAIL_LOCAL))
 
     @staticmethod
@@ -206,7 +221,8 @@ class LeanEncoder:
             return b"".join([self.kv(k, v) for k, v in attrs.items()])
         return b"".join([_len_field(field, self._kv_uncached(k, v)) for k, v in attrs.items()])
 
-    def _name(self, name: str) -> bytes:
+    def name_field(self, name: str) -> bytes:
+        """`Span.name` with its tag, cached."""
         encoded = self._names.get(name)
         if encoded is None:
             if len(self._names) >= _CACHE_MAX:
@@ -218,7 +234,7 @@ class LeanEncoder:
         (name, trace_id, span_id, parent_id, parent_remote, start, end, attrs, events, links,
          status_code, status_message) = span
         names = self._names
-        name_field = names.get(name) or self._name(name)
+        name_field = names.get(name) or self.name_field(name)
         if parent_id:
             head = _IDS_PARENT.pack(b"\x0a\x10", trace_id >> 64, trace_id & _MASK64, b"\x12\x08", span_id,
                                     b"\x22\x08", parent_id)

@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 import numbers
 from bisect import bisect_left
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
+from itertools import repeat
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -24,10 +25,11 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_train import semconv
-from otel_train._distributed import (RunInfo, parse_traceparent, region_span_id, region_wire_id, step_span_id,
-                                     trace_id_for, wire_id)
+from otel_train._distributed import (MASK64, REGION_ID_MULTIPLIER, RunInfo, parse_traceparent, region_span_id,
+                                     step_span_id, trace_id_for, wire_id)
 from otel_train._metrics import TrainMetrics
-from otel_train._otlp import LeanEncoder
+from otel_train._otlp import (KIND_INTERNAL, REGION_HEAD, REGION_HEAD_PARENT, TAIL_LOCAL, LeanEncoder,
+                              region_prefix)
 from otel_train._recorder import (KIND_EVENT, KIND_SPAN, KIND_STEP, KIND_TAG, W_ATTRS, W_DEV, W_ERROR,
                                   W_EVENTS, W_LINKS, W_NAME, W_PARENT, W_SEQ, W_STEP, W_STEP_SEQ, W_T0,
                                   W_T1, W_TRUNC, to_wire)
@@ -152,7 +154,8 @@ class SpanAssembler:
         self.encoder = encoder  # if set: plain tuples (or bytes) for it, not ReadableSpans
         self.fast = encoder is not None  # `feed_raw` may encode usual records directly (tests turn it off)
         self._windows: dict[str, tuple[Sequence[float], list[Any]]] = {}
-        self._attr_kvs: dict[tuple[str, str, type, Any], bytes] = {}
+        self._attr_kvs: dict[tuple[str, Any, type, Any], bytes] = {}
+        self._fast_names: dict[str, bytes] = {}  # name fields of names the fast path takes
         self._fast_steps: dict[int | None, tuple[bytes, int | None, bytes, bool, int | None]] = {}
         self._held: dict[int, _HeldStep] = {}
         self._orphans: dict[int, list[tuple[int, Any]]] = {}
@@ -175,12 +178,10 @@ class SpanAssembler:
     def feed_raw(self, records: Iterable[tuple[Any, ...]], offset: int) -> None:
         """Hot-path tuples as the recorder appended them, with the perf-to-wall `offset`."""
         out: list[Any] = []
-        fast = self._fast_region if self.fast else None
         # One lock for the batch: the fast path adds to metric windows itself.
         with self.metrics.lock if self.metrics is not None else _NO_LOCK:
-            for record in records:
-                if fast is None or record[0] != KIND_SPAN or not fast(record, offset, out):
-                    self._dispatch(to_wire(record, offset), out)
+            for record in self._fast_regions(records, offset, out) if self.fast else records:
+                self._dispatch(to_wire(record, offset), out)
         if out:
             self.spans_built += len(out)
             self.emit(out)
@@ -204,41 +205,87 @@ class SpanAssembler:
         else:
             self._on_step_note(wire)
 
-    def _fast_region(self, record: tuple[Any, ...], offset: int, out: list[Any]) -> bool:
-        """The usual region straight to OTLP bytes; False (nothing done) for any other."""
-        _, name, seq, parent_seq, (step_n, step_seq), t0, t1, attrs, exc, events = record
-        if exc is not None or events is not None or name in _SIBLING_TAGS:
-            return False
-        if attrs:
-            user = self._fast_attrs(name, attrs)
-            if user is None:
-                return False
-        else:
-            user = b""
-        t0 += offset
-        t1 += offset
+    def _fast_regions(self, records: Iterable[tuple[Any, ...]], offset: int, out: list[Any]) -> list[tuple[Any, ...]]:
+        """The usual regions among `records` straight to OTLP bytes (into `out`) and into their
+        metric windows; returns the other records, in order, for the general path.
+
+        One loop with `LeanEncoder.region` and `region_wire_id` written out, and the metric
+        windows filled once per span name for the batch: this is most of what the exporter
+        process does for a training loop, and every call here is paid per span."""
+        rest: list[tuple[Any, ...]] = []
+        keep, emit, join = rest.append, out.append, b"".join
+        names = self._fast_names
+        steps = self._fast_steps
+        attr_kvs = self._attr_kvs
+        salt = self.salt
+        pack, pack_parent = REGION_HEAD.pack, REGION_HEAD_PARENT.pack
+        head_len, head_parent_len = REGION_HEAD.size + len(TAIL_LOCAL), REGION_HEAD_PARENT.size + len(TAIL_LOCAL)
+        durations: dict[str, list[int]] = {}
+        for record in records:
+            if record[0] != KIND_SPAN or record[8] is not None or record[9] is not None:
+                keep(record)  # a step or a note, an exception, an event
+                continue
+            _, name, seq, parent_seq, (step_n, step_seq), t0, t1, attrs, _, _ = record
+            name_field = names.get(name)
+            if name_field is None:
+                if name in _SIBLING_TAGS:
+                    keep(record)
+                    continue
+                name_field = self._fast_name(name)
+            if attrs:
+                user = self._fast_attrs(name, attrs, attr_kvs)
+                if user is None:
+                    keep(record)
+                    continue
+            else:
+                user = b""
+            spans = durations.get(name)
+            if spans is None:
+                spans = durations[name] = []
+            spans.append(t1 - t0)
+            trace_field, step_wire, step_kv, sampled, _ = steps.get(step_n) or self._fast_step(step_n)
+            if not sampled:
+                continue
+            if step_kv:
+                user += step_kv
+            t0 += offset
+            t1 += offset
+            span_wire = ((seq * REGION_ID_MULTIPLIER) ^ salt) & MASK64 or 1
+            if parent_seq is not None:
+                parent_wire = ((parent_seq * REGION_ID_MULTIPLIER) ^ salt) & MASK64 or 1
+            elif step_seq is not None:
+                parent_wire = step_wire
+            else:
+                parent_wire = None
+            if parent_wire:
+                head = pack_parent(trace_field, b"\x12\x08", span_wire, b"\x22\x08", parent_wire, KIND_INTERNAL,
+                                   0x39, t0, 0x41, t1)
+                length = head_parent_len + len(name_field) + len(user)
+            else:
+                head = pack(trace_field, b"\x12\x08", span_wire, KIND_INTERNAL, 0x39, t0, 0x41, t1)
+                length = head_len + len(name_field) + len(user)
+            emit(join((region_prefix(length), head, name_field, user, TAIL_LOCAL)))
+        for name, spans in durations.items():
+            self._observe_regions(name, spans)
+        return rest
+
+    def _fast_name(self, name: str) -> bytes:
+        if len(self._fast_names) >= _CACHE_MAX:
+            self._fast_names.clear()
+        field = self._fast_names[name] = self.encoder.name_field(name)  # type: ignore[union-attr]
+        return field
+
+    def _observe_regions(self, name: str, durations_ns: list[int]) -> None:
+        """The host durations of a batch's fast regions of one name into its metric windows."""
         try:
             bounds, windows = self._windows[name]
         except KeyError:
             bounds, windows = self._windows_for(name)
         if windows:
-            seconds = (t1 - t0) / 1e9
-            index = bisect_left(bounds, seconds)
+            seconds = [ns / 1e9 for ns in durations_ns]
+            buckets = Counter(map(bisect_left, repeat(bounds), seconds))
             for window in windows:
-                window.add(index, seconds)
-        step = self._fast_steps.get(step_n) or self._fast_step(step_n)
-        trace_field, step_wire, step_kv, sampled, _ = step
-        if not sampled:
-            return True
-        if parent_seq is not None:
-            parent_wire = region_wire_id(self.salt, parent_seq)
-        elif step_seq is not None:
-            parent_wire = step_wire
-        else:
-            parent_wire = None
-        out.append(self.encoder.region(name, trace_field, region_wire_id(self.salt, seq),  # type: ignore[union-attr]
-                                       parent_wire, t0, t1, user + step_kv if step_kv else user))
-        return True
+                window.add_all(buckets, seconds)
 
     def _fast_step(self, step_n: int | None) -> tuple[bytes, int | None, bytes, bool, int | None]:
         """What the fast path needs of step `step_n`: its trace id field, the step span's id
@@ -275,10 +322,10 @@ class SpanAssembler:
                 parts.append(kv(key, value))
         return b"".join(parts)
 
-    def _fast_attrs(self, name: str, attrs: Mapping[Any, Any]) -> bytes | None:
-        """User attributes as encoded `KeyValue` fields, cached per span name, key, type and
-        value; None sends the record the general way (an unhashable or unusual value)."""
-        cache = self._attr_kvs
+    def _fast_attrs(self, name: str, attrs: Mapping[Any, Any], cache: dict[tuple[str, Any, type, Any], bytes]) -> bytes | None:
+        """User attributes as encoded `KeyValue` fields, cached (in `cache`, `_attr_kvs`) per span
+        name, key, type and value; None sends the record the general way (an unhashable or
+        unusual value)."""
         parts = []
         try:
             for key, value in attrs.items():

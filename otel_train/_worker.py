@@ -1,6 +1,7 @@
 """The worker: drains the hot-path buffer off the training thread and hands records on.
 
-It wakes every `flush_interval_ms`, drains in slices of `_SLICE` records and gives the GIL
+It wakes every `flush_interval_ms` (sooner while records arrive fast enough to fill a quarter
+of the buffer in less: `next_wait`), drains in slices of `_SLICE` records and gives the GIL
 back between slices (`time.sleep(0)`), so the training thread never waits long behind it.
 Each slice becomes wire tuples, which go to a sink:
 
@@ -42,6 +43,7 @@ from otel_train._recorder import Recorder, to_wire
 
 _log = logging.getLogger("otel_train")
 _SLICE = 256
+_MIN_WAIT_S = 0.02
 _FRAME = struct.Struct("<I")
 ENV_CHILD = "OTEL_TRAIN_EXPORTER_CHILD"
 
@@ -248,6 +250,16 @@ class _WirePickler(pickle.Pickler):
         return str, (_describe(obj),)
 
 
+def next_wait(interval_s: float, moved: int, elapsed_s: float, capacity: int) -> float:
+    """How long the worker sleeps before its next drain, having just moved `moved` records
+    that arrived over `elapsed_s`: the flush interval, or the time this rate takes to fill a
+    quarter of the buffer if that is sooner, so a burst is drained long before the buffer
+    would drop the oldest (never under `_MIN_WAIT_S`, unless the interval itself is)."""
+    if moved <= 0 or elapsed_s <= 0:
+        return interval_s
+    return max(min(_MIN_WAIT_S, interval_s), min(interval_s, capacity / 4 * elapsed_s / moved))
+
+
 def _dumps(message: tuple[Any, ...]) -> bytes:
     out = io.BytesIO()
     _WirePickler(out, pickle.HIGHEST_PROTOCOL).dump(message)
@@ -283,12 +295,15 @@ class Worker:
             return 0
 
     def _run(self) -> None:
+        wait, last = self.interval_s, time.monotonic()
         while not self._stop:
-            self._wake.wait(self.interval_s)
+            self._wake.wait(wait)
             self._wake.clear()
             if self._stop:
                 break
-            self.drain()
+            moved = self.drain()
+            now = time.monotonic()
+            wait, last = next_wait(self.interval_s, moved, now - last, self.recorder.cap), now
 
     def drain(self, final_deadline: float | None = None) -> int:
         """Move everything in the buffer to the sink; returns how many records went.

@@ -129,3 +129,15 @@ def test_records_cross_to_the_exporter_process_as_plain_values() -> None:
     builtin = pickle.loads(_dumps((*record[:8], ValueError, None)))
     assert builtin[8] is ValueError
     assert out[:7] == record[:7]
+
+
+def test_worker_drains_sooner_only_when_records_would_fill_a_quarter_of_the_buffer_first() -> None:
+    from otel_train._worker import _MIN_WAIT_S, next_wait
+
+    # 2 s interval, 65,536-record buffer: a quarter is 16,384 records.
+    assert next_wait(2.0, 8_000, 2.0, 65_536) == 2.0  # 4,000/s fills a quarter in 4.1 s
+    assert next_wait(2.0, 0, 2.0, 65_536) == 2.0  # nothing arrived
+    assert next_wait(2.0, 32_768, 2.0, 65_536) == 1.0  # 16,384/s: a quarter in 1 s
+    assert next_wait(2.0, 65_536, 0.5, 65_536) == 0.125
+    assert next_wait(2.0, 10**9, 1.0, 65_536) == _MIN_WAIT_S  # a flood: never a busy loop
+    assert next_wait(0.01, 32_768, 2.0, 65_536) == 0.01  # a shorter configured interval stands
