@@ -33,6 +33,7 @@ from otel_train import semconv
 
 _PHASE_ATTR = semconv.TRAIN_MICRO_BATCH
 _CLIP_SPAN = "bench.clip_grad_norm"  # a user span: the ninth region of the small step
+_BENCH_FLUSH_MS = 500  # the worker's drain interval in the step benchmarks (`run_overhead`)
 
 
 # --- the live receiver ------------------------------------------------------------------
@@ -474,23 +475,27 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
     import otel_train
     from otel_train import _runtime
 
-    # Blocks of about two and a half seconds, five flush intervals: what the export pipeline
-    # holds at the end of a block (up to an interval not yet drained, and what the exporter
-    # process has not caught up with) is charged to the block at its full CPU cost by the
-    # settle, and a short block would be mostly that tail rather than the steady state a
-    # training run lives in.
+    # Blocks of about two and a half seconds, five flush intervals of _BENCH_FLUSH_MS: what the
+    # export pipeline holds at the end of a block (up to an interval not yet drained, and what
+    # the exporter process has not caught up with) is charged to the block at its CPU cost by
+    # the settle, while work done during the block costs the step what it costs through the
+    # GIL and the cores, about twice that. A block must therefore be mostly steady state: with
+    # the default 2 s interval it would be mostly tail, and flatter the figures. 500 ms drains
+    # cost more per step than 2 s ones, so the figures are, if anything, high.
     rounds, block, region_n, region_rounds = (3, 5, 1000, 3) if quick else (15, 120, 2000, 25)
     receiver = _Receiver()
     provider, tracer = _sdk_tracer(receiver.endpoint)
     try:
         _print("torch_threads", torch.get_num_threads())
         _print("load_avg_1m", os.getloadavg()[0])
+        _print("flush_interval_ms", _BENCH_FLUSH_MS)
         for index, mode in enumerate(modes):
             suffix = "" if index == 0 else f"_{mode}"
             otel_train.init(endpoint=receiver.endpoint, protocol="grpc",
                             export_mode="thread" if mode == "thread" else "process",
                             exporter_priority="idle" if mode == "idle" else "low",
-                            run_id=f"bench-{os.getpid()}-{mode}", metric_interval_ms=60000)
+                            run_id=f"bench-{os.getpid()}-{mode}", metric_interval_ms=60000,
+                            flush_interval_ms=_BENCH_FLUSH_MS)
             if index == 0:
                 figures = bench_regions(tracer, provider.force_flush, region_n, region_rounds)
                 figures.update(bench_export_cpu(100 if quick else 2000, 2 if quick else 5))

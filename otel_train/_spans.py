@@ -459,7 +459,15 @@ class SpanAssembler:
         return step_n is None or self.step_sample == 1 or step_n % self.step_sample == 0
 
     def _sibling_ns(self, start: int, end: int) -> int:
-        return sum(max(0, min(s1, end) - max(s0, start)) for s0, s1 in self._siblings)
+        """The time within [start, end] that checkpoint, eval and GC spans took. A sibling that
+        ended by `start` is forgotten: steps arrive in order, so no later step can overlap it
+        (kept, a long run's 256 of them were summed again at every step)."""
+        siblings = self._siblings
+        if siblings and siblings[0][1] <= start:
+            live = [(s0, s1) for s0, s1 in siblings if s1 > start]
+            siblings.clear()
+            siblings.extend(live)
+        return sum(max(0, min(s1, end) - max(s0, start)) for s0, s1 in siblings)
 
     def _step_span_id(self, step_n: int) -> int:
         cached = self._step_ids.get(step_n)

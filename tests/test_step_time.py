@@ -171,6 +171,22 @@ def test_eval_between_steps_is_excluded(loop: Loop) -> None:
     assert len(by_name(spans, semconv.SPAN_EVAL)) == 2
 
 
+def test_a_long_run_of_evals_keeps_only_the_siblings_a_step_can_still_overlap(loop: Loop) -> None:
+    """Every step's own time subtracts the eval/checkpoint/GC time inside it; siblings that ended
+    before the latest step began can overlap no later step and are dropped, so a long run does
+    not re-sum hundreds of them at every step."""
+    assembler = _runtime.state().worker.sink.pipeline.assembler
+    held = []
+    for i in range(300):
+        loop.step(WORK[i % len(WORK)])
+        loop.evaluate(work_ms=5, host_ms=1)
+        held.append(len(assembler._siblings))
+    reported, truth, spans = loop.finish()
+    assert reported == pytest.approx(truth, rel=1e-4)
+    assert len(by_name(spans, semconv.SPAN_EVAL)) == 300
+    assert max(held) <= 2  # without the pruning: 256 (the deque's bound) from step 256 on
+
+
 def test_eval_inside_the_step_is_excluded(loop: Loop) -> None:
     for i, work in enumerate(WORK):
         loop.step(work, inside=(lambda: loop.evaluate(work_ms=80, host_ms=5)) if i in (2, 5) else None)
