@@ -44,6 +44,7 @@ from otel_train._recorder import Recorder, to_wire
 _log = logging.getLogger("otel_train")
 _SLICE = 256
 _MIN_WAIT_S = 0.02
+_FIRST_WAIT_S = 0.25
 _FRAME = struct.Struct("<I")
 ENV_CHILD = "OTEL_TRAIN_EXPORTER_CHILD"
 
@@ -250,14 +251,14 @@ class _WirePickler(pickle.Pickler):
         return str, (_describe(obj),)
 
 
-def next_wait(interval_s: float, moved: int, elapsed_s: float, capacity: int) -> float:
-    """How long the worker sleeps before its next drain, having just moved `moved` records
-    that arrived over `elapsed_s`: the flush interval, or the time this rate takes to fill a
-    quarter of the buffer if that is sooner, so a burst is drained long before the buffer
-    would drop the oldest (never under `_MIN_WAIT_S`, unless the interval itself is)."""
-    if moved <= 0 or elapsed_s <= 0:
+def next_wait(interval_s: float, arrived: int, elapsed_s: float, capacity: int) -> float:
+    """How long the worker sleeps before its next drain, `arrived` records having come in over
+    the last `elapsed_s`: the flush interval, or the time this rate takes to fill a quarter of
+    the buffer if that is sooner, so a burst is drained long before the buffer would drop the
+    oldest (never under `_MIN_WAIT_S`, unless the interval itself is)."""
+    if arrived <= 0 or elapsed_s <= 0:
         return interval_s
-    return max(min(_MIN_WAIT_S, interval_s), min(interval_s, capacity / 4 * elapsed_s / moved))
+    return max(min(_MIN_WAIT_S, interval_s), min(interval_s, capacity / 4 * elapsed_s / arrived))
 
 
 def _dumps(message: tuple[Any, ...]) -> bytes:
@@ -295,15 +296,18 @@ class Worker:
             return 0
 
     def _run(self) -> None:
-        wait, last = self.interval_s, time.monotonic()
+        # The first wait is short, to learn the record rate before a whole interval has passed.
+        wait, last, dropped = min(self.interval_s, _FIRST_WAIT_S), time.monotonic(), self.recorder.dropped
         while not self._stop:
             self._wake.wait(wait)
             self._wake.clear()
             if self._stop:
                 break
             moved = self.drain()
-            now = time.monotonic()
-            wait, last = next_wait(self.interval_s, moved, now - last, self.recorder.cap), now
+            now, lost = time.monotonic(), self.recorder.dropped
+            # What arrived: what was drained and what a full buffer dropped meanwhile.
+            wait = next_wait(self.interval_s, moved + lost - dropped, now - last, self.recorder.cap)
+            last, dropped = now, lost
 
     def drain(self, final_deadline: float | None = None) -> int:
         """Move everything in the buffer to the sink; returns how many records went.
