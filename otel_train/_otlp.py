@@ -35,18 +35,19 @@ _IDS = struct.Struct(">2sQQ2sQ")
 _IDS_PARENT = struct.Struct(">2sQQ2sQ2sQ")
 # kind (field 6) = SPAN_KIND_INTERNAL, start (field 7) and end (field 8) as fixed64.
 _TIMES = struct.Struct("<2sBQBQ")
-_KIND_INTERNAL = b"\x30\x01"
+KIND_INTERNAL = b"\x30\x01"
 # An unset status (field 15, empty) and the flags (field 16) of a local or a remote parent.
 _STATUS_UNSET = b"\x7a\x00"
 _FLAGS_LOCAL = b"\x85\x01" + _FIXED32.pack(_HAS_IS_REMOTE)
 _FLAGS_REMOTE = b"\x85\x01" + _FIXED32.pack(_HAS_IS_REMOTE | _IS_REMOTE)
-_TAIL_LOCAL = _STATUS_UNSET + _FLAGS_LOCAL
+TAIL_LOCAL = _STATUS_UNSET + _FLAGS_LOCAL
 _TAIL_REMOTE = _STATUS_UNSET + _FLAGS_REMOTE
-_TAIL_LEN = len(_TAIL_LOCAL)
+_TAIL_LEN = len(TAIL_LOCAL)
 # `region`'s head: trace_id with its tag, span_id (and parent_span_id) as little-endian fixed64s
-# (`_distributed.region_wire_id`), kind, start and end.
-_REGION = struct.Struct("<18s2sQ2sBQBQ")
-_REGION_PARENT = struct.Struct("<18s2sQ2sQ2sBQBQ")
+# (`_distributed.region_wire_id`), kind, start and end. The public names here (and
+# `region_prefix`) are for `_spans.SpanAssembler._fast_regions`, which inlines `region`.
+REGION_HEAD = struct.Struct("<18s2sQ2sBQBQ")
+REGION_HEAD_PARENT = struct.Struct("<18s2sQ2sQ2sBQBQ")
 
 
 def _varint_slow(value: int) -> bytes:
@@ -69,13 +70,6 @@ def _varint(value: int) -> bytes:
     return _varint_slow(value)
 
 
-# What `LeanEncoder.region` writes, for a loop that inlines it (`_spans.SpanAssembler._fast_regions`):
-# the field's tag and length (`region_prefix`), the head (`REGION_HEAD` or `REGION_HEAD_PARENT`,
-# packed with `KIND_INTERNAL` as `region` packs it), the name field, attributes and `TAIL_LOCAL`.
-REGION_HEAD = _REGION
-REGION_HEAD_PARENT = _REGION_PARENT
-KIND_INTERNAL = _KIND_INTERNAL
-TAIL_LOCAL = _TAIL_LOCAL
 _REGION_PREFIXES = tuple(b"\x12" + v for v in _SMALL_VARINTS)
 
 
@@ -176,12 +170,12 @@ class LeanEncoder:
         name), which parses into the same message."""
         name_field = self._names.get(name) or self.name_field(name)
         if parent_wire:
-            head = _REGION_PARENT.pack(trace_field, b"\x12\x08", span_wire, b"\x22\x08", parent_wire,
-                                       _KIND_INTERNAL, 0x39, start, 0x41, end)
+            head = REGION_HEAD_PARENT.pack(trace_field, b"\x12\x08", span_wire, b"\x22\x08", parent_wire,
+                                           KIND_INTERNAL, 0x39, start, 0x41, end)
         else:
-            head = _REGION.pack(trace_field, b"\x12\x08", span_wire, _KIND_INTERNAL, 0x39, start, 0x41, end)
+            head = REGION_HEAD.pack(trace_field, b"\x12\x08", span_wire, KIND_INTERNAL, 0x39, start, 0x41, end)
         return b"".join((region_prefix(len(head) + len(name_field) + len(attributes) + _TAIL_LEN), head,
-                         name_field, attributes, _TAIL_REMOTE if remote else _TAIL_LOCAL))
+                         name_field, attributes, _TAIL_REMOTE if remote else TAIL_LOCAL))
 
     @staticmethod
     def trace_field(trace_id: int) -> bytes:
@@ -240,7 +234,7 @@ class LeanEncoder:
                                     b"\x22\x08", parent_id)
         else:
             head = _IDS.pack(b"\x0a\x10", trace_id >> 64, trace_id & _MASK64, b"\x12\x08", span_id)
-        parts = [head, name_field, _TIMES.pack(_KIND_INTERNAL, 0x39, start, 0x41, end)]
+        parts = [head, name_field, _TIMES.pack(KIND_INTERNAL, 0x39, start, 0x41, end)]
         if attrs:
             kv = self.kv
             parts += [kv(k, v) for k, v in attrs.items()]
