@@ -7,9 +7,9 @@ span (`start_as_current_span` + `BatchSpanProcessor` + OTLP exporter), and the d
 accumulation 2 (9 regions), plain vs instrumented with the explicit API, vs hand-written SDK
 spans, and vs automatic instrumentation (`TorchTrainingInstrumentor`), exporting over OTLP
 gRPC to a live local receiver in its own process (at idle CPU priority: it stands in for a
-collector on another machine). Background costs land inside the instrumented blocks: the
-worker runs during them, and what it has left at the end of a block is drained inside the
-block's timing. Also the export pipeline's CPU per span stage by stage, measured alone
+collector on another machine). Background costs are charged to the instrumented blocks: the
+worker and the exporter run during them, and what they have left at the end of a block is
+caught up while plain steps run, whose slowdown is the block's (`_catch_up`). Also the export pipeline's CPU per span stage by stage, measured alone
 (`export_*_us_per_span*`), fast path against general path. Overheads are the median over
 rounds of each round's own ratio (its blocks ran back to back, in alternating order), with a
 distribution-free 95 % confidence interval for that median (`*_ci95_lo`, `*_ci95_hi`): a target
@@ -25,6 +25,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -33,7 +34,6 @@ from otel_train import semconv
 
 _PHASE_ATTR = semconv.TRAIN_MICRO_BATCH
 _CLIP_SPAN = "bench.clip_grad_norm"  # a user span: the ninth region of the small step
-_BENCH_FLUSH_MS = 500  # the worker's drain interval in the step benchmarks (`run_overhead`)
 
 
 # --- the live receiver ------------------------------------------------------------------
@@ -180,82 +180,124 @@ class _Workload:
                 self.opt.zero_grad(set_to_none=True)
 
 
-def _timed_block(step: Callable[[], None], steps: int, settle: Callable[[], int] | None = None) -> float:
-    """ms per step; `settle()` returns the ns of leftover background work to charge the block."""
+class _Block:
+    """One timed block: `steps` steps in `elapsed_ns`, then `catch_steps` plain steps in
+    `catch_ns` while the block's leftover background work finished (`_catch_up`), on a helper
+    thread that used `helper_cpu_ns`."""
+
+    __slots__ = ("steps", "elapsed_ns", "catch_steps", "catch_ns", "helper_cpu_ns")
+
+    def __init__(self, steps: int, elapsed_ns: int) -> None:
+        self.steps, self.elapsed_ns = steps, elapsed_ns
+        self.catch_steps = self.catch_ns = self.helper_cpu_ns = 0
+
+    def ms_per_step(self, plain_ms: float) -> float:
+        """The block's steps charged with what its leftover work cost the plain steps after
+        it: their time beyond `plain_ms` a step (the same round's plain block)."""
+        extra = self.catch_ns - self.catch_steps * plain_ms * 1e6
+        return (self.elapsed_ns + extra) / self.steps / 1e6
+
+
+def _timed_block(step: Callable[[], None], steps: int, flush: Callable[[], Any] | None = None,
+                 then: Callable[[], None] | None = None, plain: Callable[[], None] | None = None) -> _Block:
+    """`steps` timed steps; with `flush`, then (after `then()`, untimed) the leftover
+    background work caught up while `plain` steps run (`_catch_up`)."""
     t0 = time.perf_counter_ns()
     for _ in range(steps):
         step()
+    block = _Block(steps, time.perf_counter_ns() - t0)
+    if then is not None:
+        then()
+    if flush is not None:
+        block.catch_ns, block.catch_steps, block.helper_cpu_ns = _catch_up(flush, plain or step)
+    return block
+
+
+def _catch_up(flush: Callable[[], Any], plain: Callable[[], None]) -> tuple[int, int, int]:
+    """Finish a block's leftover background work the way a training loop lives with it: `flush`
+    (drain the buffer, have the exporter export it all and wait for that) runs on a helper
+    thread, as the worker thread and the exporter would, while this thread goes on with plain
+    steps. Returns the ns and number of those steps (what the work cost beyond them is the
+    block's) and the helper's CPU ns (the drain it did is the worker thread's work).
+
+    Charging the work at its CPU time, waiting for it idle, would count it once, where work
+    that competes with training costs a step about twice its CPU time (the GIL, and intra-op
+    threads that wait for the slowest one); only blocks much longer than the drain interval
+    kept that tail small. The helper's own cost is the drain a flush brings forward and one
+    export call a block, a little more than a real run pays, never less."""
+    done = threading.Event()
+    helper_cpu = [0]
+
+    def run() -> None:
+        t0 = time.thread_time_ns()
+        try:
+            flush()
+        finally:
+            helper_cpu[0] = time.thread_time_ns() - t0
+            done.set()
+
+    helper = threading.Thread(target=run, name="bench-catch-up", daemon=True)
+    steps = 0
+    t0 = time.perf_counter_ns()
+    helper.start()
+    while not done.is_set():
+        plain()
+        steps += 1
     elapsed = time.perf_counter_ns() - t0
-    if settle is not None:
-        elapsed += settle()
-    return elapsed / steps / 1e6
+    helper.join()
+    return elapsed, steps, helper_cpu[0]
 
 
-def _export_settle(worker: Any, exporter_cpu: Callable[[], int]) -> Callable[[], int]:
-    """otel_train's leftover export work: the drain (on this thread, wall time) and the CPU the
-    exporter process then spends catching up; not the idle wait for the receiver's reply,
-    which a training loop never waits for."""
-    def settle() -> int:
-        t0 = time.perf_counter_ns()
-        worker.drain()
-        drained = time.perf_counter_ns() - t0
-        before = exporter_cpu()
-        worker.sink.wait_idle(30.0)
-        return drained + exporter_cpu() - before
-    return settle
-
-
-def _wall_settle(flush: Callable[[], Any]) -> Callable[[], int]:
-    """The SDK's leftover export work runs on this process's threads: its wall time is its cost."""
-    def settle() -> int:
-        t0 = time.perf_counter_ns()
-        flush()
-        return time.perf_counter_ns() - t0
-    return settle
+def _charged(blocks: list[_Block], plain: list[float]) -> list[float]:
+    """ms per step of each block, charged against its round's plain block."""
+    return [block.ms_per_step(p) for block, p in zip(blocks, plain)]
 
 
 def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any | None = None,
-                sdk_flush: Callable[[], None] | None = None) -> dict[str, Any]:
+                sdk_flush: Callable[[], Any] | None = None) -> dict[str, Any]:
     from otel_train import _runtime
 
     worker = _runtime.state().worker  # type: ignore[union-attr]
     exporter_cpu = getattr(worker.sink, "cpu_ns", lambda: 0)
-    export_settle = _export_settle(worker, exporter_cpu)
-    sdk_settle = _wall_settle(sdk_flush) if sdk_flush is not None else None
     for _ in range(3):  # warm up every path
         work.plain()
         work.instrumented()
     worker.flush()
     plain: list[float] = []
-    inst: list[float] = []
-    sdk: list[float] = []
+    inst: list[_Block] = []
+    sdk: list[_Block] = []
     worker_cpu = child_cpu = inst_steps = 0
     def run_plain() -> None:
-        plain.append(_timed_block(work.plain, block_steps))
+        block = _timed_block(work.plain, block_steps)
+        plain.append(block.elapsed_ns / block.steps / 1e6)
 
     def run_instrumented() -> None:
         nonlocal worker_cpu, child_cpu, inst_steps
         w0, c0 = worker.cpu_ns(), exporter_cpu()
-        inst.append(_timed_block(work.instrumented, block_steps, export_settle))
-        worker_cpu += worker.cpu_ns() - w0
+        block = _timed_block(work.instrumented, block_steps, worker.flush, plain=work.plain)
+        inst.append(block)
+        worker_cpu += worker.cpu_ns() - w0 + block.helper_cpu_ns
         child_cpu += exporter_cpu() - c0
         inst_steps += block_steps
 
     def run_sdk() -> None:
-        sdk.append(_timed_block(lambda: work.sdk(sdk_tracer), block_steps, sdk_settle))
+        sdk.append(_timed_block(lambda: work.sdk(sdk_tracer), block_steps, sdk_flush, plain=work.plain))
 
     _run_alternating(rounds, [run_plain, run_instrumented] + ([run_sdk] if sdk_tracer is not None else []))
+    charged = _charged(inst, plain)
     out: dict[str, Any] = {
-        "plain": statistics.median(plain), "instrumented": statistics.median(inst),
-        "overhead_pct": _paired_overhead_pct(plain, inst),
-        "overhead_ci95_pct": _paired_ci95_pct(plain, inst),
+        "plain": statistics.median(plain), "instrumented": statistics.median(charged),
+        "overhead_pct": _paired_overhead_pct(plain, charged),
+        "overhead_ci95_pct": _paired_ci95_pct(plain, charged),
         "noise_pct": _noise_pct(plain),
         "worker_cpu_us_per_step": worker_cpu / inst_steps / 1e3,
         "exporter_cpu_us_per_step": child_cpu / inst_steps / 1e3,
+        "catch_up_steps": statistics.median(block.catch_steps for block in inst),
     }
     if sdk:
-        out["sdk"] = statistics.median(sdk)
-        out["sdk_overhead_pct"] = _paired_overhead_pct(plain, sdk)
+        sdk_charged = _charged(sdk, plain)
+        out["sdk"] = statistics.median(sdk_charged)
+        out["sdk_overhead_pct"] = _paired_overhead_pct(plain, sdk_charged)
     return out
 
 
@@ -292,29 +334,30 @@ def _noise_pct(plain: list[float]) -> float:
 
 
 def bench_auto(work: _Workload, rounds: int, block_steps: int) -> dict[str, Any]:
-    """The plain step under automatic instrumentation (hooks installed only for those blocks)."""
+    """The plain step under automatic instrumentation (hooks installed only for those blocks;
+    the catch-up steps after one run without them)."""
     from otel_train import _runtime
     from otel_train.instrumentation import TorchTrainingInstrumentor
 
     worker = _runtime.state().worker  # type: ignore[union-attr]
-    settle = _export_settle(worker, getattr(worker.sink, "cpu_ns", lambda: 0))
     instrumentor = TorchTrainingInstrumentor()
     plain: list[float] = []
-    auto: list[float] = []
+    auto: list[_Block] = []
     def run_plain() -> None:
-        plain.append(_timed_block(work.plain, block_steps))
+        block = _timed_block(work.plain, block_steps)
+        plain.append(block.elapsed_ns / block.steps / 1e6)
 
     def run_auto() -> None:
         instrumentor.instrument()
         for _ in range(2):  # one-time work (first detection decisions) is not a per-step cost
             work.plain()
-        auto.append(_timed_block(work.plain, block_steps, settle))
-        instrumentor.uninstrument()
+        auto.append(_timed_block(work.plain, block_steps, worker.flush, then=instrumentor.uninstrument))
 
     _run_alternating(rounds, [run_plain, run_auto])
-    return {"plain": statistics.median(plain), "auto": statistics.median(auto),
-            "overhead_pct": _paired_overhead_pct(plain, auto),
-            "overhead_ci95_pct": _paired_ci95_pct(plain, auto), "noise_pct": _noise_pct(plain)}
+    charged = _charged(auto, plain)
+    return {"plain": statistics.median(plain), "auto": statistics.median(charged),
+            "overhead_pct": _paired_overhead_pct(plain, charged),
+            "overhead_ci95_pct": _paired_ci95_pct(plain, charged), "noise_pct": _noise_pct(plain)}
 
 
 # --- the export pipeline in isolation ---------------------------------------------------------
@@ -464,6 +507,7 @@ def _print_steps(label: str, res: dict[str, Any]) -> None:
     _print(f"step_noise_pct{label}", res["noise_pct"])
     _print(f"worker_cpu_us_per_step{label}", res["worker_cpu_us_per_step"])
     _print(f"exporter_cpu_us_per_step{label}", res["exporter_cpu_us_per_step"])
+    _print(f"catch_up_steps{label}", res["catch_up_steps"])
     if "sdk" in res:
         _print(f"step_ms_sdk{label}", res["sdk"])
         _print(f"step_overhead_pct_sdk{label}", res["sdk_overhead_pct"])
@@ -475,28 +519,25 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
     import otel_train
     from otel_train import _runtime
 
-    # Blocks of about two and a half seconds, five flush intervals of _BENCH_FLUSH_MS: what the
-    # export pipeline holds at the end of a block (up to an interval not yet drained, and what
-    # the exporter process has not caught up with) is charged to the block at its CPU cost by
-    # the settle, while work done during the block costs the step what it costs through the
-    # GIL and the cores, about twice that. A block must therefore be mostly steady state: with
-    # the default 2 s interval it would be mostly tail, and flatter the figures. 500 ms drains
-    # cost more per step than 2 s ones, so the figures are, if anything, high.
+    # Blocks of about two and a half seconds (large step) and two (small), at the default drain
+    # and export intervals: what the export pipeline holds at the end of an instrumented block
+    # is caught up while plain steps run (`_catch_up`), and what it costs them is the block's.
     rounds, block, region_n, region_rounds = (3, 5, 1000, 3) if quick else (15, 120, 2000, 25)
     receiver = _Receiver()
     provider, tracer = _sdk_tracer(receiver.endpoint)
     try:
         _print("torch_threads", torch.get_num_threads())
         _print("load_avg_1m", os.getloadavg()[0])
-        _print("flush_interval_ms", _BENCH_FLUSH_MS)
         for index, mode in enumerate(modes):
             suffix = "" if index == 0 else f"_{mode}"
             otel_train.init(endpoint=receiver.endpoint, protocol="grpc",
                             export_mode="thread" if mode == "thread" else "process",
                             exporter_priority="idle" if mode == "idle" else "low",
-                            run_id=f"bench-{os.getpid()}-{mode}", metric_interval_ms=60000,
-                            flush_interval_ms=_BENCH_FLUSH_MS)
+                            run_id=f"bench-{os.getpid()}-{mode}", metric_interval_ms=60000)
             if index == 0:
+                cfg = _runtime.state().cfg  # type: ignore[union-attr]
+                _print("flush_interval_ms", cfg.flush_interval_ms)
+                _print("export_delay_ms", cfg.export_delay_ms)
                 figures = bench_regions(tracer, provider.force_flush, region_n, region_rounds)
                 figures.update(bench_export_cpu(100 if quick else 2000, 2 if quick else 5))
                 for name, value in figures.items():

@@ -116,6 +116,8 @@ class ProcessSink:
         self.progress: dict[str, int] = {}
         self._flushes = 0
         self._lock = threading.Lock()
+        self._reported = threading.Condition()  # notified at each progress report and at EOF
+        self._eof = False
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "otel_train._exporter_process"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_child_env(), close_fds=True)
@@ -191,12 +193,10 @@ class ProcessSink:
         token = self._flushes
         if not self._write(("flush", token)):
             return self._fallback is not None
-        deadline = time.monotonic() + timeout_s
-        while self.progress.get("flushed", 0) < token:
-            if time.monotonic() >= deadline or self.proc.poll() is not None:
-                return False
-            time.sleep(0.001)
-        return True
+        with self._reported:
+            return self._reported.wait_for(
+                lambda: self.progress.get("flushed", 0) >= token or self._eof, timeout_s,
+            ) and self.progress.get("flushed", 0) >= token
 
     def unacknowledged(self) -> int:
         return max(0, self.sent - self.progress.get("received", 0))
@@ -218,11 +218,19 @@ class ProcessSink:
             return False
 
     def _read_progress(self) -> None:
-        for line in self.proc.stdout:  # type: ignore[union-attr]
-            try:
-                self.progress = json.loads(line)
-            except ValueError:
-                continue
+        try:
+            for line in self.proc.stdout:  # type: ignore[union-attr]
+                try:
+                    progress = json.loads(line)
+                except ValueError:
+                    continue
+                with self._reported:
+                    self.progress = progress
+                    self._reported.notify_all()
+        finally:
+            with self._reported:
+                self._eof = True  # the process is gone: no flush will come
+                self._reported.notify_all()
 
 
 class _WirePickler(pickle.Pickler):
@@ -261,6 +269,30 @@ def next_wait(interval_s: float, arrived: int, elapsed_s: float, capacity: int) 
     return max(min(_MIN_WAIT_S, interval_s), min(interval_s, capacity / 4 * elapsed_s / arrived))
 
 
+class DrainPacer:
+    """The worker's waits between drains (`next_wait`), from what each drain found.
+
+    What arrived since the last drain is what the drain moved plus what a full buffer dropped
+    meanwhile (the recorder's running `dropped` count): a drain of a full buffer moves only
+    its capacity, and a rate read from that alone would never wake the worker sooner. The
+    first wait is short (`_FIRST_WAIT_S`), to learn the rate before a whole interval passes.
+    """
+
+    def __init__(self, interval_s: float, capacity: int, now: float, dropped: int) -> None:
+        self.interval_s = interval_s
+        self.capacity = capacity
+        self.wait = min(interval_s, _FIRST_WAIT_S)
+        self._last, self._dropped = now, dropped
+
+    def drained(self, moved: int, dropped: int, now: float) -> float:
+        """A drain moved `moved` records at `now`, the recorder having dropped `dropped` in all;
+        returns the next wait."""
+        arrived = moved + dropped - self._dropped
+        self.wait = next_wait(self.interval_s, arrived, now - self._last, self.capacity)
+        self._last, self._dropped = now, dropped
+        return self.wait
+
+
 def _dumps(message: tuple[Any, ...]) -> bytes:
     out = io.BytesIO()
     _WirePickler(out, pickle.HIGHEST_PROTOCOL).dump(message)
@@ -296,18 +328,14 @@ class Worker:
             return 0
 
     def _run(self) -> None:
-        # The first wait is short, to learn the record rate before a whole interval has passed.
-        wait, last, dropped = min(self.interval_s, _FIRST_WAIT_S), time.monotonic(), self.recorder.dropped
+        pacer = DrainPacer(self.interval_s, self.recorder.cap, time.monotonic(), self.recorder.dropped)
         while not self._stop:
-            self._wake.wait(wait)
+            self._wake.wait(pacer.wait)
             self._wake.clear()
             if self._stop:
                 break
             moved = self.drain()
-            now, lost = time.monotonic(), self.recorder.dropped
-            # What arrived: what was drained and what a full buffer dropped meanwhile.
-            wait = next_wait(self.interval_s, moved + lost - dropped, now - last, self.recorder.cap)
-            last, dropped = now, lost
+            pacer.drained(moved, self.recorder.dropped, time.monotonic())
 
     def drain(self, final_deadline: float | None = None) -> int:
         """Move everything in the buffer to the sink; returns how many records went.

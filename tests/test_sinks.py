@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 
+import pytest
 from google.protobuf import json_format
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -141,3 +142,29 @@ def test_worker_drains_sooner_only_when_records_would_fill_a_quarter_of_the_buff
     assert next_wait(2.0, 65_536, 0.5, 65_536) == 0.125
     assert next_wait(2.0, 10**9, 1.0, 65_536) == _MIN_WAIT_S  # a flood: never a busy loop
     assert next_wait(0.01, 32_768, 2.0, 65_536) == 0.01  # a shorter configured interval stands
+
+
+def test_the_drain_pacer_counts_what_a_full_buffer_dropped_as_arrived() -> None:
+    from otel_train._clock import SystemClock
+    from otel_train._recorder import Recorder
+    from otel_train._worker import _FIRST_WAIT_S, _MIN_WAIT_S, DrainPacer
+
+    recorder = Recorder(4_096, SystemClock())
+    pacer = DrainPacer(2.0, recorder.cap, now=100.0, dropped=recorder.dropped)
+    assert pacer.wait == _FIRST_WAIT_S  # a short first wait, to learn the rate
+
+    # A burst of 10,000 records in the first 0.25 s: the buffer keeps 4,096, drops the rest.
+    for i in range(10_000):
+        recorder.append(("record", i))
+    moved = len(recorder.drain(10**6))
+    assert (moved, recorder.dropped) == (4_096, 5_904)
+    # 10,000 records in 0.25 s fill a quarter of the buffer (1,024) in 25.6 ms; counted
+    # from the 4,096 moved alone it would be 62.5 ms.
+    assert pacer.drained(moved, recorder.dropped, now=100.25) == pytest.approx(0.0256)
+
+    # Quiet again: 100 records over the next 2 s; the earlier drops are not counted again.
+    for i in range(100):
+        recorder.append(("record", i))
+    assert pacer.drained(len(recorder.drain(10**6)), recorder.dropped, now=102.25) == 2.0
+    # A flood never makes it a busy loop.
+    assert pacer.drained(0, recorder.dropped + 10**9, now=102.26) == _MIN_WAIT_S
