@@ -322,6 +322,10 @@ class DeviceResolver:
 
     # -- Worker hooks --------------------------------------------------------------------
     def __call__(self, batch: list[Any]) -> list[Any]:
+        if self.timing.pool is None and not self.parked and not self.limbo and not self.timing.dropped:
+            # No device chosen (yet, or ever: a CPU run): no record can carry an event, since
+            # events come from the pool, and every record in `batch` was recorded before now.
+            return batch
         parked = self.parked
         parked.extend(batch)
         out: list[Any] = []
