@@ -130,6 +130,30 @@ def step_span_id(run_id: str, step: int, rank: int, restart: int = 0) -> int:
     return _digest_int(f"otel_train/step/{run_id}/", f"{step}/{rank}/{restart}", 8)
 
 
+class StepIds:
+    """`trace_id_for` and `step_span_id` of one run and rank, as the big-endian bytes of the
+    ids (what the OTLP fields hold): the exporter needs both for every step, and the run's
+    prefix states are looked up once here, not per call. Returns None for the all-zero digest
+    that the int forms map to 1 (never seen: one in 2**64)."""
+
+    def __init__(self, run_id: str, rank: int, restart: int = 0) -> None:
+        self._trace = _hasher(f"otel_train/trace/{run_id}/", 16)
+        self._step = _hasher(f"otel_train/step/{run_id}/", 8)
+        self._suffix = f"/{rank}/{restart}"
+
+    def trace(self, step: int) -> bytes | None:
+        hasher = self._trace.copy()
+        hasher.update(str(step).encode())
+        digest = hasher.digest()
+        return digest if any(digest) else None
+
+    def step_span(self, step: int) -> bytes | None:
+        hasher = self._step.copy()
+        hasher.update(f"{step}{self._suffix}".encode())
+        digest = hasher.digest()
+        return digest if any(digest) else None
+
+
 def region_wire_id(salt: int, seq: int) -> int:
     """The `seq`-th region's span id as the exporter writes it: a little-endian fixed64 of this
     number is the id's 8 bytes. A multiply by an odd constant and an xor with the process's

@@ -25,8 +25,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_train import semconv
-from otel_train._distributed import (MASK64, REGION_ID_MULTIPLIER, RunInfo, parse_traceparent, region_span_id,
-                                     step_span_id, trace_id_for, wire_id)
+from otel_train._distributed import (MASK64, REGION_ID_MULTIPLIER, RunInfo, StepIds, parse_traceparent,
+                                     region_span_id, step_span_id, trace_id_for, wire_id)
 from otel_train._metrics import TrainMetrics
 from otel_train._otlp import (KIND_INTERNAL, REGION_HEAD, REGION_HEAD_PARENT, TAIL_LOCAL, LeanEncoder,
                               region_prefix)
@@ -163,6 +163,7 @@ class SpanAssembler:
         self._prev_step_end: int | None = None
         self._trace_ids: dict[int | None, int] = {}
         self._step_ids: dict[int, int] = {}
+        self._ids = StepIds(run.run_id, run.rank, run.restart)
         self.spans_built = 0
 
     # -- public ------------------------------------------------------------------------
@@ -233,10 +234,19 @@ class SpanAssembler:
                     continue
                 name_field = self._fast_name(name)
             if attrs:
-                user = self._fast_attrs(name, attrs, attr_kvs)
+                user = None
+                if len(attrs) == 1:  # the usual user attribute, looked up here: no call
+                    ((key, value),) = attrs.items()
+                    try:
+                        user = attr_kvs.get((name, key, type(value), value))
+                    except TypeError:  # unhashable: a list value
+                        keep(record)
+                        continue
                 if user is None:
-                    keep(record)
-                    continue
+                    user = self._fast_attrs(name, attrs, attr_kvs)
+                    if user is None:
+                        keep(record)
+                        continue
             else:
                 user = b""
             spans = durations.get(name)
@@ -298,8 +308,15 @@ class SpanAssembler:
                 LeanEncoder.trace_field(self._trace_id(None)), None, b"", True, None)
         else:
             root = self._root_step_id(step_n)
-            found = (LeanEncoder.trace_field(self._trace_id(step_n)), wire_id(self._step_span_id(step_n)),
-                     self._step_number(step_n), self._sampled(step_n), wire_id(root) if root else None)
+            root_wire = wire_id(root) if root else None
+            trace = self._ids.trace(step_n) if type(step_n) is int else None
+            span = self._ids.step_span(step_n) if trace is not None else None
+            if span is not None:  # the usual step: the ids' bytes as they go on the wire
+                found = (b"\x0a\x10" + trace, int.from_bytes(span, "little"),  # type: ignore[operator]
+                         self._step_number(step_n), self._sampled(step_n), root_wire)
+            else:
+                found = (LeanEncoder.trace_field(self._trace_id(step_n)), wire_id(self._step_span_id(step_n)),
+                         self._step_number(step_n), self._sampled(step_n), root_wire)
         self._fast_steps[step_n] = found
         return found
 

@@ -7,8 +7,8 @@ import os
 
 from procs import run_python
 
-from otel_train._distributed import (detect_run_info, format_traceparent, parse_traceparent, region_span_id,
-                                     step_span_id, trace_id_for)
+from otel_train._distributed import (StepIds, detect_run_info, format_traceparent, parse_traceparent,
+                                     region_span_id, step_span_id, trace_id_for)
 
 
 def test_ranks_and_run_id_from_torchrun_variables() -> None:
@@ -51,6 +51,13 @@ def test_trace_ids_are_deterministic_across_processes_and_distinct_per_step() ->
     assert len(ids) == 1002
     assert all(0 < t < 2**128 for t in ids)
     assert step_span_id("run-a", 5, 0, restart=1) != step_span_id("run-a", 5, 0)
+
+
+def test_the_exporters_step_ids_are_the_same_ids_as_bytes() -> None:
+    ids = StepIds("run-a", rank=3, restart=2)
+    for step in (0, 1, 5, 10**12):
+        assert ids.trace(step) == trace_id_for("run-a", step).to_bytes(16, "big")
+        assert ids.step_span(step) == step_span_id("run-a", step, 3, 2).to_bytes(8, "big")
 
 
 def test_region_span_ids_are_unique_and_nonzero() -> None:
