@@ -513,7 +513,8 @@ def _print_steps(label: str, res: dict[str, Any]) -> None:
         _print(f"step_overhead_pct_sdk{label}", res["sdk_overhead_pct"])
 
 
-def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thread")) -> int:
+def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thread"), rounds: int = 15,
+                 steps: tuple[str, ...] = ("large", "small")) -> int:
     import torch
 
     import otel_train
@@ -522,7 +523,8 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
     # Blocks of about two and a half seconds (large step) and two (small), at the default drain
     # and export intervals: what the export pipeline holds at the end of an instrumented block
     # is caught up while plain steps run (`_catch_up`), and what it costs them is the block's.
-    rounds, block, region_n, region_rounds = (3, 5, 1000, 3) if quick else (15, 120, 2000, 25)
+    block, region_n, region_rounds = (5, 1000, 3) if quick else (120, 2000, 25)
+    rounds = 3 if quick else rounds
     receiver = _Receiver()
     provider, tracer = _sdk_tracer(receiver.endpoint)
     try:
@@ -542,20 +544,23 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
                 figures.update(bench_export_cpu(100 if quick else 2000, 2 if quick else 5))
                 for name, value in figures.items():
                     _print(name, value)
-            large = bench_steps(_Workload("large"), rounds, block)
-            small = bench_steps(_Workload("small"), rounds, block * 6,
-                                tracer if index == 0 else None, lambda: provider.force_flush())
-            for label, res in (("", large), ("_small", small)):
-                _print_steps(f"{label}{suffix}", res)  # (SDK figures: first mode only, no suffix)
+            if "large" in steps:
+                _print_steps(suffix, bench_steps(_Workload("large"), rounds, block))
+            if "small" in steps:  # (SDK figures: first mode only, no suffix)
+                _print_steps(f"_small{suffix}", bench_steps(_Workload("small"), rounds, block * 6,
+                                                            tracer if index == 0 else None,
+                                                            lambda: provider.force_flush()))
             if index == 0:
-                for label, work, steps in (("", _Workload("large"), block), ("_small", _Workload("small"), block * 6)):
-                    res = bench_auto(work, rounds, steps)
+                for label, size, block_steps in (("", "large", block), ("_small", "small", block * 6)):
+                    if size not in steps:
+                        continue
+                    res = bench_auto(_Workload(size), rounds, block_steps)
                     _print(f"step_ms_plain_auto_baseline{label}", res["plain"])
                     _print(f"step_ms_auto{label}", res["auto"])
                     _print(f"step_overhead_pct_auto{label}", res["overhead_pct"])
                     _print_ci(f"step_overhead_pct_auto{label}", res["overhead_ci95_pct"])
                     _print(f"step_noise_pct_auto{label}", res["noise_pct"])
-                spare = bench_spare_core(rounds, block * 6)
+                spare = bench_spare_core(rounds, block * 6) if "small" in steps else None
                 if spare is not None:
                     _print("torch_threads_spare_core", torch.get_num_threads() - 1)
                     _print_steps("_small_spare_core", spare)

@@ -1,7 +1,8 @@
 """The `otel-train` command line.
 
     otel-train run train.py [args...]      run a script instrumented (like opentelemetry-instrument)
-    otel-train bench overhead [--quick]    what instrumentation costs, against a baseline in the same run
+    otel-train bench overhead [--quick] [--rounds N] [--step large|small|both] [--mode M]
+                                           what instrumentation costs, against a baseline in the same run
     otel-train bench device [--steps N]    device timing: synchronisations added, device vs profiler time
 """
 
@@ -27,6 +28,13 @@ def _parser() -> argparse.ArgumentParser:
                           help="export mode(s) to measure: the exporter process (default priority), the "
                                "exporter process at idle priority, the worker thread, or all (default), "
                                "process first")
+    overhead.add_argument("--rounds", type=int, default=15,
+                          help="rounds of interleaved blocks per step benchmark (default 15; more narrow "
+                               "the confidence intervals on a noisy machine)")
+    overhead.add_argument("--step", choices=("large", "small", "both"), default="both",
+                          help="which step benchmarks to run, each with its automatic-instrumentation "
+                               "variant (and the small one's spare-core variant): the ~20 ms step, the "
+                               "~2.5 ms one, or both (default)")
     device = bench_sub.add_parser("device", help="device timing: synchronisations and device durations")
     device.add_argument("--steps", type=int, default=50, help="training steps per variant (default 50)")
     return parser
@@ -45,8 +53,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "bench" and args.bench == "overhead":
         from otel_train._bench import run_overhead
+        if args.rounds < 3:
+            parser.error("--rounds must be an integer >= 3")
         modes = ("process", "idle", "thread") if args.mode == "all" else (args.mode,)
-        return run_overhead(quick=args.quick, modes=modes)
+        steps = ("large", "small") if args.step == "both" else (args.step,)
+        return run_overhead(quick=args.quick, modes=modes, rounds=args.rounds, steps=steps)
     if args.command == "bench" and args.bench == "device":
         if args.steps < 1:
             parser.error("--steps must be a positive integer")

@@ -39,6 +39,8 @@ def test_bench_overhead_prints_every_figure_as_name_value() -> None:
     (["bench"], "required"),
     (["bench", "overhead", "--mode", "fast"], "invalid choice"),
     (["bench", "device", "--steps", "0"], "--steps must be a positive integer"),
+    (["bench", "overhead", "--rounds", "2"], "--rounds must be an integer >= 3"),
+    (["bench", "overhead", "--step", "medium"], "invalid choice"),
     (["frobnicate"], "invalid choice"),
 ])
 def test_bad_cli_arguments_get_one_clear_message(argv: list[str], message: str) -> None:
