@@ -78,3 +78,26 @@ def test_overhead_interval_is_the_binomial_order_statistics_around_the_median() 
     order: list[str] = []
     _run_alternating(3, [lambda: order.append("a"), lambda: order.append("b")])
     assert order == ["a", "b", "b", "a", "a", "b"]
+
+
+def test_a_blocks_leftover_work_is_caught_up_while_plain_steps_run_and_charged_beyond_them() -> None:
+    import threading
+
+    from otel_train._bench import _Block, _catch_up
+
+    finished = threading.Event()
+    ran: list[int] = []
+
+    def plain() -> None:  # the fifth plain step lets the leftover work finish
+        ran.append(1)
+        if len(ran) == 5:
+            finished.set()
+
+    elapsed_ns, steps, _ = _catch_up(lambda: finished.wait(30), plain)
+    # Plain steps ran until the work was done (and until the loop saw it), every one counted.
+    assert steps == len(ran) >= 5 and elapsed_ns > 0
+
+    block = _Block(10, 10_000_000)  # 10 steps in 10 ms
+    block.catch_ns, block.catch_steps = 7_000_000, 5  # then 5 plain steps took 7 ms, not 5
+    assert block.ms_per_step(plain_ms=1.0) == pytest.approx(1.2)  # the 2 ms beyond them are the block's
+    assert _Block(10, 10_000_000).ms_per_step(plain_ms=1.0) == pytest.approx(1.0)
