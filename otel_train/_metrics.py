@@ -218,17 +218,28 @@ class TrainMetrics:
         for index, reader in enumerate(readers):
             reader._set_collect_callback(self._collector(index))
 
-    def observe(self, name: str, duration_s: float, attrs: Mapping[str, Any]) -> None:
+    def observe_step(self, duration_s: float, attrs: Mapping[str, Any]) -> None:
+        """A step span's own time and attributes (`observe` for `train.step`)."""
         with self.lock:
-            if name == semconv.SPAN_STEP:
-                self.step_duration.record(duration_s)
-                if duration_s > 0:
-                    for key, gauge in ((semconv.TRAIN_TOKENS, self.tokens_per_s),
-                                       (semconv.TRAIN_SAMPLES, self.samples_per_s)):
-                        count = attrs.get(key)
-                        if isinstance(count, (int, float)) and not isinstance(count, bool):
-                            gauge.set(count / duration_s, self._time_ns())
-            elif name in self._phases:
+            self.step_duration.record(duration_s)
+            if duration_s > 0 and (semconv.TRAIN_TOKENS in attrs or semconv.TRAIN_SAMPLES in attrs):
+                for key, gauge in ((semconv.TRAIN_TOKENS, self.tokens_per_s),
+                                   (semconv.TRAIN_SAMPLES, self.samples_per_s)):
+                    count = attrs.get(key)
+                    if isinstance(count, (int, float)) and not isinstance(count, bool):
+                        gauge.set(count / duration_s, self._time_ns())
+            if semconv.DEVICE_DURATION_S in attrs:
+                device_s = attrs[semconv.DEVICE_DURATION_S]
+                if isinstance(device_s, float):
+                    self.device_duration.record(device_s, semconv.SPAN_STEP,
+                                                {semconv.METRIC_ATTR_PHASE: semconv.SPAN_STEP})
+
+    def observe(self, name: str, duration_s: float, attrs: Mapping[str, Any]) -> None:
+        if name == semconv.SPAN_STEP:
+            self.observe_step(duration_s, attrs)
+            return
+        with self.lock:
+            if name in self._phases:
                 self.phase_duration.record(duration_s, name, {semconv.METRIC_ATTR_PHASE: name})
             else:
                 histogram = self._by_span.get(name)

@@ -70,12 +70,14 @@ def _varint(value: int) -> bytes:
     return _varint_slow(value)
 
 
-_REGION_PREFIXES = tuple(b"\x12" + v for v in _SMALL_VARINTS)
+#: The tag and length of a `ScopeSpans.spans` field, for every length under REGION_PREFIXES_MAX.
+REGION_PREFIXES = tuple(b"\x12" + v for v in _SMALL_VARINTS)
+REGION_PREFIXES_MAX = len(REGION_PREFIXES)
 
 
 def region_prefix(length: int) -> bytes:
     """The tag and length of a `ScopeSpans.spans` field holding `length` bytes."""
-    return _REGION_PREFIXES[length] if length < 16384 else b"\x12" + _varint_slow(length)
+    return REGION_PREFIXES[length] if length < REGION_PREFIXES_MAX else b"\x12" + _varint_slow(length)
 
 
 def _tag(field: int, wire_type: int) -> bytes:

@@ -28,8 +28,8 @@ from otel_train import semconv
 from otel_train._distributed import (MASK64, REGION_ID_MULTIPLIER, RunInfo, StepIds, parse_traceparent,
                                      region_span_id, step_span_id, trace_id_for, wire_id)
 from otel_train._metrics import TrainMetrics
-from otel_train._otlp import (KIND_INTERNAL, REGION_HEAD, REGION_HEAD_PARENT, TAIL_LOCAL, LeanEncoder,
-                              region_prefix)
+from otel_train._otlp import (KIND_INTERNAL, REGION_HEAD, REGION_HEAD_PARENT, REGION_PREFIXES, REGION_PREFIXES_MAX,
+                              TAIL_LOCAL, LeanEncoder, region_prefix)
 from otel_train._recorder import (KIND_EVENT, KIND_SPAN, KIND_STEP, KIND_TAG, W_ATTRS, W_DEV, W_ERROR,
                                   W_EVENTS, W_LINKS, W_NAME, W_PARENT, W_SEQ, W_STEP, W_STEP_SEQ, W_T0,
                                   W_T1, W_TRUNC, to_wire)
@@ -155,7 +155,7 @@ class SpanAssembler:
         self.fast = encoder is not None  # `feed_raw` may encode usual records directly (tests turn it off)
         self._windows: dict[str, tuple[Sequence[float], list[Any]]] = {}
         self._attr_kvs: dict[tuple[str, Any, type, Any], bytes] = {}
-        self._fast_names: dict[str, bytes] = {}  # name fields of names the fast path takes
+        self._fast_bodies: dict[Any, bytes] = {}  # `_fast_body`'s: name field + user attribute fields
         self._fast_steps: dict[int | None, tuple[bytes, int | None, bytes, bool, int | None]] = {}
         self._held: dict[int, _HeldStep] = {}
         self._orphans: dict[int, list[tuple[int, Any]]] = {}
@@ -212,52 +212,49 @@ class SpanAssembler:
 
         One loop with `LeanEncoder.region` and `region_wire_id` written out, and the metric
         windows filled once per span name for the batch: this is most of what the exporter
-        process does for a training loop, and every call here is paid per span."""
+        process does for a training loop, and every call here is paid per span. A span's name
+        and user attribute fields come as one cached `body` (per name, or per name and its
+        one attribute); the step's fields are looked up once per run of its regions."""
         rest: list[tuple[Any, ...]] = []
         keep, emit, join = rest.append, out.append, b"".join
-        names = self._fast_names
+        bodies = self._fast_bodies
         steps = self._fast_steps
-        attr_kvs = self._attr_kvs
         salt = self.salt
         pack, pack_parent = REGION_HEAD.pack, REGION_HEAD_PARENT.pack
         head_len, head_parent_len = REGION_HEAD.size + len(TAIL_LOCAL), REGION_HEAD_PARENT.size + len(TAIL_LOCAL)
         durations: dict[str, list[int]] = {}
+        last_step: Any = rest  # no step number is this list
+        trace_field, step_wire, step_kv, sampled = b"", None, b"", True
         for record in records:
             if record[0] != KIND_SPAN or record[8] is not None or record[9] is not None:
                 keep(record)  # a step or a note, an exception, an event
                 continue
             _, name, seq, parent_seq, (step_n, step_seq), t0, t1, attrs, _, _ = record
-            name_field = names.get(name)
-            if name_field is None:
-                if name in _SIBLING_TAGS:
+            if not attrs:
+                body = bodies.get(name)
+            elif len(attrs) == 1:  # the usual user attribute
+                ((key, value),) = attrs.items()
+                try:
+                    body = bodies.get((name, key, type(value), value))
+                except TypeError:  # unhashable: a list value
                     keep(record)
                     continue
-                name_field = self._fast_name(name)
-            if attrs:
-                user = None
-                if len(attrs) == 1:  # the usual user attribute, looked up here: no call
-                    ((key, value),) = attrs.items()
-                    try:
-                        user = attr_kvs.get((name, key, type(value), value))
-                    except TypeError:  # unhashable: a list value
-                        keep(record)
-                        continue
-                if user is None:
-                    user = self._fast_attrs(name, attrs, attr_kvs)
-                    if user is None:
-                        keep(record)
-                        continue
             else:
-                user = b""
+                body = None
+            if body is None:
+                body = self._fast_body(name, attrs)
+                if body is None:  # a checkpoint, eval or GC sibling, or an unusual attribute value
+                    keep(record)
+                    continue
             spans = durations.get(name)
             if spans is None:
                 spans = durations[name] = []
             spans.append(t1 - t0)
-            trace_field, step_wire, step_kv, sampled, _ = steps.get(step_n) or self._fast_step(step_n)
+            if step_n != last_step:
+                last_step = step_n
+                trace_field, step_wire, step_kv, sampled, _ = steps.get(step_n) or self._fast_step(step_n)
             if not sampled:
                 continue
-            if step_kv:
-                user += step_kv
             t0 += offset
             t1 += offset
             span_wire = ((seq * REGION_ID_MULTIPLIER) ^ salt) & MASK64 or 1
@@ -270,20 +267,36 @@ class SpanAssembler:
             if parent_wire:
                 head = pack_parent(trace_field, b"\x12\x08", span_wire, b"\x22\x08", parent_wire, KIND_INTERNAL,
                                    0x39, t0, 0x41, t1)
-                length = head_parent_len + len(name_field) + len(user)
+                length = head_parent_len + len(body) + len(step_kv)
             else:
                 head = pack(trace_field, b"\x12\x08", span_wire, KIND_INTERNAL, 0x39, t0, 0x41, t1)
-                length = head_len + len(name_field) + len(user)
-            emit(join((region_prefix(length), head, name_field, user, TAIL_LOCAL)))
+                length = head_len + len(body) + len(step_kv)
+            emit(join((REGION_PREFIXES[length] if length < REGION_PREFIXES_MAX else region_prefix(length),
+                       head, body, step_kv, TAIL_LOCAL)))
         for name, spans in durations.items():
             self._observe_regions(name, spans)
         return rest
 
-    def _fast_name(self, name: str) -> bytes:
-        if len(self._fast_names) >= _CACHE_MAX:
-            self._fast_names.clear()
-        field = self._fast_names[name] = self.encoder.name_field(name)  # type: ignore[union-attr]
-        return field
+    def _fast_body(self, name: str, attrs: Mapping[Any, Any] | None) -> bytes | None:
+        """A fast region's name field and user attribute fields, cached in `_fast_bodies` when
+        it has none or one attribute; None sends the record the general way."""
+        if name in _SIBLING_TAGS:
+            return None
+        bodies = self._fast_bodies
+        if len(bodies) >= _CACHE_MAX:
+            bodies.clear()
+        name_field = self.encoder.name_field(name)  # type: ignore[union-attr]
+        if not attrs:
+            bodies[name] = name_field
+            return name_field
+        user = self._fast_attrs(name, attrs, self._attr_kvs)
+        if user is None:
+            return None
+        body = name_field + user
+        if len(attrs) == 1:  # hashable: `_fast_attrs` looked it up
+            ((key, value),) = attrs.items()
+            bodies[(name, key, type(value), value)] = body
+        return body
 
     def _observe_regions(self, name: str, durations_ns: list[int]) -> None:
         """The host durations of a batch's fast regions of one name into its metric windows."""
@@ -555,4 +568,4 @@ class SpanAssembler:
 
     def _observe_step(self, time_s: float, attrs: Mapping[str, Any]) -> None:
         if self.metrics is not None:
-            self.metrics.observe(semconv.SPAN_STEP, time_s, attrs)
+            self.metrics.observe_step(time_s, attrs)

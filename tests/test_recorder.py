@@ -254,6 +254,19 @@ def test_step_sampling_keeps_metrics_for_every_step() -> None:
     assert phase_hist.count == 6 and phase_hist.attributes == {semconv.METRIC_ATTR_PHASE: semconv.SPAN_FORWARD}
 
 
+def test_tokens_and_samples_per_second_come_from_the_steps_own_time() -> None:
+    h = Harness()
+    for tokens in (4096, 2048):
+        with otel_train.step(**{semconv.TRAIN_TOKENS: tokens, semconv.TRAIN_SAMPLES: 8}):
+            h.clock.advance(500_000_000)  # 0.5 s
+    with otel_train.step(**{semconv.TRAIN_TOKENS: True}):  # not a count: no gauge value from it
+        h.clock.advance(500_000_000)
+    h.finish()
+    (tokens_per_s,) = h.metric_points(semconv.METRIC_THROUGHPUT_TOKENS)
+    (samples_per_s,) = h.metric_points(semconv.METRIC_THROUGHPUT_SAMPLES)
+    assert (tokens_per_s.value, samples_per_s.value) == (4096.0, 16.0)  # the last step that had them
+
+
 def test_forked_child_records_nothing(harness: Harness) -> None:
     pid = os.fork()
     if pid == 0:  # the child: a DataLoader worker, say
