@@ -72,6 +72,10 @@ class Sink(Protocol):
         """True once everything sent has been exported (False at the timeout)."""
         ...
 
+    def drained(self) -> None:
+        """The end of a worker drain (after its last `send`)."""
+        ...
+
 
 class LocalSink:
     """Runs the export pipeline on the worker thread."""
@@ -80,7 +84,11 @@ class LocalSink:
         self.pipeline = pipeline
 
     def send(self, segments: Segments, offset: int, dropped: Mapping[str, int]) -> None:
-        self.pipeline.feed(segments, offset, dropped)
+        self.pipeline.feed(segments, offset, dropped, export=False)
+
+    def drained(self) -> None:
+        """The end of a drain: one export call for all its slices (one per full request)."""
+        self.pipeline.export_pending()
 
     def close(self, deadline: float) -> dict[str, int]:
         return self.pipeline.shutdown(deadline)
@@ -89,7 +97,7 @@ class LocalSink:
         return False  # an exporter call on this thread cannot be interrupted
 
     def wait_idle(self, timeout_s: float) -> bool:
-        return True  # `send` exports before it returns
+        return True  # a drain exports before it returns
 
 
 def _child_env() -> dict[str, str]:
@@ -137,6 +145,10 @@ class ProcessSink:
             self._fallback.send(segments, offset, dropped)
         else:
             self.lost += count  # aborted at the shutdown bound
+
+    def drained(self) -> None:
+        if self._fallback is not None:  # the exporter process coalesces export calls itself
+            self._fallback.drained()
 
     def close(self, deadline: float) -> dict[str, int]:
         if self._fallback is not None:
@@ -347,8 +359,13 @@ class Worker:
         moved = 0
         with self._busy:
             offset = wall_offset(self.recorder.clock)
+            # What is in the buffer now; what the loop records meanwhile waits for the next
+            # drain. Chasing it, a drain whose slices each took a while (an export call per
+            # slice in thread mode) went on for as long as training did, a few records a slice.
+            left = len(self.recorder.buf) if final_deadline is None else float("inf")
             while True:
-                raw = self.recorder.drain(_SLICE)
+                raw = self.recorder.drain(int(min(_SLICE, left)))
+                left -= len(raw)
                 batch = raw if self.resolve is None else self.resolve(raw)
                 if batch:
                     moved += self._send(batch, offset)
@@ -360,6 +377,12 @@ class Worker:
                 rest = flush(final_deadline)
                 if rest:
                     moved += self._send(rest, offset)
+            drained = getattr(self.sink, "drained", None)
+            if drained is not None:
+                try:
+                    drained()
+                except Exception as err:  # noqa: BLE001 - never let the worker die
+                    _log.warning("otel_train: exporting failed: %s", err)
         return moved
 
     def _send(self, batch: list[Any], offset: int) -> int:

@@ -168,3 +168,62 @@ def test_the_drain_pacer_counts_what_a_full_buffer_dropped_as_arrived() -> None:
     assert pacer.drained(len(recorder.drain(10**6)), recorder.dropped, now=102.25) == 2.0
     # A flood never makes it a busy loop.
     assert pacer.drained(0, recorder.dropped + 10**9, now=102.26) == _MIN_WAIT_S
+
+
+def test_a_drain_takes_what_the_buffer_held_when_it_began() -> None:
+    from otel_train._clock import SystemClock
+    from otel_train._recorder import Recorder
+    from otel_train._worker import _SLICE, Worker
+
+    recorder = Recorder(1 << 16, SystemClock())
+
+    class SlowSink:
+        """Each slice takes long enough for the training loop to record two more records."""
+
+        def __init__(self) -> None:
+            self.slices: list[int] = []
+
+        def send(self, segments, offset, dropped) -> None:
+            self.slices.append(sum(len(records) for _, records in segments))
+            if len(self.slices) <= 4:  # (a drain that chased them would otherwise never end)
+                recorder.append(("meanwhile", 1))
+                recorder.append(("meanwhile", 2))
+
+        def close(self, deadline: float) -> dict[str, int]:
+            return {}
+
+    for i in range(3 * _SLICE + 10):
+        recorder.append(("record", i))
+    sink = SlowSink()
+    moved = Worker(recorder, sink, 1e9).drain()
+    assert moved == 3 * _SLICE + 10 and sink.slices == [_SLICE, _SLICE, _SLICE, 10]
+    assert len(recorder.buf) == 8  # what came meanwhile waits for the next drain
+
+
+def test_thread_mode_makes_one_export_call_per_drain_not_per_slice(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    import otel_train
+    from otel_train import _pipeline, _runtime, semconv
+
+    calls: list[int] = []
+
+    class CountingExporter:
+        def export(self, spans) -> SpanExportResult:
+            calls.append(len(spans))
+            return SpanExportResult.SUCCESS
+
+        def shutdown(self) -> None:
+            pass
+
+    monkeypatch.setattr(_pipeline, "build_span_exporter", lambda cfg, run: CountingExporter())
+    otel_train.init(run_id="one-call", export_mode="thread", metrics_exporter="none", flush_interval_ms=10**9)
+    for n in range(100):  # 1,000 records: four slices of the worker's drain
+        with otel_train.step(n):
+            for _ in range(9):
+                with otel_train.span(semconv.SPAN_FORWARD):
+                    pass
+    _runtime.state().worker.drain()
+    assert calls == [999]  # the last step waits for its tags until the next one (or shutdown)
+    otel_train.shutdown()
+    assert calls == [999, 1]
