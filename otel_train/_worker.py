@@ -46,6 +46,7 @@ _SLICE = 256
 _MIN_WAIT_S = 0.02
 _FIRST_WAIT_S = 0.25
 _FRAME = struct.Struct("<I")
+_PIPE_BYTES = 1 << 20
 ENV_CHILD = "OTEL_TRAIN_EXPORTER_CHILD"
 
 
@@ -100,6 +101,19 @@ class LocalSink:
         return True  # a drain exports before it returns
 
 
+def _widen_pipe(pipe: Any) -> None:
+    """Give the pipe to the exporter process room for a whole drain (Linux; 1 MiB is what an
+    unprivileged process may ask for by default): with the default 64 KiB the worker blocked
+    and woke several times a drain, and a drain cost it 0.67-0.71 µs of CPU a record on the
+    small benchmark step instead of 0.57-0.65."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(pipe.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_BYTES)
+    except (ImportError, OSError, ValueError):
+        pass  # not Linux, or a lower limit: the default size works, a little less cheaply
+
+
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     env[ENV_CHILD] = "1"
@@ -129,6 +143,7 @@ class ProcessSink:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "otel_train._exporter_process"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_child_env(), close_fds=True)
+        _widen_pipe(self.proc.stdin)
         self._reader = threading.Thread(target=self._read_progress, name="otel_train-exporter-reader",
                                         daemon=True)
         self._reader.start()

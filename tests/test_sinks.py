@@ -227,3 +227,22 @@ def test_thread_mode_makes_one_export_call_per_drain_not_per_slice(monkeypatch: 
     assert calls == [999]  # the last step waits for its tags until the next one (or shutdown)
     otel_train.shutdown()
     assert calls == [999, 1]
+
+
+def test_the_pipe_to_the_exporter_process_holds_a_whole_drain(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    fcntl = pytest.importorskip("fcntl")
+    limit = "/proc/sys/fs/pipe-max-size"
+    if not os.path.exists(limit) or int(open(limit).read()) < 1 << 20:
+        pytest.skip("no Linux pipe resizing to 1 MiB here")
+    import otel_train
+    from otel_train import _runtime
+    from otel_train._worker import ProcessSink
+
+    monkeypatch.chdir(tmp_path)
+    otel_train.init(run_id="pipe", export_mode="process")
+    sink = _runtime.state().worker.sink
+    assert isinstance(sink, ProcessSink)
+    assert fcntl.fcntl(sink.proc.stdin.fileno(), fcntl.F_GETPIPE_SZ) == 1 << 20  # 64 KiB by default
+    otel_train.shutdown()
