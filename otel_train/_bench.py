@@ -6,10 +6,11 @@ span (`start_as_current_span` + `BatchSpanProcessor` + OTLP exporter), and the d
 `otel_train.span`. Steps: a ~20 ms transformer-like step and a ~2.5 ms step with gradient
 accumulation 2 (9 regions), plain vs instrumented with the explicit API, vs hand-written SDK
 spans, and vs automatic instrumentation (`TorchTrainingInstrumentor`), exporting over OTLP
-gRPC to a live local receiver in its own process (at idle CPU priority: it stands in for a
-collector on another machine). Background costs are charged to the instrumented blocks: the
-worker and the exporter run during them, and what they have left at the end of a block is
-caught up while plain steps run, whose slowdown is the block's (`_catch_up`). Also the export pipeline's CPU per span stage by stage, measured alone
+gRPC to a live local receiver in its own process (at nice +19, replying without parsing: it
+stands in for a collector on another machine). Background costs are charged to the
+instrumented blocks: the worker and the exporter run during them, and what they have left at
+the end of a block is caught up while plain steps run, whose slowdown is the block's
+(`_catch_up`). Also the export pipeline's CPU per span stage by stage, measured alone
 (`export_*_us_per_span*`), fast path against general path. Overheads are the median over
 rounds of each round's own ratio (its blocks ran back to back, in alternating order), with a
 distribution-free 95 % confidence interval for that median (`*_ci95_lo`, `*_ci95_hi`): a target
@@ -191,6 +192,10 @@ class _Block:
         self.steps, self.elapsed_ns = steps, elapsed_ns
         self.catch_steps = self.catch_ns = self.helper_cpu_ns = 0
 
+    def plain_ms_per_step(self) -> float:
+        """ms per step of the timed steps alone (a plain block: nothing to catch up)."""
+        return self.elapsed_ns / self.steps / 1e6
+
     def ms_per_step(self, plain_ms: float) -> float:
         """The block's steps charged with what its leftover work cost the plain steps after
         it: their time beyond `plain_ms` a step (the same round's plain block)."""
@@ -268,8 +273,7 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
     sdk: list[_Block] = []
     worker_cpu = child_cpu = inst_steps = 0
     def run_plain() -> None:
-        block = _timed_block(work.plain, block_steps)
-        plain.append(block.elapsed_ns / block.steps / 1e6)
+        plain.append(_timed_block(work.plain, block_steps).plain_ms_per_step())
 
     def run_instrumented() -> None:
         nonlocal worker_cpu, child_cpu, inst_steps
@@ -344,8 +348,7 @@ def bench_auto(work: _Workload, rounds: int, block_steps: int) -> dict[str, Any]
     plain: list[float] = []
     auto: list[_Block] = []
     def run_plain() -> None:
-        block = _timed_block(work.plain, block_steps)
-        plain.append(block.elapsed_ns / block.steps / 1e6)
+        plain.append(_timed_block(work.plain, block_steps).plain_ms_per_step())
 
     def run_auto() -> None:
         instrumentor.instrument()

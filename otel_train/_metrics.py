@@ -228,11 +228,7 @@ class TrainMetrics:
                     count = attrs.get(key)
                     if isinstance(count, (int, float)) and not isinstance(count, bool):
                         gauge.set(count / duration_s, self._time_ns())
-            if semconv.DEVICE_DURATION_S in attrs:
-                device_s = attrs[semconv.DEVICE_DURATION_S]
-                if isinstance(device_s, float):
-                    self.device_duration.record(device_s, semconv.SPAN_STEP,
-                                                {semconv.METRIC_ATTR_PHASE: semconv.SPAN_STEP})
+            self._observe_device(semconv.SPAN_STEP, attrs)
 
     def observe(self, name: str, duration_s: float, attrs: Mapping[str, Any]) -> None:
         if name == semconv.SPAN_STEP:
@@ -245,9 +241,13 @@ class TrainMetrics:
                 histogram = self._by_span.get(name)
                 if histogram is not None:
                     histogram.record(duration_s)
-            device_s = attrs.get(semconv.DEVICE_DURATION_S)
-            if isinstance(device_s, float):
-                self.device_duration.record(device_s, name, {semconv.METRIC_ATTR_PHASE: name})
+            self._observe_device(name, attrs)
+
+    def _observe_device(self, name: str, attrs: Mapping[str, Any]) -> None:
+        """The span's device duration, if it has one (under `lock`)."""
+        device_s = attrs.get(semconv.DEVICE_DURATION_S)
+        if isinstance(device_s, float):
+            self.device_duration.record(device_s, name, {semconv.METRIC_ATTR_PHASE: name})
 
     def span_windows(self, name: str) -> tuple[Sequence[float], list[_Window]]:
         """Bucket bounds and windows that `observe(name, ...)` adds a region's host duration to,

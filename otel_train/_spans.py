@@ -42,6 +42,7 @@ _MAX_ORPHANS = 1024  # tags/events waiting for a step record that may never come
 _SCALARS = (str, bool, int, float)
 _CACHE_MAX = 4096  # per-step and per-attribute caches of the fast path are cleared past this
 _NO_LOCK = nullcontext()
+_NO_STEP_YET = object()  # `_fast_regions` before its first region: equal to no step number
 
 
 class AttributeCleaner:
@@ -223,7 +224,7 @@ class SpanAssembler:
         pack, pack_parent = REGION_HEAD.pack, REGION_HEAD_PARENT.pack
         head_len, head_parent_len = REGION_HEAD.size + len(TAIL_LOCAL), REGION_HEAD_PARENT.size + len(TAIL_LOCAL)
         durations: dict[str, list[int]] = {}
-        last_step: Any = rest  # no step number is this list
+        last_step: Any = _NO_STEP_YET
         trace_field, step_wire, step_kv, sampled = b"", None, b"", True
         for record in records:
             if record[0] != KIND_SPAN or record[8] is not None or record[9] is not None:
@@ -289,7 +290,7 @@ class SpanAssembler:
         if not attrs:
             bodies[name] = name_field
             return name_field
-        user = self._fast_attrs(name, attrs, self._attr_kvs)
+        user = self._fast_attrs(name, attrs)
         if user is None:
             return None
         body = name_field + user
@@ -352,10 +353,11 @@ class SpanAssembler:
                 parts.append(kv(key, value))
         return b"".join(parts)
 
-    def _fast_attrs(self, name: str, attrs: Mapping[Any, Any], cache: dict[tuple[str, Any, type, Any], bytes]) -> bytes | None:
-        """User attributes as encoded `KeyValue` fields, cached (in `cache`, `_attr_kvs`) per span
-        name, key, type and value; None sends the record the general way (an unhashable or
-        unusual value)."""
+    def _fast_attrs(self, name: str, attrs: Mapping[Any, Any]) -> bytes | None:
+        """User attributes as encoded `KeyValue` fields, cached (`_attr_kvs`) per span name,
+        key, type and value; None sends the record the general way (an unhashable or unusual
+        value)."""
+        cache = self._attr_kvs
         parts = []
         try:
             for key, value in attrs.items():

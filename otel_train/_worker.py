@@ -74,7 +74,7 @@ class Sink(Protocol):
         ...
 
     def drained(self) -> None:
-        """The end of a worker drain (after its last `send`)."""
+        """The end of a worker drain, after its last `send` (optional: the worker looks for it)."""
         ...
 
 
@@ -377,9 +377,9 @@ class Worker:
             # What is in the buffer now; what the loop records meanwhile waits for the next
             # drain. Chasing it, a drain whose slices each took a while (an export call per
             # slice in thread mode) went on for as long as training did, a few records a slice.
-            left = len(self.recorder.buf) if final_deadline is None else float("inf")
+            left = len(self.recorder.buf) if final_deadline is None else sys.maxsize
             while True:
-                raw = self.recorder.drain(int(min(_SLICE, left)))
+                raw = self.recorder.drain(min(_SLICE, left))
                 left -= len(raw)
                 batch = raw if self.resolve is None else self.resolve(raw)
                 if batch:

@@ -230,11 +230,11 @@ def test_thread_mode_makes_one_export_call_per_drain_not_per_slice(monkeypatch: 
 
 
 def test_the_pipe_to_the_exporter_process_holds_a_whole_drain(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
+    from pathlib import Path
 
     fcntl = pytest.importorskip("fcntl")
-    limit = "/proc/sys/fs/pipe-max-size"
-    if not os.path.exists(limit) or int(open(limit).read()) < 1 << 20:
+    limit = Path("/proc/sys/fs/pipe-max-size")
+    if not limit.exists() or int(limit.read_text()) < 1 << 20:
         pytest.skip("no Linux pipe resizing to 1 MiB here")
     import otel_train
     from otel_train import _runtime
