@@ -26,6 +26,7 @@ import functools
 import inspect
 import itertools
 import logging
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
@@ -276,12 +277,15 @@ class _NoopRegion:
     """What `otel_train.span` hands out when disabled.
 
     `__enter__` / `__exit__` are assigned C-level callables below (not Python methods), so a
-    disabled `with otel_train.span(...)` costs the factory call and nothing more: `with` calls
-    them unbound, `__enter__` returns this object and `__exit__` returns "" (falsy: exceptions
-    propagate).
+    disabled `with otel_train.span(...)` costs the factory call and little more: `with` calls
+    them unbound. `__enter__` is a weak reference to this object (calling it returns the
+    object; the module keeps it alive). `__exit__` is `type.__prepare__`, which takes any
+    arguments and returns a new empty dict: falsy, so exceptions propagate. These are the
+    cheapest such callables measured here (about 20 ns a region below `repeat().__next__` with
+    `"".format`).
     """
 
-    __slots__ = ()
+    __slots__ = ("__weakref__",)
 
     async def __aenter__(self) -> _NoopRegion:
         return self
@@ -294,8 +298,8 @@ class _NoopRegion:
 
 
 NOOP = _NoopRegion()
-_NoopRegion.__enter__ = itertools.repeat(NOOP).__next__  # type: ignore[attr-defined]
-_NoopRegion.__exit__ = "".format  # type: ignore[attr-defined]
+_NoopRegion.__enter__ = weakref.ref(NOOP)  # type: ignore[attr-defined]
+_NoopRegion.__exit__ = type.__prepare__  # type: ignore[attr-defined]
 
 
 def noop_span(name: str, **attrs: Any) -> _NoopRegion:
