@@ -3,8 +3,10 @@ measured in the same process and run, interleaved (this machine is shared and no
 
 Regions: (a) two `perf_counter_ns` calls (the floor), (b) `otel_train.span`, (c) an OTel SDK
 span (`start_as_current_span` + `BatchSpanProcessor` + OTLP exporter), and the disabled
-`otel_train.span`. Steps: a ~20 ms transformer-like step and a ~2.5 ms step with gradient
-accumulation 2 (9 regions), plain vs instrumented with the explicit API, vs hand-written SDK
+`otel_train.span`, each timed back to back (warm caches) and once right after a training step
+(`region_ns_cold_*`: what a region between framework ops costs). Steps: a ~20 ms
+transformer-like step and a ~2.5 ms step with gradient accumulation 2 (9 regions), plain vs
+instrumented with the explicit API, vs hand-written SDK
 spans, and vs automatic instrumentation (`TorchTrainingInstrumentor`), exporting over OTLP
 gRPC to a live local receiver in its own process (at nice +19, replying without parsing: it
 stands in for a collector on another machine). Background costs are charged to the
@@ -110,6 +112,56 @@ def bench_regions(sdk_tracer: Any, sdk_flush: Callable[[], Any], n: int, rounds:
                 settle[name]()
     out = {name: statistics.median(values) for name, values in samples.items()}
     out["sdk_over_otel_train"] = out["region_ns_otel_sdk"] / max(out["region_ns_otel_train"], 1e-9)
+    return out
+
+
+def bench_cold_regions(sdk_tracer: Any, samples: int) -> dict[str, float]:
+    """The caller's cost of one region entered right after a training step (the ~2.5 ms one).
+
+    `bench_regions` times regions back to back, with the code and data they touch in the
+    CPU's caches. In a training loop a region is entered between framework ops, which have
+    evicted most of that: each sample here runs a plain step, then times one region (or, for
+    the floor, two `perf_counter_ns` calls) between two clock reads. Less the same two reads
+    with nothing between them after a step (their own cold cost), the median is the region's."""
+    import otel_train
+    from otel_train import _recorder
+
+    work = _Workload("small")
+    pc = time.perf_counter_ns
+
+    def regions(factory: Callable[..., Any]) -> Callable[[], int]:
+        def one() -> int:
+            t0 = pc()
+            with factory("bench.region"):
+                pass
+            return pc() - t0
+        return one
+
+    def floor() -> int:
+        t0 = pc()
+        pc()
+        pc()
+        return pc() - t0
+
+    def empty() -> int:
+        t0 = pc()
+        return pc() - t0
+
+    variants = {"empty": empty, "region_ns_cold_floor": floor,
+                "region_ns_cold_otel_train": regions(otel_train._span),
+                "region_ns_cold_otel_sdk": regions(sdk_tracer.start_as_current_span),
+                "region_ns_cold_disabled": regions(_recorder.noop_span)}
+    order = list(variants.items())
+    found: dict[str, list[int]] = {name: [] for name in variants}
+    for _ in range(3):
+        work.plain()
+    for i in range(samples):
+        for name, one in order[i % len(order):] + order[:i % len(order)]:  # each in every place
+            work.plain()
+            found[name].append(one())
+    base = statistics.median(found.pop("empty"))
+    out = {name: max(0.0, statistics.median(values) - base) for name, values in found.items()}
+    out["sdk_over_otel_train_cold"] = out["region_ns_cold_otel_sdk"] / max(out["region_ns_cold_otel_train"], 1e-9)
     return out
 
 
@@ -544,6 +596,7 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
                 _print("flush_interval_ms", cfg.flush_interval_ms)
                 _print("export_delay_ms", cfg.export_delay_ms)
                 figures = bench_regions(tracer, provider.force_flush, region_n, region_rounds)
+                figures.update(bench_cold_regions(tracer, 20 if quick else 300))
                 figures.update(bench_export_cpu(100 if quick else 2000, 2 if quick else 5))
                 for name, value in figures.items():
                     _print(name, value)
