@@ -150,6 +150,23 @@ def test_data_span_covers_the_fetch_and_the_batch_copies_after_it(run: Run) -> N
         assert data["end_ns"] - data["start_ns"] == 4 * 1_000 + 2_000
 
 
+def test_tensor_to_is_patched_only_between_a_fetch_and_the_forward(run: Run) -> None:
+    clock = run.clock
+    model = Net(clock)
+    opt = ticking_sgd(model, clock)
+    seen = []
+    for x, y in DataLoader(Ticking(clock), batch_size=4):
+        seen.append("to" in vars(torch.Tensor))  # armed by the fetch
+        x = x.to(torch.float32)
+        loss = nn.functional.mse_loss(model(x), y)
+        seen.append("to" in vars(torch.Tensor))  # disarmed by the forward
+        loss.backward()
+        opt.step()
+    assert seen == [True, False] * (len(seen) // 2) and seen
+    t = run.finish()
+    assert all(view.children[0]["name"] == semconv.SPAN_DATA for view in t.steps.values())
+
+
 def test_gradient_accumulation_gives_one_step_with_k_micro_batches(run: Run) -> None:
     clock = run.clock
     model = Net(clock)
@@ -446,11 +463,13 @@ def test_uninstrument_restores_everything_and_instrumenting_twice_is_harmless() 
         assert _detect._gc_callback in installed["gc"]
         patched = _functions()
         assert all(patched[k] is not before_fn[k] for k in before_fn if not k.startswith("Tensor.to")), patched
-        assert patched["Tensor.to in Tensor.__dict__"]
+        assert not patched["Tensor.to in Tensor.__dict__"]  # patched only from a fetch to the forward
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # BaseInstrumentor says it is already instrumented
             instrumentor.instrument()
         assert _registries() == installed and _functions() == patched
+        next(iter(DataLoader(range(4), batch_size=2)))
+        assert "to" in vars(torch.Tensor)  # armed: uninstrument() must take it away too
     finally:
         instrumentor.uninstrument()
         otel_train.shutdown()
