@@ -12,8 +12,9 @@ gRPC to a live local receiver in its own process (at nice +19, replying without 
 stands in for a collector on another machine). Background costs are charged to the
 instrumented blocks: the worker and the exporter run during them, and what they have left at
 the end of a block is caught up while plain steps run, whose slowdown is the block's
-(`_catch_up`). Also the export pipeline's CPU per span stage by stage, measured alone
-(`export_*_us_per_span*`), fast path against general path. Overheads are the median over
+(`_catch_up`). The small step also runs instrumented blocks with the worker held off
+(`*_hot_path`): the training thread's own share. Also the export pipeline's CPU per span
+stage by stage, measured alone (`export_*_us_per_span*`), fast path against general path. Overheads are the median over
 rounds of each round's own ratio (its blocks ran back to back, in alternating order), with a
 distribution-free 95 % confidence interval for that median (`*_ci95_lo`, `*_ci95_hi`): a target
 is shown met only when the interval's upper end is within it. `step_noise_pct*` is the
@@ -311,7 +312,11 @@ def _charged(blocks: list[_Block], plain: list[float]) -> list[float]:
 
 
 def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any | None = None,
-                sdk_flush: Callable[[], Any] | None = None) -> dict[str, Any]:
+                sdk_flush: Callable[[], Any] | None = None, hot_path: bool = False) -> dict[str, Any]:
+    """Plain against instrumented blocks (and hand-written SDK spans, with `sdk_tracer`). With
+    `hot_path`, also instrumented blocks with the worker held off: their records wait in the
+    buffer and are drained and exported after the block, untimed, so what such a block costs
+    is the training thread's own work alone."""
     from otel_train import _runtime
 
     worker = _runtime.state().worker  # type: ignore[union-attr]
@@ -323,6 +328,7 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
     plain: list[float] = []
     inst: list[_Block] = []
     sdk: list[_Block] = []
+    hot: list[float] = []
     worker_cpu = child_cpu = inst_steps = 0
     def run_plain() -> None:
         plain.append(_timed_block(work.plain, block_steps).plain_ms_per_step())
@@ -339,7 +345,13 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
     def run_sdk() -> None:
         sdk.append(_timed_block(lambda: work.sdk(sdk_tracer), block_steps, sdk_flush, plain=work.plain))
 
-    _run_alternating(rounds, [run_plain, run_instrumented] + ([run_sdk] if sdk_tracer is not None else []))
+    def run_hot_path() -> None:
+        with worker.held():
+            hot.append(_timed_block(work.instrumented, block_steps).plain_ms_per_step())
+        worker.flush()
+
+    _run_alternating(rounds, [run_plain, run_instrumented] + ([run_sdk] if sdk_tracer is not None else [])
+                     + ([run_hot_path] if hot_path else []))
     charged = _charged(inst, plain)
     out: dict[str, Any] = {
         "plain": statistics.median(plain), "instrumented": statistics.median(charged),
@@ -354,6 +366,9 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
         sdk_charged = _charged(sdk, plain)
         out["sdk"] = statistics.median(sdk_charged)
         out["sdk_overhead_pct"] = _paired_overhead_pct(plain, sdk_charged)
+    if hot:
+        out["hot_path_overhead_pct"] = _paired_overhead_pct(plain, hot)
+        out["hot_path_ci95_pct"] = _paired_ci95_pct(plain, hot)
     return out
 
 
@@ -566,6 +581,9 @@ def _print_steps(label: str, res: dict[str, Any]) -> None:
     if "sdk" in res:
         _print(f"step_ms_sdk{label}", res["sdk"])
         _print(f"step_overhead_pct_sdk{label}", res["sdk_overhead_pct"])
+    if "hot_path_overhead_pct" in res:
+        _print(f"step_overhead_pct{label}_hot_path", res["hot_path_overhead_pct"])
+        _print_ci(f"step_overhead_pct{label}_hot_path", res["hot_path_ci95_pct"])
 
 
 def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thread"), rounds: int = 15,
@@ -605,7 +623,7 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
             if "small" in steps:  # (SDK figures: first mode only, no suffix)
                 _print_steps(f"_small{suffix}", bench_steps(_Workload("small"), rounds, block * 6,
                                                             tracer if index == 0 else None,
-                                                            lambda: provider.force_flush()))
+                                                            lambda: provider.force_flush(), hot_path=index == 0))
             if index == 0:
                 for label, size, block_steps in (("", "large", block), ("_small", "small", block * 6)):
                     if size not in steps:

@@ -446,6 +446,11 @@ class Worker:
             return None
         return result
 
+    def held(self) -> Any:
+        """Keep this worker from draining while the block runs: records wait in the buffer
+        (benchmarks only: `otel-train bench overhead` times the hot path alone with it)."""
+        return self._busy
+
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Drain now and wait until the sink has exported it all (benchmarks and tests only)."""
         self.drain()

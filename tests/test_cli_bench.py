@@ -15,7 +15,8 @@ REQUIRED = ["region_ns_floor", "region_ns_otel_train", "region_ns_otel_sdk", "re
             "step_overhead_pct_ci95_lo", "step_overhead_pct_ci95_hi",
             "step_overhead_pct_small_ci95_lo", "step_overhead_pct_small_ci95_hi",
             "region_ns_cold_floor", "region_ns_cold_otel_train", "region_ns_cold_otel_sdk",
-            "region_ns_cold_disabled", "sdk_over_otel_train_cold"]
+            "region_ns_cold_disabled", "sdk_over_otel_train_cold", "step_overhead_pct_small_hot_path",
+            "step_overhead_pct_small_hot_path_ci95_lo", "step_overhead_pct_small_hot_path_ci95_hi"]
 
 #: With two intra-op threads or more, the small step again with one thread fewer.
 SPARE_CORE = ["torch_threads_spare_core", "step_overhead_pct_small_spare_core",
