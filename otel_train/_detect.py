@@ -725,6 +725,12 @@ class _ToSwitch:
 
     def _restore(self) -> None:
         self.armed = False
+        if vars(self.owner).get("to") is not self.patched:
+            # Someone patched it over ours while armed: theirs stays, once, and we stop switching.
+            _log.warning("otel_train: Tensor.to was patched again by someone else; it keeps their "
+                         "wrapper, and a batch's copies to the device no longer count as data time.")
+            self.patched = None
+            return
         _unpatch(self.owner, "to", self.original, self.own, self.patched)
 
 

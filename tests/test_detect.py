@@ -167,6 +167,25 @@ def test_tensor_to_is_patched_only_between_a_fetch_and_the_forward(run: Run) -> 
     assert all(view.children[0]["name"] == semconv.SPAN_DATA for view in t.steps.values())
 
 
+def test_a_tensor_to_patched_over_ours_is_left_alone_and_said_once(run: Run, caplog: pytest.LogCaptureFixture) -> None:
+    model = Net(run.clock)
+    opt = ticking_sgd(model, run.clock)
+    theirs = []
+    for i, (x, y) in enumerate(DataLoader(Ticking(run.clock), batch_size=4)):
+        if i == 1:  # armed by this fetch: another library wraps Tensor.to over ours
+            ours = vars(torch.Tensor)["to"]
+            theirs.append(lambda self, *a, **k: ours(self, *a, **k))
+            torch.Tensor.to = theirs[0]
+        nn.functional.mse_loss(model(x.to(torch.float32)), y).backward()
+        opt.step()
+    try:
+        assert vars(torch.Tensor)["to"] is theirs[0]  # never taken away, never patched over again
+        assert sum("Tensor.to was patched again" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        del torch.Tensor.to
+    run.finish()
+
+
 def test_gradient_accumulation_gives_one_step_with_k_micro_batches(run: Run) -> None:
     clock = run.clock
     model = Net(clock)
