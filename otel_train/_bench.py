@@ -6,19 +6,19 @@ span (`start_as_current_span` + `BatchSpanProcessor` + OTLP exporter), and the d
 `otel_train.span`, each timed back to back (warm caches) and once right after a training step
 (`region_ns_cold_*`: what a region between framework ops costs). Steps: a ~20 ms
 transformer-like step and a ~2.5 ms step with gradient accumulation 2 (9 regions), plain vs
-instrumented with the explicit API, vs hand-written SDK
-spans, and vs automatic instrumentation (`TorchTrainingInstrumentor`), exporting over OTLP
-gRPC to a live local receiver in its own process (at nice +19, replying without parsing: it
-stands in for a collector on another machine). Background costs are charged to the
-instrumented blocks: the worker and the exporter run during them, and what they have left at
-the end of a block is caught up while plain steps run, whose slowdown is the block's
-(`_catch_up`). The small step also runs instrumented blocks with the worker held off
-(`*_hot_path`): the training thread's own share. Also the export pipeline's CPU per span
-stage by stage, measured alone (`export_*_us_per_span*`), fast path against general path. Overheads are the median over
+instrumented with the explicit API, vs hand-written SDK spans, and vs automatic
+instrumentation (`TorchTrainingInstrumentor`), exporting over OTLP gRPC to a live local
+receiver in its own process (at nice +19, replying without parsing: it stands in for a
+collector on another machine). Background costs are charged to the instrumented blocks: the
+worker and the exporter run during them, and what they have left at the end of a block is
+caught up while plain steps run, whose slowdown is the block's (`_catch_up`). The small step
+also runs instrumented blocks with the worker held off (`*_hot_path`): the training thread's
+own share. Also the export pipeline's CPU per span stage by stage, measured alone
+(`export_*_us_per_span*`), fast path against general path. Overheads are the median over
 rounds of each round's own ratio (its blocks ran back to back, in alternating order), with a
-distribution-free 95 % confidence interval for that median (`*_ci95_lo`, `*_ci95_hi`): a target
-is shown met only when the interval's upper end is within it. `step_noise_pct*` is the
-baseline's spread between rounds (IQR / median), the machine's noise. Output: one
+distribution-free 95 % confidence interval for that median (`*_ci95_lo`, `*_ci95_hi`): a
+target is shown met only when the interval's upper end is within it. `step_noise_pct*` is
+the baseline's spread between rounds (IQR / median), the machine's noise. Output: one
 `name: value` line per figure.
 """
 
@@ -89,22 +89,30 @@ def _regions(factory: Callable[..., Any]) -> Callable[[int], None]:
     return body
 
 
+def _region_factories(sdk_tracer: Any) -> dict[str, Callable[..., Any]]:
+    """What each region figure times, by the name's ending: `region_ns_<name>`."""
+    import otel_train
+    from otel_train import _recorder
+
+    return {"otel_train": otel_train._span, "otel_sdk": sdk_tracer.start_as_current_span,
+            "disabled": _recorder.noop_span}
+
+
+def _sdk_over_otel_train(out: dict[str, float], prefix: str) -> float:
+    return out[f"{prefix}otel_sdk"] / max(out[f"{prefix}otel_train"], 1e-9)
+
+
 def bench_regions(sdk_tracer: Any, sdk_flush: Callable[[], Any], n: int, rounds: int) -> dict[str, float]:
     """The caller's cost per region. Background export is settled (untimed) after every variant,
     so each one is timed with its own worker idle, as in a loop that makes regions at a
     training rate; what export costs a training loop is the step benchmark's to say."""
-    import otel_train
-    from otel_train import _recorder, _runtime
+    from otel_train import _runtime
 
     worker = _runtime.state().worker  # type: ignore[union-attr]
     settle = {"region_ns_otel_train": worker.flush, "region_ns_otel_sdk": sdk_flush}
 
-    variants = {
-        "region_ns_floor": _floor,
-        "region_ns_otel_train": _regions(otel_train._span),
-        "region_ns_otel_sdk": _regions(sdk_tracer.start_as_current_span),
-        "region_ns_disabled": _regions(_recorder.noop_span),
-    }
+    variants = {"region_ns_floor": _floor, **{f"region_ns_{name}": _regions(factory)
+                                              for name, factory in _region_factories(sdk_tracer).items()}}
     samples: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
         for name, body in variants.items():
@@ -112,7 +120,7 @@ def bench_regions(sdk_tracer: Any, sdk_flush: Callable[[], Any], n: int, rounds:
             if name in settle:
                 settle[name]()
     out = {name: statistics.median(values) for name, values in samples.items()}
-    out["sdk_over_otel_train"] = out["region_ns_otel_sdk"] / max(out["region_ns_otel_train"], 1e-9)
+    out["sdk_over_otel_train"] = _sdk_over_otel_train(out, "region_ns_")
     return out
 
 
@@ -124,9 +132,6 @@ def bench_cold_regions(sdk_tracer: Any, samples: int) -> dict[str, float]:
     evicted most of that: each sample here runs a plain step, then times one region (or, for
     the floor, two `perf_counter_ns` calls) between two clock reads. Less the same two reads
     with nothing between them after a step (their own cold cost), the median is the region's."""
-    import otel_train
-    from otel_train import _recorder
-
     work = _Workload("small")
     pc = time.perf_counter_ns
 
@@ -149,9 +154,8 @@ def bench_cold_regions(sdk_tracer: Any, samples: int) -> dict[str, float]:
         return pc() - t0
 
     variants = {"empty": empty, "region_ns_cold_floor": floor,
-                "region_ns_cold_otel_train": regions(otel_train._span),
-                "region_ns_cold_otel_sdk": regions(sdk_tracer.start_as_current_span),
-                "region_ns_cold_disabled": regions(_recorder.noop_span)}
+                **{f"region_ns_cold_{name}": regions(factory)
+                   for name, factory in _region_factories(sdk_tracer).items()}}
     order = list(variants.items())
     found: dict[str, list[int]] = {name: [] for name in variants}
     for _ in range(3):
@@ -162,7 +166,7 @@ def bench_cold_regions(sdk_tracer: Any, samples: int) -> dict[str, float]:
             found[name].append(one())
     base = statistics.median(found.pop("empty"))
     out = {name: max(0.0, statistics.median(values) - base) for name, values in found.items()}
-    out["sdk_over_otel_train_cold"] = out["region_ns_cold_otel_sdk"] / max(out["region_ns_cold_otel_train"], 1e-9)
+    out["sdk_over_otel_train_cold"] = _sdk_over_otel_train(out, "region_ns_cold_")
     return out
 
 

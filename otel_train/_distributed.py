@@ -113,21 +113,35 @@ def _hasher(prefix: str, size: int) -> Any:
     return hashlib.blake2b(prefix.encode(), digest_size=size)
 
 
-def _digest_int(prefix: str, rest: str, size: int) -> int:
-    """blake2b of `prefix + rest` as an int: the prefix's state is hashed once and copied."""
-    hasher = _hasher(prefix, size).copy()
+def _trace_hasher(run_id: str) -> Any:
+    """blake2b state of the prefix every trace id of `run_id` starts from (hashed once)."""
+    return _hasher(f"otel_train/trace/{run_id}/", 16)
+
+
+def _step_hasher(run_id: str) -> Any:
+    """The same for the step span ids of `run_id`."""
+    return _hasher(f"otel_train/step/{run_id}/", 8)
+
+
+def _digest(prefix: Any, rest: str) -> bytes:
+    """blake2b of the prefix state `prefix` followed by `rest` (the state is copied, not changed)."""
+    hasher = prefix.copy()
     hasher.update(rest.encode())
-    return int.from_bytes(hasher.digest(), "big") or 1  # all-zero ids are invalid in OTLP
+    return hasher.digest()
+
+
+def _id_int(digest: bytes) -> int:
+    return int.from_bytes(digest, "big") or 1  # all-zero ids are invalid in OTLP
 
 
 def trace_id_for(run_id: str, step: int | None) -> int:
     """The trace of step `step` of run `run_id` (one per step, the same on every rank)."""
-    return _digest_int(f"otel_train/trace/{run_id}/", "init" if step is None else str(step), 16)
+    return _id_int(_digest(_trace_hasher(run_id), "init" if step is None else str(step)))
 
 
 def step_span_id(run_id: str, step: int, rank: int, restart: int = 0) -> int:
     """Span id of rank `rank`'s `train.step` span; rank 0's is the root of the step's trace."""
-    return _digest_int(f"otel_train/step/{run_id}/", f"{step}/{rank}/{restart}", 8)
+    return _id_int(_digest(_step_hasher(run_id), f"{step}/{rank}/{restart}"))
 
 
 class StepIds:
@@ -137,20 +151,16 @@ class StepIds:
     that the int forms map to 1 (never seen: one in 2**64)."""
 
     def __init__(self, run_id: str, rank: int, restart: int = 0) -> None:
-        self._trace = _hasher(f"otel_train/trace/{run_id}/", 16)
-        self._step = _hasher(f"otel_train/step/{run_id}/", 8)
+        self._trace = _trace_hasher(run_id)
+        self._step = _step_hasher(run_id)
         self._suffix = f"/{rank}/{restart}"
 
     def trace(self, step: int) -> bytes | None:
-        hasher = self._trace.copy()
-        hasher.update(str(step).encode())
-        digest = hasher.digest()
+        digest = _digest(self._trace, str(step))
         return digest if any(digest) else None
 
     def step_span(self, step: int) -> bytes | None:
-        hasher = self._step.copy()
-        hasher.update(f"{step}{self._suffix}".encode())
-        digest = hasher.digest()
+        digest = _digest(self._step, f"{step}{self._suffix}")
         return digest if any(digest) else None
 
 
