@@ -13,7 +13,8 @@ collector on another machine). Background costs are charged to the instrumented 
 worker and the exporter run during them, and what they have left at the end of a block is
 caught up while plain steps run, whose slowdown is the block's (`_catch_up`). The small step
 also runs instrumented blocks with the worker held off (`*_hot_path`): the training thread's
-own share. Also the export pipeline's CPU per span stage by stage, measured alone
+own share; where the C hot path is built (`hot_path_in_c: 1`), its pure-Python fallback is
+timed beside it (`*_python`). Also the export pipeline's CPU per span stage by stage, measured alone
 (`export_*_us_per_span*`), fast path against general path. Overheads are the median over
 rounds of each round's own ratio (its blocks ran back to back, in alternating order), with a
 distribution-free 95 % confidence interval for that median (`*_ci95_lo`, `*_ci95_hi`): a
@@ -94,8 +95,11 @@ def _region_factories(sdk_tracer: Any) -> dict[str, Callable[..., Any]]:
     import otel_train
     from otel_train import _recorder
 
-    return {"otel_train": otel_train._span, "otel_sdk": sdk_tracer.start_as_current_span,
-            "disabled": _recorder.noop_span}
+    factories = {"otel_train": otel_train._span, "otel_sdk": sdk_tracer.start_as_current_span,
+                 "disabled": _recorder.noop_span}
+    if otel_train._span is not _recorder._PyRegion:  # the C hot path is in force: time its fallback too
+        factories["otel_train_python"] = _recorder._PyRegion
+    return factories
 
 
 def _sdk_over_otel_train(out: dict[str, float], prefix: str) -> float:
@@ -210,9 +214,9 @@ class _Workload:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
 
-    def instrumented(self) -> None:
+    def instrumented(self, span: Callable[..., Any] | None = None) -> None:
         import otel_train
-        self._spanned(otel_train._span, otel_train.step)
+        self._spanned(span or otel_train._span, otel_train.step)
 
     def sdk(self, tracer: Any) -> None:
         def span(name: str, **attrs: Any) -> Any:
@@ -321,7 +325,7 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
     `hot_path`, also instrumented blocks with the worker held off: their records wait in the
     buffer and are drained and exported after the block, untimed, so what such a block costs
     is the training thread's own work alone."""
-    from otel_train import _runtime
+    from otel_train import _recorder, _runtime
 
     worker = _runtime.state().worker  # type: ignore[union-attr]
     exporter_cpu = getattr(worker.sink, "cpu_ns", lambda: 0)
@@ -333,6 +337,7 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
     inst: list[_Block] = []
     sdk: list[_Block] = []
     hot: list[float] = []
+    hot_python: list[float] = []
     worker_cpu = child_cpu = inst_steps = 0
     def run_plain() -> None:
         plain.append(_timed_block(work.plain, block_steps).plain_ms_per_step())
@@ -349,13 +354,20 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
     def run_sdk() -> None:
         sdk.append(_timed_block(lambda: work.sdk(sdk_tracer), block_steps, sdk_flush, plain=work.plain))
 
-    def run_hot_path() -> None:
-        with worker.held():
-            hot.append(_timed_block(work.instrumented, block_steps).plain_ms_per_step())
-        worker.flush()
+    def hot_path_with(found: list[float], span: Callable[..., Any] | None) -> Callable[[], None]:
+        def run() -> None:
+            with worker.held():
+                found.append(_timed_block(lambda: work.instrumented(span), block_steps).plain_ms_per_step())
+            worker.flush()
+        return run
 
+    hot_blocks = []
+    if hot_path:
+        hot_blocks.append(hot_path_with(hot, None))
+        if _recorder._Region is not _recorder._PyRegion:  # the C regions: the Python ones beside them
+            hot_blocks.append(hot_path_with(hot_python, _recorder._PyRegion))
     _run_alternating(rounds, [run_plain, run_instrumented] + ([run_sdk] if sdk_tracer is not None else [])
-                     + ([run_hot_path] if hot_path else []))
+                     + hot_blocks)
     charged = _charged(inst, plain)
     out: dict[str, Any] = {
         "plain": statistics.median(plain), "instrumented": statistics.median(charged),
@@ -373,6 +385,9 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
     if hot:
         out["hot_path_overhead_pct"] = _paired_overhead_pct(plain, hot)
         out["hot_path_ci95_pct"] = _paired_ci95_pct(plain, hot)
+    if hot_python:
+        out["hot_path_python_overhead_pct"] = _paired_overhead_pct(plain, hot_python)
+        out["hot_path_python_ci95_pct"] = _paired_ci95_pct(plain, hot_python)
     return out
 
 
@@ -588,6 +603,9 @@ def _print_steps(label: str, res: dict[str, Any]) -> None:
     if "hot_path_overhead_pct" in res:
         _print(f"step_overhead_pct{label}_hot_path", res["hot_path_overhead_pct"])
         _print_ci(f"step_overhead_pct{label}_hot_path", res["hot_path_ci95_pct"])
+    if "hot_path_python_overhead_pct" in res:
+        _print(f"step_overhead_pct{label}_hot_path_python", res["hot_path_python_overhead_pct"])
+        _print_ci(f"step_overhead_pct{label}_hot_path_python", res["hot_path_python_ci95_pct"])
 
 
 def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thread"), rounds: int = 15,
@@ -595,7 +613,7 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
     import torch
 
     import otel_train
-    from otel_train import _runtime
+    from otel_train import _recorder, _runtime
 
     # Blocks of about two and a half seconds (large step) and two (small), at the default drain
     # and export intervals: what the export pipeline holds at the end of an instrumented block
@@ -606,6 +624,7 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
     provider, tracer = _sdk_tracer(receiver.endpoint)
     try:
         _print("torch_threads", torch.get_num_threads())
+        _print("hot_path_in_c", int(_recorder._Region is not _recorder._PyRegion))  # else the Python fallback
         _print("load_avg_1m", os.getloadavg()[0])
         for index, mode in enumerate(modes):
             suffix = "" if index == 0 else f"_{mode}"

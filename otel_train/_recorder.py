@@ -4,7 +4,9 @@ Nothing here talks to the OpenTelemetry SDK, formats a string, allocates a dict 
 takes a lock. `__enter__` stores the parent region, the step, a sequence number and a
 `perf_counter_ns` reading on the (slotted) region object; `__exit__` appends one tuple of
 those to a `deque(maxlen=capacity)`, so a full buffer drops the oldest record (counted in
-`Recorder.dropped`). The worker drains the deque and does everything else.
+`Recorder.dropped`). The worker drains the deque and does everything else. The region type
+is C (`_hotpath.c`) where that module was built, with `_PyRegion` here as the fallback: both
+append the same tuples, and `tests/test_hotpath.py` holds them to it.
 
 Why a tuple of plain values, not the region object itself: a record waits in the buffer for up
 to a flush interval, and objects that the garbage collector tracks and that live that long are
@@ -43,12 +45,24 @@ KIND_SPAN = 0
 KIND_STEP = 1
 KIND_TAG = 2  # a tag for a step that has already ended (checkpoint after step N)
 KIND_EVENT = 3  # an event for a step that has already ended
+_NO_STEP = (None, None)  # the step reference of a region recorded before the first step
 
 _current: ContextVar[_Region | None] = ContextVar("otel_train_region", default=None)
 
 
-class Recorder:
-    """Per-process state of the hot path; one instance lives in `_rec` while enabled."""
+try:  # the hot path in C (`_hotpath.c`); the pure-Python classes below are the fallback
+    from otel_train import _hotpath
+except ImportError:  # built without a compiler, or an interpreter it was not built for
+    _hotpath = None  # type: ignore[assignment]
+
+_RecorderBase: type = _hotpath.RecorderBase if _hotpath is not None else object
+
+
+class Recorder(_RecorderBase):  # type: ignore[misc,valid-type]
+    """Per-process state of the hot path; one instance lives in `_rec` while enabled.
+
+    With the C hot path, `buf`, `cap`, `dropped`, `step` and `now` live in its
+    `RecorderBase`, where the C region reads them without an attribute lookup."""
 
     def __init__(self, capacity: int, clock: Clock | None = None) -> None:
         self.clock: Clock = clock or SystemClock()
@@ -99,6 +113,8 @@ auto_init: Callable[[], Recorder | None] = lambda: None
 def install(recorder: Recorder | None) -> None:
     global _rec
     _rec = recorder
+    if _hotpath is not None:
+        _hotpath.install(recorder)
 
 
 def active() -> Recorder | None:
@@ -114,11 +130,13 @@ class Truncated:
     """Put in a record's `exc` when shutdown force-ends it: the span gets `otel_train.truncated`."""
 
 
-class _Region:
+class _PyRegion:
     """One timed region (`otel_train.span`); usable as a context manager or a decorator.
 
-    The class is its own factory (`otel_train.span is _Region`): one Python call per region.
-    `events` and `dev` are filled in only when an event or device timing needs them.
+    The pure-Python region: `_Region` is the C one (`_hotpath.Region`, the same behaviour
+    and records) where that module was built, this class otherwise. The class is its own
+    factory (`otel_train.span is _Region`): one call per region. `events` and `dev` are
+    filled in only when an event or device timing needs them.
     """
 
     __slots__ = ("name", "attrs", "rec", "parent", "token", "step", "seq", "t0", "t1",
@@ -131,7 +149,7 @@ class _Region:
         if device_time is not None:  # kept for `__call__`; only `_device._DeviceRegion` acts on it
             self.timed = device_time
 
-    def __enter__(self) -> _Region:
+    def __enter__(self) -> _PyRegion:
         r = _rec
         if r is None:
             r = auto_init()
@@ -168,29 +186,52 @@ class _Region:
             self.exc = exc_type
             buf.append(self)
 
-    async def __aenter__(self) -> _Region:
+    async def __aenter__(self) -> _PyRegion:
         return self.__enter__()
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.__exit__(exc_type, exc, tb)
 
     def __call__(self, fn: _F) -> _F:
-        """Decorate `fn` (sync or async): each call runs in a fresh region of this name."""
-        # The region class is looked up per call: a function decorated at import time gets
-        # device events once device timing has chosen a device (`_device`).
-        name, attrs, timed = self.name, self.attrs, getattr(self, "timed", None)
-        if inspect.iscoroutinefunction(fn):
-            @functools.wraps(fn)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                with region_factory(name, device_time=timed, **attrs):
-                    return await fn(*args, **kwargs)
-            return async_wrapper  # type: ignore[return-value]
+        return _decorate(self, fn)
 
+
+def _decorate(region: Any, fn: _F) -> _F:
+    """`@otel_train.span(name)`: each call of `fn` (sync or async) runs in a fresh region of that name."""
+    # The region class is looked up per call: a function decorated at import time gets
+    # device events once device timing has chosen a device (`_device`).
+    name, attrs, timed = region.name, region.attrs or {}, getattr(region, "timed", None)
+    if inspect.iscoroutinefunction(fn):
         @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
             with region_factory(name, device_time=timed, **attrs):
-                return fn(*args, **kwargs)
-        return wrapper  # type: ignore[return-value]
+                return await fn(*args, **kwargs)
+        return async_wrapper  # type: ignore[return-value]
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with region_factory(name, device_time=timed, **attrs):
+            return fn(*args, **kwargs)
+    return wrapper  # type: ignore[return-value]
+
+
+async def _aenter(region: Any) -> Any:
+    return region.__enter__()
+
+
+async def _aexit(region: Any, exc_type: Any, exc: Any, tb: Any) -> None:
+    region.__exit__(exc_type, exc, tb)
+
+
+def _auto_init() -> Recorder | None:
+    return auto_init()  # looked up per call: `_runtime` sets `auto_init` after this module loads
+
+
+if _hotpath is not None:
+    _Region: type = _hotpath.Region
+    _hotpath.bind(_current, _seq_counter, _NO_STEP, KIND_SPAN, _auto_init, _decorate, _aenter, _aexit)
+else:
+    _Region = _PyRegion
 
 
 #: The class `otel_train.span` hands out while enabled: `_Region`, or `_device._DeviceRegion`
@@ -367,9 +408,6 @@ def current_region() -> _Region | None:
 #         events [(name, wall_ns, attrs)], links [carrier], error (type name), truncated, dev.
 W_KIND, W_NAME, W_SEQ, W_PARENT, W_STEP, W_STEP_SEQ, W_T0, W_T1, W_ATTRS, W_EVENTS, W_LINKS, \
     W_ERROR, W_TRUNC, W_DEV = range(14)
-
-
-_NO_STEP = (None, None)
 
 
 def _step_ref(step: _Step | _After | None) -> tuple[int | None, int | None]:

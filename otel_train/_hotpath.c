@@ -1,0 +1,614 @@
+/* The hot path in C: the region type and the recorder fields it reads.
+ *
+ * Same behaviour as the pure-Python `_recorder._PyRegion` (the fallback when this module
+ * cannot be built), with no Python frame between `otel_train.span(...)` and the tuple in the
+ * buffer. Why: between framework ops a region runs with cold caches, and there the Python
+ * version's bytecode costs 10-14 us a region against 0.86 us back to back (README, "Where
+ * the small step's overhead goes"). The record is the same tuple, so nothing downstream knows
+ * which one made it.
+ *
+ * `_recorder` binds the module-level objects this reads (`bind`) and the recorder in force
+ * (`install`); everything else (steps, tags, events, the worker) stays in Python.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <time.h>
+
+/* --- bound by `_recorder` ---------------------------------------------------------------- */
+static PyObject *g_current;    /* ContextVar: the innermost open region */
+static PyObject *g_seq;        /* itertools.count shared with steps and `record()` */
+static PyObject *g_no_step;    /* (None, None) */
+static PyObject *g_kind_span;  /* KIND_SPAN */
+static PyObject *g_auto_init;  /* () -> Recorder | None */
+static PyObject *g_decorate;   /* (region, fn) -> wrapper */
+static PyObject *g_aenter;     /* async (region) -> region */
+static PyObject *g_aexit;      /* async (region, exc_type, exc, tb) -> None */
+static PyObject *g_rec;        /* the RecorderBase in force, or NULL */
+
+static PyObject *g_perf_counter_ns;  /* time.perf_counter_ns: read directly when it is the clock */
+static PyObject *s_ref, *s_append, *s_device_time;
+
+/* --- RecorderBase -------------------------------------------------------------------------- */
+typedef struct {
+    PyObject_HEAD
+    PyObject *buf;      /* deque(maxlen=cap) */
+    PyObject *append;   /* buf.append, looked up once */
+    PyObject *now;      /* () -> int perf ns */
+    PyObject *step;     /* _Step | _After | None */
+    Py_ssize_t cap;
+    Py_ssize_t dropped;
+    int fast_clock;     /* `now` is time.perf_counter_ns: read CLOCK_MONOTONIC here (the same clock) */
+} RecorderObject;
+
+static PyTypeObject RecorderType;
+
+static PyObject *
+rec_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    RecorderObject *self = (RecorderObject *)type->tp_alloc(type, 0);
+    if (self != NULL) {
+        self->step = Py_NewRef(Py_None);
+        self->now = Py_NewRef(g_perf_counter_ns);
+        self->fast_clock = 1;
+    }
+    return (PyObject *)self;
+}
+
+static int
+rec_traverse(RecorderObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->buf);
+    Py_VISIT(self->append);
+    Py_VISIT(self->now);
+    Py_VISIT(self->step);
+    return 0;
+}
+
+static int
+rec_clear(RecorderObject *self)
+{
+    Py_CLEAR(self->buf);
+    Py_CLEAR(self->append);
+    Py_CLEAR(self->now);
+    Py_CLEAR(self->step);
+    return 0;
+}
+
+static void
+rec_dealloc(RecorderObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    rec_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+rec_get_buf(RecorderObject *self, void *closure)
+{
+    if (self->buf == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "buf");
+        return NULL;
+    }
+    return Py_NewRef(self->buf);
+}
+
+static int
+rec_set_buf(RecorderObject *self, PyObject *value, void *closure)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "buf cannot be deleted");
+        return -1;
+    }
+    PyObject *append = PyObject_GetAttr(value, s_append);
+    if (append == NULL)
+        return -1;
+    Py_XSETREF(self->append, append);
+    Py_XSETREF(self->buf, Py_NewRef(value));
+    return 0;
+}
+
+static PyObject *
+rec_get_now(RecorderObject *self, void *closure)
+{
+    return Py_NewRef(self->now);
+}
+
+static int
+rec_set_now(RecorderObject *self, PyObject *value, void *closure)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "now cannot be deleted");
+        return -1;
+    }
+    Py_XSETREF(self->now, Py_NewRef(value));
+#ifdef __linux__
+    self->fast_clock = value == g_perf_counter_ns;
+#else
+    self->fast_clock = 0;
+#endif
+    return 0;
+}
+
+static PyGetSetDef rec_getset[] = {
+    {"buf", (getter)rec_get_buf, (setter)rec_set_buf, "The bounded record buffer (a deque).", NULL},
+    {"now", (getter)rec_get_now, (setter)rec_set_now, "The perf-ns clock regions read.", NULL},
+    {NULL}
+};
+
+static PyMemberDef rec_members[] = {
+    {"step", T_OBJECT, offsetof(RecorderObject, step), 0, "The open step, the step just ended, or None."},
+    {"cap", T_PYSSIZET, offsetof(RecorderObject, cap), 0, "The buffer's capacity."},
+    {"dropped", T_PYSSIZET, offsetof(RecorderObject, dropped), 0, "Records a full buffer dropped."},
+    {NULL}
+};
+
+static PyTypeObject RecorderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_train._hotpath.RecorderBase",
+    .tp_doc = "The recorder fields the C region reads: buf, cap, dropped, step, now.",
+    .tp_basicsize = sizeof(RecorderObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = rec_new,
+    .tp_traverse = (traverseproc)rec_traverse,
+    .tp_clear = (inquiry)rec_clear,
+    .tp_dealloc = (destructor)rec_dealloc,
+    .tp_getset = rec_getset,
+    .tp_members = rec_members,
+};
+
+static PyObject *
+rec_now(RecorderObject *r)
+{
+#ifdef __linux__
+    if (r->fast_clock) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return PyLong_FromLongLong((long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+    }
+#endif
+    return PyObject_CallNoArgs(r->now);
+}
+
+/* --- Region -------------------------------------------------------------------------------- */
+typedef struct {
+    PyObject_HEAD
+    PyObject *name, *attrs, *rec, *parent, *token, *step, *seq, *t0, *t1, *exc, *events, *dev, *timed;
+} RegionObject;
+
+static PyTypeObject RegionType;
+
+static int
+region_traverse(RegionObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->name);
+    Py_VISIT(self->attrs);
+    Py_VISIT(self->rec);
+    Py_VISIT(self->parent);
+    Py_VISIT(self->token);
+    Py_VISIT(self->step);
+    Py_VISIT(self->seq);
+    Py_VISIT(self->t0);
+    Py_VISIT(self->t1);
+    Py_VISIT(self->exc);
+    Py_VISIT(self->events);
+    Py_VISIT(self->dev);
+    Py_VISIT(self->timed);
+    return 0;
+}
+
+static int
+region_clear(RegionObject *self)
+{
+    Py_CLEAR(self->name);
+    Py_CLEAR(self->attrs);
+    Py_CLEAR(self->rec);
+    Py_CLEAR(self->parent);
+    Py_CLEAR(self->token);
+    Py_CLEAR(self->step);
+    Py_CLEAR(self->seq);
+    Py_CLEAR(self->t0);
+    Py_CLEAR(self->t1);
+    Py_CLEAR(self->exc);
+    Py_CLEAR(self->events);
+    Py_CLEAR(self->dev);
+    Py_CLEAR(self->timed);
+    return 0;
+}
+
+static void
+region_dealloc(RegionObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    Py_TRASHCAN_BEGIN(self, region_dealloc)
+    region_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+    Py_TRASHCAN_END
+}
+
+static PyObject *
+region_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    RegionObject *self = (RegionObject *)type->tp_alloc(type, 0);
+    if (self != NULL) {
+        self->events = Py_NewRef(Py_None);
+        self->dev = Py_NewRef(Py_None);
+    }
+    return (PyObject *)self;
+}
+
+/* `Region(name, *, device_time=None, **attrs)`: attrs is the dict of the other keywords, or
+ * None without any. `kwargs` is a fresh dict of ours (the call made it) or NULL. */
+static int
+region_setup(RegionObject *self, PyObject *name, PyObject *kwargs)
+{
+    Py_XSETREF(self->name, Py_NewRef(name));
+    if (kwargs != NULL) {
+        PyObject *timed = PyDict_GetItemWithError(kwargs, s_device_time);
+        if (timed != NULL) {
+            if (timed != Py_None)
+                Py_XSETREF(self->timed, Py_NewRef(timed));
+            if (PyDict_DelItem(kwargs, s_device_time) < 0)
+                return -1;
+        }
+        else if (PyErr_Occurred())
+            return -1;
+    }
+    Py_XSETREF(self->attrs, Py_NewRef(kwargs != NULL && PyDict_GET_SIZE(kwargs) ? kwargs : Py_None));
+    return 0;
+}
+
+static int
+region_init(RegionObject *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *name;
+    if (!PyArg_UnpackTuple(args, "span", 1, 1, &name))
+        return -1;
+    PyObject *kwargs = NULL;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
+        kwargs = PyDict_Copy(kwds);
+        if (kwargs == NULL)
+            return -1;
+    }
+    int rc = region_setup(self, name, kwargs);
+    Py_XDECREF(kwargs);
+    return rc;
+}
+
+static PyObject *
+region_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if ((PyTypeObject *)type != &RegionType) {
+        /* A subclass that kept this vectorcall: go through its __new__ and __init__. */
+        PyObject *tuple = PyTuple_New(nargs);
+        if (tuple == NULL)
+            return NULL;
+        for (Py_ssize_t i = 0; i < nargs; i++)
+            PyTuple_SET_ITEM(tuple, i, Py_NewRef(args[i]));
+        PyObject *kw = NULL;
+        if (kwnames != NULL && PyTuple_GET_SIZE(kwnames)) {
+            kw = PyDict_New();
+            for (Py_ssize_t i = 0; kw != NULL && i < PyTuple_GET_SIZE(kwnames); i++)
+                if (PyDict_SetItem(kw, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) < 0)
+                    Py_CLEAR(kw);
+            if (kw == NULL) {
+                Py_DECREF(tuple);
+                return NULL;
+            }
+        }
+        PyObject *res = PyType_Type.tp_call(type, tuple, kw);
+        Py_DECREF(tuple);
+        Py_XDECREF(kw);
+        return res;
+    }
+    if (nargs != 1) {
+        PyErr_Format(PyExc_TypeError, "otel_train.span() takes the span name as its one positional argument "
+                     "(%zd given); attributes go as keywords", nargs);
+        return NULL;
+    }
+    RegionObject *self = PyObject_GC_New(RegionObject, &RegionType);
+    if (self == NULL)
+        return NULL;
+    self->attrs = self->rec = self->parent = self->token = self->step = self->seq = NULL;
+    self->t0 = self->t1 = self->exc = self->timed = NULL;
+    self->name = Py_NewRef(args[0]);
+    self->events = Py_NewRef(Py_None);
+    self->dev = Py_NewRef(Py_None);
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    /* No dict for a region without attributes (the usual one): `attrs` is None then. */
+    self->attrs = Py_NewRef(Py_None);
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, i), *value = args[nargs + i];
+        if (key == s_device_time || PyUnicode_Compare(key, s_device_time) == 0) {
+            if (value != Py_None)
+                Py_XSETREF(self->timed, Py_NewRef(value));
+            continue;
+        }
+        if (self->attrs == Py_None) {
+            PyObject *attrs = PyDict_New();
+            if (attrs == NULL)
+                goto fail;
+            Py_SETREF(self->attrs, attrs);
+        }
+        if (PyDict_SetItem(self->attrs, key, value) < 0)
+            goto fail;
+    }
+    PyObject_GC_Track(self);
+    return (PyObject *)self;
+fail:
+    PyObject_GC_Track(self);
+    Py_DECREF(self);
+    return NULL;
+}
+
+static PyObject *
+region_enter(RegionObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *r = g_rec;
+    if (r == NULL) {
+        PyObject *got = PyObject_CallNoArgs(g_auto_init);
+        if (got == NULL)
+            return NULL;
+        Py_DECREF(got);
+        r = g_rec;
+        if (got == Py_None || r == NULL) {
+            Py_XSETREF(self->rec, Py_NewRef(Py_None));
+            return Py_NewRef(self);
+        }
+    }
+    RecorderObject *rec = (RecorderObject *)r;
+    Py_XSETREF(self->rec, Py_NewRef(r));
+    PyObject *parent;
+    if (PyContextVar_Get(g_current, NULL, &parent) < 0)
+        return NULL;
+    Py_XSETREF(self->parent, parent);
+    PyObject *token = PyContextVar_Set(g_current, (PyObject *)self);
+    if (token == NULL)
+        return NULL;
+    Py_XSETREF(self->token, token);
+    Py_XSETREF(self->step, Py_NewRef(rec->step));
+    PyObject *seq = PyIter_Next(g_seq);
+    if (seq == NULL)
+        return NULL;
+    Py_XSETREF(self->seq, seq);
+    PyObject *t0 = rec_now(rec);
+    if (t0 == NULL)
+        return NULL;
+    Py_XSETREF(self->t0, t0);
+    return Py_NewRef(self);
+}
+
+static PyObject *
+region_exit(RegionObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "__exit__ takes 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *r = self->rec;
+    if (r == NULL || r == Py_None)
+        Py_RETURN_NONE;
+    RecorderObject *rec = (RecorderObject *)r;
+    PyObject *t1 = rec_now(rec);
+    if (t1 == NULL)
+        return NULL;
+    Py_XSETREF(self->t1, t1);
+    if (self->token == NULL || PyContextVar_Reset(g_current, self->token) < 0) {
+        /* exited in another context (a different asyncio task): restore the parent there */
+        if (self->token != NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_ValueError))
+                return NULL;
+            PyErr_Clear();
+        }
+        PyObject *token = PyContextVar_Set(g_current, self->parent != NULL ? self->parent : Py_None);
+        if (token == NULL)
+            return NULL;
+        Py_DECREF(token);
+    }
+    PyObject *buf = rec->buf;
+    if (buf == NULL || rec->append == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "otel_train: the recorder has no buffer");
+        return NULL;
+    }
+    Py_ssize_t size = PyObject_Length(buf);
+    if (size < 0)
+        return NULL;
+    if (size == rec->cap)
+        rec->dropped++;
+    PyObject *record;
+    if (self->dev == NULL || self->dev == Py_None) {
+        PyObject *parent = self->parent, *parent_seq = Py_None;
+        if (parent != NULL && PyObject_TypeCheck(parent, &RegionType)) {
+            RegionObject *p = (RegionObject *)parent;
+            if (p->rec == r && p->seq != NULL)
+                parent_seq = p->seq;
+        }
+        PyObject *step_ref;
+        if (self->step == NULL || self->step == Py_None)
+            step_ref = Py_NewRef(g_no_step);
+        else if ((step_ref = PyObject_GetAttr(self->step, s_ref)) == NULL)
+            return NULL;
+        PyObject *attrs = self->attrs;
+        if (attrs == NULL || attrs == Py_None)
+            attrs = Py_None;
+        else {
+            int truth = PyObject_IsTrue(attrs);
+            if (truth < 0) {
+                Py_DECREF(step_ref);
+                return NULL;
+            }
+            if (!truth)
+                attrs = Py_None;
+        }
+        record = PyTuple_New(10);
+        if (record == NULL) {
+            Py_DECREF(step_ref);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(record, 0, Py_NewRef(g_kind_span));
+        PyTuple_SET_ITEM(record, 1, Py_NewRef(self->name));
+        PyTuple_SET_ITEM(record, 2, Py_NewRef(self->seq != NULL ? self->seq : Py_None));
+        PyTuple_SET_ITEM(record, 3, Py_NewRef(parent_seq));
+        PyTuple_SET_ITEM(record, 4, step_ref);
+        PyTuple_SET_ITEM(record, 5, Py_NewRef(self->t0 != NULL ? self->t0 : Py_None));
+        PyTuple_SET_ITEM(record, 6, Py_NewRef(t1));
+        PyTuple_SET_ITEM(record, 7, Py_NewRef(attrs));
+        PyTuple_SET_ITEM(record, 8, Py_NewRef(args[0]));
+        PyTuple_SET_ITEM(record, 9, Py_NewRef(self->events != NULL ? self->events : Py_None));
+    }
+    else {
+        Py_XSETREF(self->exc, Py_NewRef(args[0]));
+        record = Py_NewRef(self);
+    }
+    PyObject *res = PyObject_CallOneArg(rec->append, record);
+    Py_DECREF(record);
+    if (res == NULL)
+        return NULL;
+    Py_DECREF(res);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+region_aenter(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyObject_CallOneArg(g_aenter, self);
+}
+
+static PyObject *
+region_aexit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "__aexit__ takes 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *call[4] = {self, args[0], args[1], args[2]};
+    return PyObject_Vectorcall(g_aexit, call, 4, NULL);
+}
+
+static PyObject *
+region_call(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *fn;
+    if ((kwds != NULL && PyDict_GET_SIZE(kwds)) || !PyArg_UnpackTuple(args, "span", 1, 1, &fn)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "a span used as a decorator takes the function alone");
+        return NULL;
+    }
+    return PyObject_CallFunctionObjArgs(g_decorate, self, fn, NULL);
+}
+
+static PyMethodDef region_methods[] = {
+    {"__enter__", (PyCFunction)region_enter, METH_NOARGS, "Open the region: parent, step, seq, t0."},
+    {"__exit__", (PyCFunction)(void (*)(void))region_exit, METH_FASTCALL, "Close it: append its record."},
+    {"__aenter__", (PyCFunction)region_aenter, METH_NOARGS, NULL},
+    {"__aexit__", (PyCFunction)(void (*)(void))region_aexit, METH_FASTCALL, NULL},
+    {NULL}
+};
+
+static PyMemberDef region_members[] = {
+    {"name", T_OBJECT_EX, offsetof(RegionObject, name), 0, NULL},
+    {"attrs", T_OBJECT_EX, offsetof(RegionObject, attrs), 0, NULL},
+    {"rec", T_OBJECT_EX, offsetof(RegionObject, rec), 0, NULL},
+    {"parent", T_OBJECT_EX, offsetof(RegionObject, parent), 0, NULL},
+    {"token", T_OBJECT_EX, offsetof(RegionObject, token), 0, NULL},
+    {"step", T_OBJECT_EX, offsetof(RegionObject, step), 0, NULL},
+    {"seq", T_OBJECT_EX, offsetof(RegionObject, seq), 0, NULL},
+    {"t0", T_OBJECT_EX, offsetof(RegionObject, t0), 0, NULL},
+    {"t1", T_OBJECT_EX, offsetof(RegionObject, t1), 0, NULL},
+    {"exc", T_OBJECT_EX, offsetof(RegionObject, exc), 0, NULL},
+    {"events", T_OBJECT_EX, offsetof(RegionObject, events), 0, NULL},
+    {"dev", T_OBJECT_EX, offsetof(RegionObject, dev), 0, NULL},
+    {"timed", T_OBJECT_EX, offsetof(RegionObject, timed), 0, NULL},
+    {NULL}
+};
+
+static PyTypeObject RegionType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_train._hotpath.Region",
+    .tp_doc = "One timed region (otel_train.span): a context manager or a decorator.",
+    .tp_basicsize = sizeof(RegionObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = region_new,
+    .tp_init = (initproc)region_init,
+    .tp_vectorcall = region_vectorcall,  /* calling the type (a new region), not its instances */
+    .tp_traverse = (traverseproc)region_traverse,
+    .tp_clear = (inquiry)region_clear,
+    .tp_dealloc = (destructor)region_dealloc,
+    .tp_call = region_call,
+    .tp_methods = region_methods,
+    .tp_members = region_members,
+};
+
+/* --- module ------------------------------------------------------------------------------ */
+static PyObject *
+mod_bind(PyObject *module, PyObject *args)
+{
+    PyObject *current, *seq, *no_step, *kind_span, *auto_init, *decorate, *aenter, *aexit;
+    if (!PyArg_UnpackTuple(args, "bind", 8, 8, &current, &seq, &no_step, &kind_span, &auto_init, &decorate,
+                           &aenter, &aexit))
+        return NULL;
+    Py_XSETREF(g_current, Py_NewRef(current));
+    Py_XSETREF(g_seq, Py_NewRef(seq));
+    Py_XSETREF(g_no_step, Py_NewRef(no_step));
+    Py_XSETREF(g_kind_span, Py_NewRef(kind_span));
+    Py_XSETREF(g_auto_init, Py_NewRef(auto_init));
+    Py_XSETREF(g_decorate, Py_NewRef(decorate));
+    Py_XSETREF(g_aenter, Py_NewRef(aenter));
+    Py_XSETREF(g_aexit, Py_NewRef(aexit));
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+mod_install(PyObject *module, PyObject *rec)
+{
+    if (rec == Py_None) {
+        Py_CLEAR(g_rec);
+        Py_RETURN_NONE;
+    }
+    if (!PyObject_TypeCheck(rec, &RecorderType)) {
+        PyErr_SetString(PyExc_TypeError, "install() takes a RecorderBase or None");
+        return NULL;
+    }
+    Py_XSETREF(g_rec, Py_NewRef(rec));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef mod_methods[] = {
+    {"bind", mod_bind, METH_VARARGS,
+     "bind(current, seq_counter, no_step, kind_span, auto_init, decorate, aenter, aexit)"},
+    {"install", mod_install, METH_O, "install(recorder or None): the recorder regions record to."},
+    {NULL}
+};
+
+static struct PyModuleDef hotpath_module = {
+    PyModuleDef_HEAD_INIT, "otel_train._hotpath", "The region type and recorder fields in C.", -1, mod_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__hotpath(void)
+{
+    PyObject *time = PyImport_ImportModule("time");
+    if (time == NULL)
+        return NULL;
+    g_perf_counter_ns = PyObject_GetAttrString(time, "perf_counter_ns");
+    Py_DECREF(time);
+    if (g_perf_counter_ns == NULL)
+        return NULL;
+    s_ref = PyUnicode_InternFromString("ref");
+    s_append = PyUnicode_InternFromString("append");
+    s_device_time = PyUnicode_InternFromString("device_time");
+    if (s_ref == NULL || s_append == NULL || s_device_time == NULL)
+        return NULL;
+    if (PyType_Ready(&RecorderType) < 0 || PyType_Ready(&RegionType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&hotpath_module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "RecorderBase", (PyObject *)&RecorderType) < 0 ||
+        PyModule_AddObjectRef(m, "Region", (PyObject *)&RegionType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

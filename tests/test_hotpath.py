@@ -1,0 +1,157 @@
+"""The C hot path (`otel_train/_hotpath.c`) against the pure-Python regions it replaces.
+
+Both must leave exactly the same records in the buffer for the same calls: the worker and the
+exporter cannot tell which one made a record. The whole recorder test module also runs once
+more with the C module hidden (`test_the_recorder_tests_pass_with_the_python_fallback`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otel_train import _recorder
+from otel_train._clock import FakeClock
+
+_REPO = Path(__file__).resolve().parent.parent
+
+
+def _c_region() -> type:
+    hotpath = pytest.importorskip("otel_train._hotpath")
+    assert _recorder._Region is hotpath.Region
+    return hotpath.Region
+
+
+def _normalised(records: list[Any]) -> list[Any]:
+    """Records with their sequence numbers renumbered by first appearance (the counter is shared)."""
+    seen: dict[int, int] = {}
+
+    def seq(n: Any) -> Any:
+        return n if n is None else seen.setdefault(n, len(seen))
+
+    out = []
+    for rec in records:
+        if rec[0] == _recorder.KIND_SPAN:
+            kind, name, s, parent, (step_n, step_seq), t0, t1, attrs, exc, events = rec
+            out.append((kind, name, seq(s), seq(parent), (step_n, seq(step_seq)), t0, t1, attrs, exc, events))
+        elif rec[0] == _recorder.KIND_STEP:
+            out.append((rec[0], seq(rec[1]), *rec[2:]))
+        else:
+            out.append(rec)
+    return out
+
+
+def _script(region: type, capacity: int = 64) -> tuple[list[Any], int, Any]:
+    """One run of everything a region does, on a recorder with a fake clock; what it left."""
+    clock = FakeClock()
+    rec = _recorder.Recorder(capacity, clock)
+    _recorder.install(rec)
+    try:
+        with region("before.steps"):
+            clock.advance(3)
+        step = _recorder._Step(0, None)
+        with step:
+            clock.advance(5)
+            with region("outer", lr=0.1, phase="fwd") as outer:
+                assert outer.attrs == {"lr": 0.1, "phase": "fwd"}
+                clock.advance(7)
+                with region("inner", device_time=False):
+                    _recorder.event("inside", {"k": 1})
+                    clock.advance(11)
+            with pytest.raises(ValueError):
+                with region("fails"):
+                    clock.advance(13)
+                    raise ValueError("boom")
+        with region("after.step"):
+            clock.advance(17)
+        # Entered in another context, left here: the parent is put back here.
+        ctx = contextvars.copy_context()
+        moved = region("moved")
+        ctx.run(moved.__enter__)
+        clock.advance(19)
+        moved.__exit__(None, None, None)
+        left_open = _recorder.current_region()
+        for i in range(70):  # past a small buffer: the oldest go, counted
+            with region("fill", i=i):
+                clock.advance(1)
+        return _normalised(list(rec.buf)), rec.dropped, left_open
+    finally:
+        _recorder.install(None)
+
+
+def test_c_and_python_regions_leave_the_same_records() -> None:
+    c_region = _c_region()
+    assert _script(c_region) == _script(_recorder._PyRegion)
+    records, dropped, left_open = _script(c_region, capacity=8)
+    assert dropped == 7 + 70 - 8 and left_open is None  # 7 records before the 70 that fill it
+    assert [r[1] for r in records] == ["fill"] * 8
+    full = _script(c_region, capacity=1000)[0]
+    names = [r[1] for r in full if r[0] == _recorder.KIND_SPAN]
+    assert names[:6] == ["before.steps", "inner", "outer", "fails", "after.step", "moved"]
+    inner, outer, fails = full[1], full[2], full[3]
+    assert inner[3] == outer[2] and outer[3] is None  # parent seq; the outer one's parent is the step
+    assert inner[9] == [("inside", inner[5], {"k": 1})]  # the event, at its time
+    assert fails[8] is ValueError and outer[7] == {"lr": 0.1, "phase": "fwd"} and inner[7] is None
+
+
+def test_the_c_region_reads_the_same_clock_as_perf_counter_ns() -> None:
+    c_region = _c_region()
+    rec = _recorder.Recorder(16)  # the system clock: read in C, without a call
+    _recorder.install(rec)
+    try:
+        before = time.perf_counter_ns()
+        with c_region("timed") as region:
+            pass
+        after = time.perf_counter_ns()
+    finally:
+        _recorder.install(None)
+    assert before <= region.t0 <= region.t1 <= after
+
+
+def test_the_c_region_rejects_what_the_python_one_rejects() -> None:
+    c_region = _c_region()
+    for region in (c_region, _recorder._PyRegion):
+        with pytest.raises(TypeError):
+            region()
+        with pytest.raises(TypeError):
+            region("a", "b")
+    with pytest.raises(TypeError, match="span name as its one positional argument"):
+        c_region("a", "b")
+    unentered = c_region("never.entered")
+    assert unentered.__exit__(None, None, None) is None  # leaving what was never entered records nothing
+    assert not hasattr(unentered, "t1")
+
+
+def test_the_c_region_decorates_like_the_python_one() -> None:
+    c_region = _c_region()
+    rec = _recorder.Recorder(16, FakeClock())
+    _recorder.install(rec)
+    try:
+        @c_region("decorated", k="v")
+        def work(x: int) -> int:
+            return x * 2
+
+        assert work(21) == 42 and work.__name__ == "work"
+        (record,) = rec.buf
+        assert record[1] == "decorated" and record[7] == {"k": "v"}
+    finally:
+        _recorder.install(None)
+
+
+def test_the_recorder_tests_pass_with_the_python_fallback() -> None:
+    """No compiler at install time means no `_hotpath`: the package must work the same without it."""
+    code = ("import sys; sys.modules['otel_train._hotpath'] = None\n"
+            "from otel_train import _recorder\n"
+            "assert _recorder._Region is _recorder._PyRegion, _recorder._Region\n"
+            "import pytest\n"
+            "raise SystemExit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/test_recorder.py',"
+            " 'tests/test_hotpath.py', '-k', 'not python_fallback']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=_REPO, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and "skipped" in proc.stdout  # the C-only tests skip there
