@@ -25,6 +25,20 @@ static PyObject *g_decorate;   /* (region, fn) -> wrapper */
 static PyObject *g_aenter;     /* async (region) -> region */
 static PyObject *g_aexit;      /* async (region, exc_type, exc, tb) -> None */
 static PyObject *g_rec;        /* the RecorderBase in force, or NULL */
+static PyObject *g_running_loop;  /* asyncio.events._get_running_loop */
+static PyObject *g_loop_key;      /* its thread-state dict key, when that is the C `_asyncio` one */
+
+#if defined(_MSC_VER)
+#define THREAD_LOCAL __declspec(thread)
+#else
+#define THREAD_LOCAL _Thread_local
+#endif
+/* The innermost open region this thread entered outside an event loop (a strong reference).
+ * Why not always the ContextVar: its set (a new HAMT and a token, both tracked by the garbage
+ * collector) was 1,660 of the ~2,600 instructions of a region's enter and exit. A C thread
+ * local is a pointer swap. Regions in an asyncio loop, or nested in a region that used the
+ * ContextVar, still use it: tasks interleave there, and each sees its own context. */
+static THREAD_LOCAL PyObject *tl_current;
 
 static PyObject *g_perf_counter_ns;  /* time.perf_counter_ns: read directly when it is the clock */
 static PyObject *s_ref, *s_append, *s_device_time;
@@ -174,7 +188,11 @@ rec_now(RecorderObject *r)
 typedef struct {
     PyObject_HEAD
     PyObject *name, *attrs, *rec, *parent, *token, *step, *seq, *t0, *t1, *exc, *events, *dev, *timed;
+    unsigned long tid;  /* the thread that entered it, when it went on `tl_current` (no token) */
+    vectorcallfunc vectorcall;  /* calling the region: enter (no arguments), exit (3), decorate (1) */
 } RegionObject;
+
+static PyObject *region_called(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 
 static PyTypeObject RegionType;
 
@@ -233,6 +251,7 @@ region_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (self != NULL) {
         self->events = Py_NewRef(Py_None);
         self->dev = Py_NewRef(Py_None);
+        self->vectorcall = region_called;
     }
     return (PyObject *)self;
 }
@@ -312,6 +331,8 @@ region_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject
         return NULL;
     self->attrs = self->rec = self->parent = self->token = self->step = self->seq = NULL;
     self->t0 = self->t1 = self->exc = self->timed = NULL;
+    self->tid = 0;
+    self->vectorcall = region_called;
     self->name = Py_NewRef(args[0]);
     self->events = Py_NewRef(Py_None);
     self->dev = Py_NewRef(Py_None);
@@ -342,6 +363,91 @@ fail:
     return NULL;
 }
 
+/* The innermost open region of this thread's `tl_current` chain (borrowed), or NULL. A region
+ * left on another thread is skipped (it has its end time): its own thread's pointer went stale. */
+static PyObject *
+tl_open(void)
+{
+    PyObject *p = tl_current;
+    while (p != NULL && PyObject_TypeCheck(p, &RegionType) && ((RegionObject *)p)->t1 != NULL) {
+        p = ((RegionObject *)p)->parent;
+        if (p == Py_None)
+            p = NULL;
+    }
+    return p;
+}
+
+/* The open region a new one nests in (a new reference; None outside any): the ContextVar's
+ * value where one is set in this context, else this thread's `tl_current`. */
+static PyObject *
+current_region(PyObject **from_var)
+{
+    PyObject *value;
+    if (PyContextVar_Get(g_current, NULL, &value) < 0)
+        return NULL;
+    if (value != Py_None) {
+        *from_var = value;
+        return value;
+    }
+    Py_DECREF(value);
+    *from_var = NULL;
+    PyObject *p = tl_open();
+    return Py_NewRef(p != NULL ? p : Py_None);
+}
+
+static int
+loop_running(void)
+{
+    if (g_running_loop == NULL)
+        return 0;
+#if PY_VERSION_HEX < 0x030C0000
+    /* CPython 3.10-3.11's `_asyncio` keeps a thread's running loop in its thread-state dict
+     * under this key, set when a loop first runs on the thread. No key: no loop runs here, and
+     * the call below (~1,000 instructions: a miss in that dict through two calls) is spared. */
+    if (g_loop_key != NULL) {
+        PyObject *dict = PyThreadState_GetDict();
+        if (dict != NULL && PyDict_GetItemWithError(dict, g_loop_key) == NULL)
+            return PyErr_Occurred() ? -1 : 0;
+    }
+#endif
+    PyObject *loop = PyObject_CallNoArgs(g_running_loop);
+    if (loop == NULL)
+        return -1;
+    int running = loop != Py_None;
+    Py_DECREF(loop);
+    return running;
+}
+
+/* Take `self` off the current-region pointer it went on (at exit, or when abandoned). */
+static int
+region_leave(RegionObject *self)
+{
+    if (self->rec == NULL || self->rec == Py_None)
+        return 0;  /* never entered, or entered while disabled */
+    if (self->token != NULL) {
+        if (PyContextVar_Reset(g_current, self->token) == 0)
+            return 0;
+        /* exited in another context (a different asyncio task): restore the parent there */
+        if (!PyErr_ExceptionMatches(PyExc_ValueError))
+            return -1;
+        PyErr_Clear();
+        PyObject *token = PyContextVar_Set(g_current, self->parent != NULL ? self->parent : Py_None);
+        if (token == NULL)
+            return -1;
+        Py_DECREF(token);
+        return 0;
+    }
+    if (self->tid == PyThread_get_thread_ident()) {
+        /* otherwise left on another thread: its own thread skips it from now on (`tl_open`) */
+        PyObject *parent = self->parent == Py_None ? NULL : self->parent;
+        PyObject *old = tl_current;
+        tl_current = parent;
+        Py_XINCREF(parent);
+        Py_XDECREF(old);
+    }
+    return 0;
+}
+
 static PyObject *
 region_enter(RegionObject *self, PyObject *Py_UNUSED(ignored))
 {
@@ -359,14 +465,27 @@ region_enter(RegionObject *self, PyObject *Py_UNUSED(ignored))
     }
     RecorderObject *rec = (RecorderObject *)r;
     Py_XSETREF(self->rec, Py_NewRef(r));
-    PyObject *parent;
-    if (PyContextVar_Get(g_current, NULL, &parent) < 0)
+    PyObject *from_var;
+    PyObject *parent = current_region(&from_var);
+    if (parent == NULL)
         return NULL;
     Py_XSETREF(self->parent, parent);
-    PyObject *token = PyContextVar_Set(g_current, (PyObject *)self);
-    if (token == NULL)
+    int use_var = from_var != NULL;
+    if (!use_var && (use_var = loop_running()) < 0)
         return NULL;
-    Py_XSETREF(self->token, token);
+    if (use_var) {
+        PyObject *token = PyContextVar_Set(g_current, (PyObject *)self);
+        if (token == NULL)
+            return NULL;
+        Py_XSETREF(self->token, token);
+    }
+    else {
+        Py_CLEAR(self->token);
+        self->tid = PyThread_get_thread_ident();
+        PyObject *old = tl_current;
+        tl_current = Py_NewRef(self);
+        Py_XDECREF(old);
+    }
     Py_XSETREF(self->step, Py_NewRef(rec->step));
     PyObject *seq = PyIter_Next(g_seq);
     if (seq == NULL)
@@ -377,6 +496,20 @@ region_enter(RegionObject *self, PyObject *Py_UNUSED(ignored))
         return NULL;
     Py_XSETREF(self->t0, t0);
     return Py_NewRef(self);
+}
+
+/* A record waits in the buffer for up to a flush interval. Tracked, every young collection in
+ * that time visits it (the interpreter untracks such tuples only when a collection sees them);
+ * one of strings, numbers, None and untracked tuples and dicts never needs tracking. */
+static void
+untrack_if_atomic(PyObject *record)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(record); i++) {
+        PyObject *item = PyTuple_GET_ITEM(record, i);
+        if (PyObject_IS_GC(item) && PyObject_GC_IsTracked(item))
+            return;
+    }
+    PyObject_GC_UnTrack(record);
 }
 
 static PyObject *
@@ -394,18 +527,8 @@ region_exit(RegionObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (t1 == NULL)
         return NULL;
     Py_XSETREF(self->t1, t1);
-    if (self->token == NULL || PyContextVar_Reset(g_current, self->token) < 0) {
-        /* exited in another context (a different asyncio task): restore the parent there */
-        if (self->token != NULL) {
-            if (!PyErr_ExceptionMatches(PyExc_ValueError))
-                return NULL;
-            PyErr_Clear();
-        }
-        PyObject *token = PyContextVar_Set(g_current, self->parent != NULL ? self->parent : Py_None);
-        if (token == NULL)
-            return NULL;
-        Py_DECREF(token);
-    }
+    if (region_leave(self) < 0)
+        return NULL;
     PyObject *buf = rec->buf;
     if (buf == NULL || rec->append == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "otel_train: the recorder has no buffer");
@@ -456,6 +579,7 @@ region_exit(RegionObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyTuple_SET_ITEM(record, 7, Py_NewRef(attrs));
         PyTuple_SET_ITEM(record, 8, Py_NewRef(args[0]));
         PyTuple_SET_ITEM(record, 9, Py_NewRef(self->events != NULL ? self->events : Py_None));
+        untrack_if_atomic(record);
     }
     else {
         Py_XSETREF(self->exc, Py_NewRef(args[0]));
@@ -486,21 +610,95 @@ region_aexit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyObject_Vectorcall(g_aexit, call, 4, NULL);
 }
 
+/* `with` looks `__enter__` and `__exit__` up on the type and binds them to the region: for
+ * methods that is a new bound-method object each, allocated, tracked by the collector and
+ * freed again, about 1,700 of the ~4,500 instructions a region cost. Here the two names are
+ * `SelfDescr`s, whose binding is the region itself (no allocation), and calling a region
+ * dispatches on its arguments: none is `__enter__`, three are `__exit__`, one is the
+ * decorator. Looked up on the class, they give plain functions of the region
+ * (`Region.__enter__(region)`), as methods would. */
 static PyObject *
-region_call(PyObject *self, PyObject *args, PyObject *kwds)
+region_called(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    PyObject *fn;
-    if ((kwds != NULL && PyDict_GET_SIZE(kwds)) || !PyArg_UnpackTuple(args, "span", 1, 1, &fn)) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "a span used as a decorator takes the function alone");
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0) {
+        if (nargs == 0)
+            return region_enter((RegionObject *)self, NULL);
+        if (nargs == 3)
+            return region_exit((RegionObject *)self, args, 3);
+        if (nargs == 1)
+            return PyObject_CallFunctionObjArgs(g_decorate, self, args[0], NULL);
+    }
+    PyErr_SetString(PyExc_TypeError, "a span used as a decorator takes the function alone");
+    return NULL;
+}
+
+static PyObject *
+enter_unbound(PyObject *module, PyObject *self)
+{
+    if (!PyObject_TypeCheck(self, &RegionType)) {
+        PyErr_SetString(PyExc_TypeError, "__enter__ needs a Region");
         return NULL;
     }
-    return PyObject_CallFunctionObjArgs(g_decorate, self, fn, NULL);
+    return region_enter((RegionObject *)self, NULL);
+}
+
+static PyObject *
+exit_unbound(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyObject_TypeCheck(args[0], &RegionType)) {
+        PyErr_SetString(PyExc_TypeError, "__exit__ needs a Region and 3 arguments");
+        return NULL;
+    }
+    return region_exit((RegionObject *)args[0], args + 1, 3);
+}
+
+static PyMethodDef unbound_defs[] = {
+    {"__enter__", (PyCFunction)enter_unbound, METH_O, "Open the region: parent, step, seq, t0."},
+    {"__exit__", (PyCFunction)(void (*)(void))exit_unbound, METH_FASTCALL, "Close it: append its record."},
+};
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *unbound;  /* what the name gives on the class */
+} SelfDescrObject;
+
+static PyObject *
+selfdescr_get(SelfDescrObject *descr, PyObject *obj, PyObject *type)
+{
+    return Py_NewRef(obj == NULL || obj == Py_None ? descr->unbound : obj);
+}
+
+static void
+selfdescr_dealloc(SelfDescrObject *descr)
+{
+    Py_XDECREF(descr->unbound);
+    Py_TYPE(descr)->tp_free((PyObject *)descr);
+}
+
+static PyTypeObject SelfDescrType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_train._hotpath.SelfDescr",
+    .tp_doc = "A class attribute whose binding to an instance is the instance itself.",
+    .tp_basicsize = sizeof(SelfDescrObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)selfdescr_dealloc,
+    .tp_descr_get = (descrgetfunc)selfdescr_get,
+};
+
+static int
+add_self_descr(PyTypeObject *type, PyMethodDef *def)
+{
+    SelfDescrObject *descr = PyObject_New(SelfDescrObject, &SelfDescrType);
+    if (descr == NULL)
+        return -1;
+    descr->unbound = PyCFunction_New(def, NULL);
+    int rc = descr->unbound == NULL ? -1 : PyDict_SetItemString(type->tp_dict, def->ml_name, (PyObject *)descr);
+    Py_DECREF(descr);
+    return rc;
 }
 
 static PyMethodDef region_methods[] = {
-    {"__enter__", (PyCFunction)region_enter, METH_NOARGS, "Open the region: parent, step, seq, t0."},
-    {"__exit__", (PyCFunction)(void (*)(void))region_exit, METH_FASTCALL, "Close it: append its record."},
     {"__aenter__", (PyCFunction)region_aenter, METH_NOARGS, NULL},
     {"__aexit__", (PyCFunction)(void (*)(void))region_aexit, METH_FASTCALL, NULL},
     {NULL}
@@ -528,14 +726,15 @@ static PyTypeObject RegionType = {
     .tp_name = "otel_train._hotpath.Region",
     .tp_doc = "One timed region (otel_train.span): a context manager or a decorator.",
     .tp_basicsize = sizeof(RegionObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(RegionObject, vectorcall),
     .tp_new = region_new,
     .tp_init = (initproc)region_init,
     .tp_vectorcall = region_vectorcall,  /* calling the type (a new region), not its instances */
     .tp_traverse = (traverseproc)region_traverse,
     .tp_clear = (inquiry)region_clear,
     .tp_dealloc = (destructor)region_dealloc,
-    .tp_call = region_call,
+    .tp_call = PyVectorcall_Call,
     .tp_methods = region_methods,
     .tp_members = region_members,
 };
@@ -544,10 +743,17 @@ static PyTypeObject RegionType = {
 static PyObject *
 mod_bind(PyObject *module, PyObject *args)
 {
-    PyObject *current, *seq, *no_step, *kind_span, *auto_init, *decorate, *aenter, *aexit;
-    if (!PyArg_UnpackTuple(args, "bind", 8, 8, &current, &seq, &no_step, &kind_span, &auto_init, &decorate,
-                           &aenter, &aexit))
+    PyObject *current, *seq, *no_step, *kind_span, *auto_init, *decorate, *aenter, *aexit, *running_loop;
+    if (!PyArg_UnpackTuple(args, "bind", 9, 9, &current, &seq, &no_step, &kind_span, &auto_init, &decorate,
+                           &aenter, &aexit, &running_loop))
         return NULL;
+    Py_XSETREF(g_running_loop, Py_NewRef(running_loop));
+    Py_CLEAR(g_loop_key);
+    if (PyCFunction_Check(running_loop)) {  /* not the pure-Python one, which keeps a threading.local */
+        g_loop_key = PyUnicode_InternFromString("__asyncio_running_event_loop__");
+        if (g_loop_key == NULL)
+            return NULL;
+    }
     Py_XSETREF(g_current, Py_NewRef(current));
     Py_XSETREF(g_seq, Py_NewRef(seq));
     Py_XSETREF(g_no_step, Py_NewRef(no_step));
@@ -574,9 +780,30 @@ mod_install(PyObject *module, PyObject *rec)
     Py_RETURN_NONE;
 }
 
+static PyObject *
+mod_current(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *from_var;
+    return current_region(&from_var);
+}
+
+static PyObject *
+mod_leave(PyObject *module, PyObject *region)
+{
+    if (!PyObject_TypeCheck(region, &RegionType)) {
+        PyErr_SetString(PyExc_TypeError, "leave() takes a Region");
+        return NULL;
+    }
+    if (region_leave((RegionObject *)region) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef mod_methods[] = {
     {"bind", mod_bind, METH_VARARGS,
-     "bind(current, seq_counter, no_step, kind_span, auto_init, decorate, aenter, aexit)"},
+     "bind(current, seq_counter, no_step, kind_span, auto_init, decorate, aenter, aexit, get_running_loop)"},
+    {"current", mod_current, METH_NOARGS, "The innermost open region here (either kind of region), or None."},
+    {"leave", mod_leave, METH_O, "Take an entered C region off the current-region pointer without recording it."},
     {"install", mod_install, METH_O, "install(recorder or None): the recorder regions record to."},
     {NULL}
 };
@@ -600,8 +827,11 @@ PyInit__hotpath(void)
     s_device_time = PyUnicode_InternFromString("device_time");
     if (s_ref == NULL || s_append == NULL || s_device_time == NULL)
         return NULL;
-    if (PyType_Ready(&RecorderType) < 0 || PyType_Ready(&RegionType) < 0)
+    if (PyType_Ready(&RecorderType) < 0 || PyType_Ready(&RegionType) < 0 || PyType_Ready(&SelfDescrType) < 0)
         return NULL;
+    if (add_self_descr(&RegionType, &unbound_defs[0]) < 0 || add_self_descr(&RegionType, &unbound_defs[1]) < 0)
+        return NULL;
+    PyType_Modified(&RegionType);
     PyObject *m = PyModule_Create(&hotpath_module);
     if (m == NULL)
         return NULL;

@@ -19,7 +19,9 @@ reach the old generations. Region objects die when their `with` block ends. (Rec
 device events stay objects: the worker resolves their events in place.)
 
 Parentage: a `ContextVar` holds the innermost open region (so threads and asyncio tasks
-each see their own); regions opened outside any region belong to the open `train.step`.
+each see their own); the C regions keep it in a thread-local pointer instead wherever no
+event loop runs (`_current_get` reads either). Regions opened outside any region belong to
+the open `train.step`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import inspect
 import itertools
 import logging
 import weakref
+from asyncio import events as _asyncio_events
 from collections import deque
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
@@ -94,7 +97,7 @@ class Recorder(_RecorderBase):  # type: ignore[misc,valid-type]
     def open_records(self) -> list[_Region | _Step]:
         """Regions still open in the calling context, innermost first, then the open step."""
         out: list[_Region | _Step] = []
-        region = _current.get()
+        region = _current_get()
         while region is not None:
             if getattr(region, "rec", None) is self and not hasattr(region, "t1"):
                 out.append(region)
@@ -229,9 +232,14 @@ def _auto_init() -> Recorder | None:
 
 if _hotpath is not None:
     _Region: type = _hotpath.Region
-    _hotpath.bind(_current, _seq_counter, _NO_STEP, KIND_SPAN, _auto_init, _decorate, _aenter, _aexit)
+    _hotpath.bind(_current, _seq_counter, _NO_STEP, KIND_SPAN, _auto_init, _decorate, _aenter, _aexit,
+                  _asyncio_events._get_running_loop)
+    #: The innermost open region here: the C regions keep it in a thread-local pointer outside
+    #: an event loop and in `_current` inside one (`_hotpath.c`); the Python ones in `_current`.
+    _current_get: Callable[[], Any] = _hotpath.current
 else:
     _Region = _PyRegion
+    _current_get = _current.get
 
 
 #: The class `otel_train.span` hands out while enabled: `_Region`, or `_device._DeviceRegion`
@@ -368,7 +376,7 @@ def event(name: str, attrs: Mapping[str, Any] | None) -> None:
         return
     t = r.now()
     payload = (name, t, dict(attrs) if attrs else None)
-    region = _current.get()
+    region = _current_get()
     target: _Region | _Step | None = region if region is not None and region.rec is r else None
     if target is None and isinstance(r.step, _Step):
         target = r.step
@@ -398,7 +406,7 @@ def link(carrier: Any) -> None:
 
 
 def current_region() -> _Region | None:
-    region = _current.get()
+    region = _current_get()
     return region if region is not None and region.rec is _rec else None
 
 
@@ -524,6 +532,9 @@ def abandon(region: _Region) -> None:
     drop = getattr(region, "drop_events", None)  # a device region hands its start event back
     if drop is not None:
         drop()
+    if _hotpath is not None and isinstance(region, _hotpath.Region):
+        _hotpath.leave(region)
+        return
     try:
         _current.reset(region.token)
     except ValueError:  # left in another context

@@ -7,9 +7,11 @@ more with the C module hidden (`test_the_recorder_tests_pass_with_the_python_fal
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -77,6 +79,26 @@ def _script(region: type, capacity: int = 64) -> tuple[list[Any], int, Any]:
         clock.advance(19)
         moved.__exit__(None, None, None)
         left_open = _recorder.current_region()
+        # Tasks of an event loop run inside a sync region: each nests in its own task's regions.
+        async def task(i: int) -> None:
+            with region("task", i=i):
+                await asyncio.sleep(0)
+                with region("task.inner", i=i):
+                    clock.advance(23)
+                    await asyncio.sleep(0)
+
+        async def main() -> None:
+            await asyncio.gather(task(0), task(1))
+
+        with region("sync.outer"):
+            asyncio.run(main())
+            with region("after.loop"):
+                pass
+        # Another thread starts outside any region, whatever this one has open.
+        with region("main.open"):
+            worker = threading.Thread(target=lambda: region("in.thread").__enter__().__exit__(None, None, None))
+            worker.start()
+            worker.join()
         for i in range(70):  # past a small buffer: the oldest go, counted
             with region("fill", i=i):
                 clock.advance(1)
@@ -89,7 +111,7 @@ def test_c_and_python_regions_leave_the_same_records() -> None:
     c_region = _c_region()
     assert _script(c_region) == _script(_recorder._PyRegion)
     records, dropped, left_open = _script(c_region, capacity=8)
-    assert dropped == 7 + 70 - 8 and left_open is None  # 7 records before the 70 that fill it
+    assert dropped == 15 + 70 - 8 and left_open is None  # 15 records before the 70 that fill it
     assert [r[1] for r in records] == ["fill"] * 8
     full = _script(c_region, capacity=1000)[0]
     names = [r[1] for r in full if r[0] == _recorder.KIND_SPAN]
@@ -98,6 +120,49 @@ def test_c_and_python_regions_leave_the_same_records() -> None:
     assert inner[3] == outer[2] and outer[3] is None  # parent seq; the outer one's parent is the step
     assert inner[9] == [("inside", inner[5], {"k": 1})]  # the event, at its time
     assert fails[8] is ValueError and outer[7] == {"lr": 0.1, "phase": "fwd"} and inner[7] is None
+    by_name: dict[str, list[Any]] = {}
+    for rec in full:
+        by_name.setdefault(rec[1], []).append(rec)
+    (sync_outer,), (after_loop,) = by_name["sync.outer"], by_name["after.loop"]
+    tasks, inners = by_name["task"], by_name["task.inner"]
+    assert {t[3] for t in tasks} == {sync_outer[2]} and after_loop[3] == sync_outer[2]
+    assert sorted((i[7]["i"], i[3]) for i in inners) == sorted((t[7]["i"], t[2]) for t in tasks)
+    assert by_name["in.thread"][0][3] is None and by_name["main.open"][0][3] is None
+
+
+def test_a_c_region_left_on_another_thread_is_not_the_parent_of_later_ones() -> None:
+    c_region = _c_region()
+    rec = _recorder.Recorder(64, FakeClock())
+    _recorder.install(rec)
+    try:
+        with c_region("enclosing"):
+            handed_off = c_region("handed.off").__enter__()
+            other = threading.Thread(target=handed_off.__exit__, args=(None, None, None))
+            other.start()
+            other.join()
+            with c_region("next"):
+                pass
+            assert _recorder.current_region() is not handed_off
+        assert _recorder.current_region() is None
+        records = {r[1]: r for r in rec.buf}
+    finally:
+        _recorder.install(None)
+    assert records["next"][3] == records["enclosing"][2] == records["handed.off"][3]
+
+
+def test_an_abandoned_c_region_is_no_longer_current() -> None:
+    c_region = _c_region()
+    rec = _recorder.Recorder(64, FakeClock())
+    _recorder.install(rec)
+    try:
+        with c_region("enclosing") as enclosing:
+            dropped = c_region("dropped").__enter__()
+            assert _recorder.current_region() is dropped
+            _recorder.abandon(dropped)
+            assert _recorder.current_region() is enclosing
+        assert [r[1] for r in rec.buf] == ["enclosing"]
+    finally:
+        _recorder.install(None)
 
 
 def test_the_c_region_reads_the_same_clock_as_perf_counter_ns() -> None:
