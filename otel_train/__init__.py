@@ -54,6 +54,9 @@ def step(n: int | None = None, epoch: int | None = None, **attrs: Any) -> _recor
     return _recorder._Step(n, epoch, attrs or None)
 
 
+step = _recorder.new_step  # noqa: F811 (the same, in C where built: no Python frame per step)
+
+
 def tag(name: str) -> None:
     """Tag the current step (`checkpoint`, `eval`, `gc` or any word); between steps, the one just ended."""
     _recorder.tag(str(name))

@@ -25,6 +25,8 @@ static PyObject *g_decorate;   /* (region, fn) -> wrapper */
 static PyObject *g_aenter;     /* async (region) -> region */
 static PyObject *g_aexit;      /* async (region, exc_type, exc, tb) -> None */
 static PyObject *g_rec;        /* the RecorderBase in force, or NULL */
+static PyObject *g_kind_step;  /* KIND_STEP */
+static PyObject *g_reopened;   /* (new step, recorder): says so and closes the step still open */
 static PyObject *g_running_loop;  /* asyncio.events._get_running_loop */
 static PyObject *g_loop_key;      /* its thread-state dict key, when that is the C `_asyncio` one */
 
@@ -49,7 +51,10 @@ typedef struct {
     PyObject *buf;      /* deque(maxlen=cap) */
     PyObject *append;   /* buf.append, looked up once */
     PyObject *now;      /* () -> int perf ns */
-    PyObject *step;     /* _Step | _After | None */
+    PyObject *step;     /* Step | After | None */
+    PyObject *next_step;      /* the number the next step takes by default */
+    PyObject *pending_links;  /* links for the next step (a list) */
+    PyObject *step_end;       /* called with a step right after its end is read (device timing), or None */
     Py_ssize_t cap;
     Py_ssize_t dropped;
     int fast_clock;     /* `now` is time.perf_counter_ns: read CLOCK_MONOTONIC here (the same clock) */
@@ -63,8 +68,13 @@ rec_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     RecorderObject *self = (RecorderObject *)type->tp_alloc(type, 0);
     if (self != NULL) {
         self->step = Py_NewRef(Py_None);
+        self->next_step = PyLong_FromLong(0);
+        self->pending_links = PyList_New(0);
+        self->step_end = Py_NewRef(Py_None);
         self->now = Py_NewRef(g_perf_counter_ns);
         self->fast_clock = 1;
+        if (self->next_step == NULL || self->pending_links == NULL)
+            Py_CLEAR(self);
     }
     return (PyObject *)self;
 }
@@ -76,6 +86,9 @@ rec_traverse(RecorderObject *self, visitproc visit, void *arg)
     Py_VISIT(self->append);
     Py_VISIT(self->now);
     Py_VISIT(self->step);
+    Py_VISIT(self->next_step);
+    Py_VISIT(self->pending_links);
+    Py_VISIT(self->step_end);
     return 0;
 }
 
@@ -86,6 +99,9 @@ rec_clear(RecorderObject *self)
     Py_CLEAR(self->append);
     Py_CLEAR(self->now);
     Py_CLEAR(self->step);
+    Py_CLEAR(self->next_step);
+    Py_CLEAR(self->pending_links);
+    Py_CLEAR(self->step_end);
     return 0;
 }
 
@@ -152,6 +168,9 @@ static PyGetSetDef rec_getset[] = {
 
 static PyMemberDef rec_members[] = {
     {"step", T_OBJECT, offsetof(RecorderObject, step), 0, "The open step, the step just ended, or None."},
+    {"next_step", T_OBJECT_EX, offsetof(RecorderObject, next_step), 0, "The next step's default number."},
+    {"pending_links", T_OBJECT_EX, offsetof(RecorderObject, pending_links), 0, "Links for the next step."},
+    {"step_end", T_OBJECT, offsetof(RecorderObject, step_end), 0, "Called with a step when its end is read."},
     {"cap", T_PYSSIZET, offsetof(RecorderObject, cap), 0, "The buffer's capacity."},
     {"dropped", T_PYSSIZET, offsetof(RecorderObject, dropped), 0, "Records a full buffer dropped."},
     {NULL}
@@ -195,6 +214,8 @@ typedef struct {
 static PyObject *region_called(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 
 static PyTypeObject RegionType;
+static PyTypeObject StepType, AfterType;
+static PyObject *step_ref_of(PyObject *step);
 
 static int
 region_traverse(RegionObject *self, visitproc visit, void *arg)
@@ -550,7 +571,7 @@ region_exit(RegionObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyObject *step_ref;
         if (self->step == NULL || self->step == Py_None)
             step_ref = Py_NewRef(g_no_step);
-        else if ((step_ref = PyObject_GetAttr(self->step, s_ref)) == NULL)
+        else if ((step_ref = step_ref_of(self->step)) == NULL)
             return NULL;
         PyObject *attrs = self->attrs;
         if (attrs == NULL || attrs == Py_None)
@@ -739,6 +760,406 @@ static PyTypeObject RegionType = {
     .tp_members = region_members,
 };
 
+/* --- Step and After ------------------------------------------------------------------------ */
+typedef struct {
+    PyObject_HEAD
+    PyObject *n, *epoch, *rec, *seq, *ref, *t0, *t1, *tags, *events, *links, *attrs, *micro_batches, *exc, *dev;
+    vectorcallfunc vectorcall;  /* calling the step: enter (no arguments), exit (3) */
+} StepObject;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *step, *ref;
+} AfterObject;
+
+static PyObject *s_zero, *s_one;
+
+#define STEP_FIELDS(X) X(n) X(epoch) X(rec) X(seq) X(ref) X(t0) X(t1) X(tags) X(events) X(links) X(attrs) \
+    X(micro_batches) X(exc) X(dev)
+
+static int
+step_traverse(StepObject *self, visitproc visit, void *arg)
+{
+#define VISIT(f) Py_VISIT(self->f);
+    STEP_FIELDS(VISIT)
+#undef VISIT
+    return 0;
+}
+
+static int
+step_clear(StepObject *self)
+{
+#define CLEAR(f) Py_CLEAR(self->f);
+    STEP_FIELDS(CLEAR)
+#undef CLEAR
+    return 0;
+}
+
+static void
+step_dealloc(StepObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    step_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *step_called(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+
+/* A new step: `n` and `epoch` may be NULL (None); `attrs` a dict or None/NULL. */
+static StepObject *
+step_make(PyTypeObject *type, PyObject *n, PyObject *epoch, PyObject *attrs)
+{
+    StepObject *self = (StepObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->n = Py_NewRef(n != NULL ? n : Py_None);
+    self->epoch = Py_NewRef(epoch != NULL ? epoch : Py_None);
+    self->attrs = Py_NewRef(attrs != NULL ? attrs : Py_None);
+    self->micro_batches = Py_NewRef(s_zero);
+    self->dev = Py_NewRef(Py_None);
+    self->tags = Py_NewRef(Py_None);
+    self->events = Py_NewRef(Py_None);
+    self->links = Py_NewRef(Py_None);
+    self->vectorcall = step_called;
+    return self;
+}
+
+static PyObject *
+step_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"n", "epoch", "attrs", NULL};
+    PyObject *n = NULL, *epoch = NULL, *attrs = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|OOO:Step", kwlist, &n, &epoch, &attrs))
+        return NULL;
+    return (PyObject *)step_make(type, n, epoch, attrs);
+}
+
+static PyObject *
+after_make(StepObject *step)
+{
+    AfterObject *after = PyObject_New(AfterObject, &AfterType);
+    if (after == NULL)
+        return NULL;
+    after->step = Py_NewRef(step);
+    after->ref = PyTuple_Pack(2, step->n, Py_None);
+    if (after->ref == NULL) {
+        Py_DECREF(after);
+        return NULL;
+    }
+    untrack_if_atomic(after->ref);
+    return (PyObject *)after;
+}
+
+/* `step.ref` (a new reference): read in place for the C step types. */
+static PyObject *
+step_ref_of(PyObject *step)
+{
+    if (Py_IS_TYPE(step, &StepType) && ((StepObject *)step)->ref != NULL)
+        return Py_NewRef(((StepObject *)step)->ref);
+    if (Py_IS_TYPE(step, &AfterType))
+        return Py_NewRef(((AfterObject *)step)->ref);
+    return PyObject_GetAttr(step, s_ref);
+}
+
+/* `_recorder._close_step`: end the open step at `t1` and append its record. */
+static int
+close_step(RecorderObject *rec, StepObject *step, PyObject *t1, PyObject *exc_type)
+{
+    /* The end must be in place before the record is appended: the worker may drain it at once. */
+    Py_XSETREF(step->t1, Py_NewRef(t1));
+    if (rec->step_end != NULL && rec->step_end != Py_None) {
+        PyObject *res = PyObject_CallOneArg(rec->step_end, (PyObject *)step);  /* device timing's end event */
+        if (res == NULL)
+            return -1;
+        Py_DECREF(res);
+    }
+    Py_XSETREF(step->exc, Py_NewRef(exc_type));
+    PyObject *after = after_make(step);
+    if (after == NULL)
+        return -1;
+    Py_XSETREF(rec->step, after);
+    if (rec->buf == NULL || rec->append == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "otel_train: the recorder has no buffer");
+        return -1;
+    }
+    Py_ssize_t size = PyObject_Length(rec->buf);
+    if (size < 0)
+        return -1;
+    if (size == rec->cap)
+        rec->dropped++;
+    PyObject *record;
+    if (step->dev != NULL && step->dev != Py_None)
+        record = Py_NewRef(step);
+    else {
+        PyObject *tags = Py_None;
+        int has_tags = step->tags != NULL && step->tags != Py_None ? PyObject_IsTrue(step->tags) : 0;
+        if (has_tags < 0)
+            return -1;
+        if (has_tags && (tags = PySequence_Tuple(step->tags)) == NULL)
+            return -1;
+        if (!has_tags)
+            Py_INCREF(tags);
+        record = PyTuple_New(12);
+        if (record == NULL) {
+            Py_DECREF(tags);
+            return -1;
+        }
+#define OR_NONE(f) Py_NewRef(step->f != NULL ? step->f : Py_None)
+        PyTuple_SET_ITEM(record, 0, Py_NewRef(g_kind_step));
+        PyTuple_SET_ITEM(record, 1, OR_NONE(seq));
+        PyTuple_SET_ITEM(record, 2, OR_NONE(n));
+        PyTuple_SET_ITEM(record, 3, OR_NONE(t0));
+        PyTuple_SET_ITEM(record, 4, Py_NewRef(t1));
+        PyTuple_SET_ITEM(record, 5, OR_NONE(attrs));
+        PyTuple_SET_ITEM(record, 6, OR_NONE(epoch));
+        PyTuple_SET_ITEM(record, 7, OR_NONE(micro_batches));
+        PyTuple_SET_ITEM(record, 8, tags);
+        PyTuple_SET_ITEM(record, 9, OR_NONE(events));
+        PyTuple_SET_ITEM(record, 10, OR_NONE(links));
+        PyTuple_SET_ITEM(record, 11, Py_NewRef(exc_type));
+#undef OR_NONE
+        untrack_if_atomic(record);
+    }
+    PyObject *res = PyObject_CallOneArg(rec->append, record);
+    Py_DECREF(record);
+    if (res == NULL)
+        return -1;
+    Py_DECREF(res);
+    return 0;
+}
+
+static PyObject *
+step_enter(StepObject *self)
+{
+    PyObject *r = g_rec;
+    if (r == NULL) {
+        PyObject *got = PyObject_CallNoArgs(g_auto_init);
+        if (got == NULL)
+            return NULL;
+        Py_DECREF(got);
+        r = g_rec;
+        if (got == Py_None || r == NULL) {
+            Py_XSETREF(self->rec, Py_NewRef(Py_None));
+            return Py_NewRef(self);
+        }
+    }
+    RecorderObject *rec = (RecorderObject *)r;
+    Py_XSETREF(self->rec, Py_NewRef(r));
+    if (PyObject_TypeCheck(rec->step, &StepType)) {  /* the last one is still open: said, and closed */
+        PyObject *res = PyObject_CallFunctionObjArgs(g_reopened, (PyObject *)self, r, NULL);
+        if (res == NULL)
+            return NULL;
+        Py_DECREF(res);
+    }
+    if (self->n == NULL || self->n == Py_None)
+        Py_XSETREF(self->n, Py_NewRef(rec->next_step));
+    PyObject *next = PyNumber_Add(self->n, s_one);
+    if (next == NULL)
+        return NULL;
+    Py_XSETREF(rec->next_step, next);
+    PyObject *seq = PyIter_Next(g_seq);
+    if (seq == NULL)
+        return NULL;
+    Py_XSETREF(self->seq, seq);
+    PyObject *ref = PyTuple_Pack(2, self->n, seq);  /* what a region records of the step it ran in */
+    if (ref == NULL)
+        return NULL;
+    untrack_if_atomic(ref);  /* so are the records that hold it (`region_exit`) */
+    Py_XSETREF(self->ref, ref);
+    Py_XSETREF(self->tags, Py_NewRef(Py_None));
+    Py_XSETREF(self->events, Py_NewRef(Py_None));
+    PyObject *pending = rec->pending_links;
+    if (pending != NULL && PyList_Check(pending) && PyList_GET_SIZE(pending)) {
+        PyObject *fresh = PyList_New(0);
+        if (fresh == NULL)
+            return NULL;
+        Py_XSETREF(self->links, pending);  /* the recorder's reference moves to the step */
+        rec->pending_links = fresh;
+    }
+    else
+        Py_XSETREF(self->links, Py_NewRef(Py_None));
+    Py_XSETREF(rec->step, Py_NewRef(self));
+    PyObject *t0 = rec_now(rec);
+    if (t0 == NULL)
+        return NULL;
+    Py_XSETREF(self->t0, t0);
+    return Py_NewRef(self);
+}
+
+static PyObject *
+step_exit(StepObject *self, PyObject *exc_type)
+{
+    PyObject *r = self->rec;
+    if (r == NULL || r == Py_None || ((RecorderObject *)r)->step != (PyObject *)self)
+        Py_RETURN_NONE;
+    PyObject *t1 = rec_now((RecorderObject *)r);
+    if (t1 == NULL)
+        return NULL;
+    int rc = close_step((RecorderObject *)r, self, t1, exc_type);
+    Py_DECREF(t1);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+step_called(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0) {
+        if (nargs == 0)
+            return step_enter((StepObject *)self);
+        if (nargs == 3)
+            return step_exit((StepObject *)self, args[0]);
+    }
+    PyErr_SetString(PyExc_TypeError, "a step is used with `with`, not called");
+    return NULL;
+}
+
+static PyObject *
+step_enter_unbound(PyObject *module, PyObject *self)
+{
+    if (!PyObject_TypeCheck(self, &StepType)) {
+        PyErr_SetString(PyExc_TypeError, "__enter__ needs a Step");
+        return NULL;
+    }
+    return step_enter((StepObject *)self);
+}
+
+static PyObject *
+step_exit_unbound(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyObject_TypeCheck(args[0], &StepType)) {
+        PyErr_SetString(PyExc_TypeError, "__exit__ needs a Step and 3 arguments");
+        return NULL;
+    }
+    return step_exit((StepObject *)args[0], args[1]);
+}
+
+static PyMethodDef step_unbound_defs[] = {
+    {"__enter__", (PyCFunction)step_enter_unbound, METH_O, "Open the step: number, seq, links, t0."},
+    {"__exit__", (PyCFunction)(void (*)(void))step_exit_unbound, METH_FASTCALL, "Close it: append its record."},
+};
+
+static PyMethodDef step_methods[] = {
+    {"__aenter__", (PyCFunction)region_aenter, METH_NOARGS, NULL},
+    {"__aexit__", (PyCFunction)(void (*)(void))region_aexit, METH_FASTCALL, NULL},
+    {NULL}
+};
+
+#define STEP_MEMBER(f) {#f, T_OBJECT_EX, offsetof(StepObject, f), 0, NULL},
+static PyMemberDef step_members[] = {
+    STEP_FIELDS(STEP_MEMBER)
+    {NULL}
+};
+#undef STEP_MEMBER
+
+static PyTypeObject StepType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_train._hotpath.Step",
+    .tp_doc = "One training step (otel_train.step): Step(n=None, epoch=None, attrs=None).",
+    .tp_basicsize = sizeof(StepObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(StepObject, vectorcall),
+    .tp_new = step_new,
+    .tp_traverse = (traverseproc)step_traverse,
+    .tp_clear = (inquiry)step_clear,
+    .tp_dealloc = (destructor)step_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_methods = step_methods,
+    .tp_members = step_members,
+};
+
+static PyObject *
+after_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *step;
+    if (!PyArg_UnpackTuple(args, "After", 1, 1, &step))
+        return NULL;
+    if (!PyObject_TypeCheck(step, &StepType)) {
+        PyErr_SetString(PyExc_TypeError, "After() takes a Step");
+        return NULL;
+    }
+    return after_make((StepObject *)step);
+}
+
+static void
+after_dealloc(AfterObject *self)
+{
+    Py_XDECREF(self->step);
+    Py_XDECREF(self->ref);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef after_members[] = {
+    {"step", T_OBJECT_EX, offsetof(AfterObject, step), READONLY, "The step just ended."},
+    {"ref", T_OBJECT_EX, offsetof(AfterObject, ref), READONLY, "(step number, None): what a region records."},
+    {NULL}
+};
+
+/* Not tracked by the collector: it holds the step, which never refers back to it. */
+static PyTypeObject AfterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_train._hotpath.After",
+    .tp_doc = "Between steps, after `step`: spans here join that step's trace as siblings.",
+    .tp_basicsize = sizeof(AfterObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = after_new,
+    .tp_dealloc = (destructor)after_dealloc,
+    .tp_members = after_members,
+};
+
+/* `otel_train.step(n=None, epoch=None, **attrs)` */
+static PyObject *
+mod_step(PyObject *module, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "otel_train.step() takes at most 2 positional arguments, n and epoch "
+                     "(%zd given); attributes go as keywords", nargs);
+        return NULL;
+    }
+    PyObject *n = nargs > 0 ? args[0] : NULL, *epoch = nargs > 1 ? args[1] : NULL, *attrs = NULL;
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, i), *value = args[nargs + i];
+        int is_n = PyUnicode_CompareWithASCIIString(key, "n") == 0;
+        if (is_n || PyUnicode_CompareWithASCIIString(key, "epoch") == 0) {
+            if ((is_n ? n : epoch) != NULL) {
+                PyErr_Format(PyExc_TypeError, "otel_train.step() got multiple values for argument '%U'", key);
+                goto fail;
+            }
+            if (is_n)
+                n = value;
+            else
+                epoch = value;
+            continue;
+        }
+        if (attrs == NULL && (attrs = PyDict_New()) == NULL)
+            return NULL;
+        if (PyDict_SetItem(attrs, key, value) < 0)
+            goto fail;
+    }
+    PyObject *step = (PyObject *)step_make(&StepType, n, epoch, attrs);
+    Py_XDECREF(attrs);
+    return step;
+fail:
+    Py_XDECREF(attrs);
+    return NULL;
+}
+
+static PyObject *
+mod_close_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyObject_TypeCheck(args[0], &RecorderType) || !PyObject_TypeCheck(args[1], &StepType)) {
+        PyErr_SetString(PyExc_TypeError, "close_step(recorder, step, t1, exc_type)");
+        return NULL;
+    }
+    if (close_step((RecorderObject *)args[0], (StepObject *)args[1], args[2], args[3]) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 /* --- module ------------------------------------------------------------------------------ */
 static PyObject *
 mod_bind(PyObject *module, PyObject *args)
@@ -799,7 +1220,23 @@ mod_leave(PyObject *module, PyObject *region)
     Py_RETURN_NONE;
 }
 
+static PyObject *
+mod_bind_steps(PyObject *module, PyObject *args)
+{
+    PyObject *kind_step, *reopened;
+    if (!PyArg_UnpackTuple(args, "bind_steps", 2, 2, &kind_step, &reopened))
+        return NULL;
+    Py_XSETREF(g_kind_step, Py_NewRef(kind_step));
+    Py_XSETREF(g_reopened, Py_NewRef(reopened));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef mod_methods[] = {
+    {"bind_steps", mod_bind_steps, METH_VARARGS, "bind_steps(kind_step, reopened)"},
+    {"step", (PyCFunction)(void (*)(void))mod_step, METH_FASTCALL | METH_KEYWORDS,
+     "step(n=None, epoch=None, **attrs): a new Step."},
+    {"close_step", (PyCFunction)(void (*)(void))mod_close_step, METH_FASTCALL,
+     "close_step(recorder, step, t1, exc_type): end the open step at t1 and append its record."},
     {"bind", mod_bind, METH_VARARGS,
      "bind(current, seq_counter, no_step, kind_span, auto_init, decorate, aenter, aexit, get_running_loop)"},
     {"current", mod_current, METH_NOARGS, "The innermost open region here (either kind of region), or None."},
@@ -827,16 +1264,25 @@ PyInit__hotpath(void)
     s_device_time = PyUnicode_InternFromString("device_time");
     if (s_ref == NULL || s_append == NULL || s_device_time == NULL)
         return NULL;
-    if (PyType_Ready(&RecorderType) < 0 || PyType_Ready(&RegionType) < 0 || PyType_Ready(&SelfDescrType) < 0)
+    s_zero = PyLong_FromLong(0);
+    s_one = PyLong_FromLong(1);
+    if (s_zero == NULL || s_one == NULL)
         return NULL;
-    if (add_self_descr(&RegionType, &unbound_defs[0]) < 0 || add_self_descr(&RegionType, &unbound_defs[1]) < 0)
+    if (PyType_Ready(&RecorderType) < 0 || PyType_Ready(&RegionType) < 0 || PyType_Ready(&SelfDescrType) < 0 ||
+        PyType_Ready(&StepType) < 0 || PyType_Ready(&AfterType) < 0)
+        return NULL;
+    if (add_self_descr(&RegionType, &unbound_defs[0]) < 0 || add_self_descr(&RegionType, &unbound_defs[1]) < 0 ||
+        add_self_descr(&StepType, &step_unbound_defs[0]) < 0 || add_self_descr(&StepType, &step_unbound_defs[1]) < 0)
         return NULL;
     PyType_Modified(&RegionType);
+    PyType_Modified(&StepType);
     PyObject *m = PyModule_Create(&hotpath_module);
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "RecorderBase", (PyObject *)&RecorderType) < 0 ||
-        PyModule_AddObjectRef(m, "Region", (PyObject *)&RegionType) < 0) {
+        PyModule_AddObjectRef(m, "Region", (PyObject *)&RegionType) < 0 ||
+        PyModule_AddObjectRef(m, "Step", (PyObject *)&StepType) < 0 ||
+        PyModule_AddObjectRef(m, "After", (PyObject *)&AfterType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

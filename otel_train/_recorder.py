@@ -230,24 +230,7 @@ def _auto_init() -> Recorder | None:
     return auto_init()  # looked up per call: `_runtime` sets `auto_init` after this module loads
 
 
-if _hotpath is not None:
-    _Region: type = _hotpath.Region
-    _hotpath.bind(_current, _seq_counter, _NO_STEP, KIND_SPAN, _auto_init, _decorate, _aenter, _aexit,
-                  _asyncio_events._get_running_loop)
-    #: The innermost open region here: the C regions keep it in a thread-local pointer outside
-    #: an event loop and in `_current` inside one (`_hotpath.c`); the Python ones in `_current`.
-    _current_get: Callable[[], Any] = _hotpath.current
-else:
-    _Region = _PyRegion
-    _current_get = _current.get
-
-
-#: The class `otel_train.span` hands out while enabled: `_Region`, or `_device._DeviceRegion`
-#: while device timing is choosing or has chosen a device (set by `_device`).
-region_factory: Callable[..., _Region] = _Region
-
-
-class _After:
+class _PyAfter:
     """Marks "between steps, after step `step`": spans here join that step's trace as siblings."""
 
     __slots__ = ("step", "ref")
@@ -257,8 +240,10 @@ class _After:
         self.ref = (step.n, None)
 
 
-class _Step:
-    """One training step (`otel_train.step`), explicit or driven by automatic detection."""
+class _PyStep:
+    """One training step (`otel_train.step`), explicit or driven by automatic detection.
+
+    The pure-Python step: `_Step` is the C one (`_hotpath.Step`) where that was built."""
 
     __slots__ = ("n", "epoch", "rec", "seq", "ref", "t0", "t1", "tags", "events", "links", "attrs",
                  "micro_batches", "exc", "dev")
@@ -270,7 +255,7 @@ class _Step:
         self.micro_batches = 0
         self.dev: Any = None
 
-    def __enter__(self) -> _Step:
+    def __enter__(self) -> _PyStep:
         r = _rec
         if r is None:
             r = auto_init()
@@ -279,15 +264,13 @@ class _Step:
                 return self
         self.rec = r
         if isinstance(r.step, _Step):
-            _log.warning("otel_train: step %s began while step %s was still open; closing step %s first.",
-                         self.n if self.n is not None else r.next_step, r.step.n, r.step.n)
-            r.step.__exit__(None, None, None)
+            _reopened(self, r)
         if self.n is None:
             self.n = r.next_step
         r.next_step = self.n + 1
         self.seq = next(_seq_counter)
         self.ref = (self.n, self.seq)  # what a region records of the step it ran in
-        self.tags: list[str] = []
+        self.tags: list[str] | None = None  # a list once tagged
         self.events = None
         self.links = r.pending_links or None
         r.pending_links = []
@@ -301,25 +284,61 @@ class _Step:
             return
         _close_step(r, self, r.now(), exc_type)
 
-    async def __aenter__(self) -> _Step:
+    async def __aenter__(self) -> _PyStep:
         return self.__enter__()
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.__exit__(exc_type, exc, tb)
 
 
-def _close_step(r: Recorder, step: _Step, t1: int, exc_type: Any) -> None:
+def _reopened(step: Any, r: Recorder) -> None:
+    """A step begins while the last one is still open: say so, and close that one first."""
+    _log.warning("otel_train: step %s began while step %s was still open; closing step %s first.",
+                 step.n if step.n is not None else r.next_step, r.step.n, r.step.n)
+    r.step.__exit__(None, None, None)
+
+
+def _py_new_step(n: int | None = None, epoch: int | None = None, **attrs: Any) -> _PyStep:
+    return _PyStep(n, epoch, attrs or None)
+
+
+def _py_close_step(r: Recorder, step: _PyStep, t1: int, exc_type: Any) -> None:
     # The end must be in place before the record is appended: the worker may drain it at once.
     step.t1 = t1
     if r.step_end is not None:
         r.step_end(step)  # device timing: records the end event in `step.dev`
     step.exc = exc_type
-    r.step = _After(step)
+    r.step = _PyAfter(step)
     if step.dev is not None:
         r.append(step)
     else:
         r.append((KIND_STEP, step.seq, step.n, step.t0, t1, step.attrs, step.epoch, step.micro_batches,
                   tuple(step.tags) if step.tags else None, step.events, step.links, exc_type))
+
+
+if _hotpath is not None:
+    _Region: type = _hotpath.Region
+    _Step: type = _hotpath.Step
+    _After: type = _hotpath.After
+    _hotpath.bind(_current, _seq_counter, _NO_STEP, KIND_SPAN, _auto_init, _decorate, _aenter, _aexit,
+                  _asyncio_events._get_running_loop)
+    _hotpath.bind_steps(KIND_STEP, _reopened)
+    #: `otel_train.step(n=None, epoch=None, **attrs)`
+    new_step: Callable[..., Any] = _hotpath.step
+    #: `_close_step(recorder, step, t1, exc_type)`: end the open step at `t1`, append its record.
+    _close_step: Callable[[Recorder, Any, int, Any], None] = _hotpath.close_step
+    #: The innermost open region here: the C regions keep it in a thread-local pointer outside
+    #: an event loop and in `_current` inside one (`_hotpath.c`); the Python ones in `_current`.
+    _current_get: Callable[[], Any] = _hotpath.current
+else:
+    _Region, _Step, _After = _PyRegion, _PyStep, _PyAfter
+    new_step = _py_new_step
+    _close_step = _py_close_step
+    _current_get = _current.get
+
+#: The class `otel_train.span` hands out while enabled: `_Region`, or `_device._DeviceRegion`
+#: while device timing is choosing or has chosen a device (set by `_device`).
+region_factory: Callable[..., _Region] = _Region
 
 
 class _NoopRegion:
@@ -362,7 +381,10 @@ def tag(name: str) -> None:
         return
     step = r.step
     if isinstance(step, _Step):
-        step.tags.append(name)
+        if step.tags is None:
+            step.tags = [name]
+        else:
+            step.tags.append(name)
     elif isinstance(step, _After):
         r.append((KIND_TAG, step.step.ref, name))
     else:

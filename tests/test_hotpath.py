@@ -72,6 +72,17 @@ def _script(region: type, capacity: int = 64) -> tuple[list[Any], int, Any]:
                     raise ValueError("boom")
         with region("after.step"):
             clock.advance(17)
+        _recorder.tag("late")  # between steps: for the step just ended
+        _recorder.event("between", {"x": 1})
+        _recorder.link({"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"})  # for the next step
+        with _recorder.new_step(epoch=2, lr=0.5):  # number 1, by default
+            _recorder.tag("eval")
+            _recorder.tag("checkpoint")
+            clock.advance(2)
+            reopened = _recorder.new_step()  # begins while step 1 is open: closes it first
+            reopened.__enter__()
+            clock.advance(3)
+            reopened.__exit__(None, None, None)
         # Entered in another context, left here: the parent is put back here.
         ctx = contextvars.copy_context()
         moved = region("moved")
@@ -111,7 +122,7 @@ def test_c_and_python_regions_leave_the_same_records() -> None:
     c_region = _c_region()
     assert _script(c_region) == _script(_recorder._PyRegion)
     records, dropped, left_open = _script(c_region, capacity=8)
-    assert dropped == 15 + 70 - 8 and left_open is None  # 15 records before the 70 that fill it
+    assert dropped == 19 + 70 - 8 and left_open is None  # 19 records before the 70 that fill it
     assert [r[1] for r in records] == ["fill"] * 8
     full = _script(c_region, capacity=1000)[0]
     names = [r[1] for r in full if r[0] == _recorder.KIND_SPAN]
@@ -128,6 +139,12 @@ def test_c_and_python_regions_leave_the_same_records() -> None:
     assert {t[3] for t in tasks} == {sync_outer[2]} and after_loop[3] == sync_outer[2]
     assert sorted((i[7]["i"], i[3]) for i in inners) == sorted((t[7]["i"], t[2]) for t in tasks)
     assert by_name["in.thread"][0][3] is None and by_name["main.open"][0][3] is None
+    steps = [r for r in full if r[0] == _recorder.KIND_STEP]
+    assert [(st[2], st[6], st[5], st[8], st[11]) for st in steps] == [
+        (0, None, None, None, None), (1, 2, {"lr": 0.5}, ("eval", "checkpoint"), None), (2, None, None, None, None)]
+    assert steps[1][10] and steps[0][10] is None and steps[2][10] is None  # the link went to step 1 alone
+    assert [(r[0], r[2]) for r in full if r[0] in (_recorder.KIND_TAG, _recorder.KIND_EVENT)] == [
+        (_recorder.KIND_TAG, "late"), (_recorder.KIND_EVENT, ("between", 1_000_000_056, {"x": 1}))]
 
 
 def test_a_c_region_left_on_another_thread_is_not_the_parent_of_later_ones() -> None:
@@ -163,6 +180,19 @@ def test_an_abandoned_c_region_is_no_longer_current() -> None:
         assert [r[1] for r in rec.buf] == ["enclosing"]
     finally:
         _recorder.install(None)
+
+
+def test_the_whole_script_records_the_same_without_the_c_module() -> None:
+    """Steps, tags, links and events too: the pure-Python classes in a process without `_hotpath`."""
+    c_region = _c_region()
+    code = ("import sys; sys.modules['otel_train._hotpath'] = None; sys.path.insert(0, 'tests')\n"
+            "from otel_train import _recorder\n"
+            "assert _recorder._Step is _recorder._PyStep\n"
+            "from test_hotpath import _script\n"
+            "print(repr(_script(_recorder._Region)))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=_REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == repr(_script(c_region))
 
 
 def test_the_c_region_reads_the_same_clock_as_perf_counter_ns() -> None:
