@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import shutil
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -239,6 +241,19 @@ def test_the_c_region_decorates_like_the_python_one() -> None:
         _recorder.install(None)
 
 
+def test_the_c_module_is_built_where_a_compiler_is() -> None:
+    """The extension is optional at install, so a broken build would pass silently: not here."""
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        pytest.skip(f"no C compiler ({compiler}): the pure-Python hot path is in use")
+    from otel_train import _hotpath
+
+    source = Path(_recorder.__file__).with_name("_hotpath.c")
+    if source.exists():  # an editable install: the built module must not predate its source
+        assert Path(_hotpath.__file__).stat().st_mtime >= source.stat().st_mtime, \
+            "otel_train/_hotpath.c changed since the extension was built: pip install -e . again"
+
+
 def test_the_recorder_tests_pass_with_the_python_fallback() -> None:
     """No compiler at install time means no `_hotpath`: the package must work the same without it."""
     code = ("import sys; sys.modules['otel_train._hotpath'] = None\n"
@@ -246,7 +261,7 @@ def test_the_recorder_tests_pass_with_the_python_fallback() -> None:
             "assert _recorder._Region is _recorder._PyRegion, _recorder._Region\n"
             "import pytest\n"
             "raise SystemExit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/test_recorder.py',"
-            " 'tests/test_hotpath.py', '-k', 'not python_fallback']))\n")
+            " 'tests/test_hotpath.py', '-k', 'not python_fallback and not compiler']))\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=_REPO, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "skipped" in proc.stdout  # the C-only tests skip there
