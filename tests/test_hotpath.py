@@ -241,6 +241,45 @@ def test_the_c_region_decorates_like_the_python_one() -> None:
         _recorder.install(None)
 
 
+def test_the_c_hot_path_leaks_nothing() -> None:
+    """Every path that allocates, run 20,000 times into a small buffer (old records dropped and
+    freed): the interpreter's live block count must not grow with the iterations."""
+    c_region = _c_region()
+    clock = FakeClock()
+    rec = _recorder.Recorder(64, clock)
+    _recorder.install(rec)
+
+    def once(i: int) -> None:
+        _recorder.link({"traceparent": "x"})
+        with _recorder.new_step(epoch=1, k=i):
+            _recorder.tag("t")
+            with c_region("outer", mb=i):
+                _recorder.event("e", {"i": i})
+                with c_region("inner", device_time=False):
+                    clock.advance(1)
+            try:
+                with c_region("fails"):
+                    raise KeyError(i)
+            except KeyError:
+                pass
+            dropped = c_region("abandoned").__enter__()
+            _recorder.abandon(dropped)
+        with c_region("between"):
+            pass
+        _recorder.record("recorded", {"a": 1}, 1, 2)
+
+    try:
+        for i in range(2_000):  # warm up: free lists, caches, the deque's blocks
+            once(i)
+        before = sys.getallocatedblocks()
+        for i in range(20_000):
+            once(i)
+        grown = sys.getallocatedblocks() - before
+    finally:
+        _recorder.install(None)
+    assert grown < 2_000, f"{grown} blocks more after 20,000 iterations: something leaks"
+
+
 def test_the_c_module_is_built_where_a_compiler_is() -> None:
     """The extension is optional at install, so a broken build would pass silently: not here."""
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
