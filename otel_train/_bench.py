@@ -498,12 +498,11 @@ def bench_export_cpu(steps: int, rounds: int) -> dict[str, float]:
 
 
 def _export_cpu(records: list[Any], offset: int, rounds: int) -> dict[str, float]:
-    import pickle
-
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from opentelemetry.sdk.resources import Resource
 
     from otel_train._distributed import RunInfo
+    from otel_train._exporter_process import loads
     from otel_train._metrics import TrainMetrics
     from otel_train._otlp import LeanEncoder
     from otel_train._spans import AttributeCleaner, SpanAssembler
@@ -530,7 +529,7 @@ def _export_cpu(records: list[Any], offset: int, rounds: int) -> dict[str, float
                                       out.extend, metrics=metrics, encoder=encoder)
             assembler.fast = fast
             t0 = cpu()
-            messages = [pickle.loads(payload) for payload in payloads]
+            messages = [loads(payload) for payload in payloads]
             t1 = cpu()
             for message in messages:
                 assembler.feed_raw(message[1][0][1], offset)

@@ -1,8 +1,8 @@
 """The per-rank exporter process: reads wire records from stdin, exports spans and metrics.
 
 Started by the training process (`ProcessSink`); never imports torch. Messages are
-length-prefixed pickles: `("setup", dict)`, then `("batch", segments, offset, dropped totals)`…,
-then `("shutdown", seconds)`. End of input (the trainer died) is a shutdown too. Whenever it
+length-prefixed, a format byte (`loads`) then a marshal or pickle of `("setup", dict)`, then
+`("batch", segments, offset, dropped totals)`…, then `("shutdown", seconds)`. End of input (the trainer died) is a shutdown too. Whenever it
 has caught up with its input, and after every flush, it writes one JSON line of progress to
 stdout, which the trainer reads to report exactly what was lost if it has to kill
 this process at the shutdown bound.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import json
+import marshal
 import os
 import pickle
 import select
@@ -39,13 +40,25 @@ def _read_exact(fd: int, size: int) -> bytes | None:
     return b"".join(chunks)
 
 
+#: The first byte of a message: how the rest is serialised. Marshal when the message holds only
+#: what marshal writes (the usual batch of hot-path tuples: 0.18 against 0.27 µs a record in
+#: the training process, where the worker pays it); pickle otherwise (`_worker._dumps`).
+FORMAT_MARSHAL = b"M"
+FORMAT_PICKLE = b"P"
+
+
+def loads(payload: bytes) -> Any:
+    body = memoryview(payload)[1:]
+    return marshal.loads(body) if payload[:1] == FORMAT_MARSHAL else pickle.loads(body)
+
+
 def _read(fd: int) -> Any:
     # Unbuffered reads: `_more_input` can then trust select() to see everything still waiting.
     header = _read_exact(fd, _FRAME.size)
     if header is None:
         return None
     payload = _read_exact(fd, _FRAME.unpack(header)[0])
-    return None if payload is None else pickle.loads(payload)
+    return None if payload is None else loads(payload)
 
 
 def _more_input(fd: int, wait_s: float = 0.0) -> bool:

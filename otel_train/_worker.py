@@ -27,6 +27,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import marshal
 import numbers
 import os
 import pickle
@@ -39,6 +40,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from otel_train._clock import wall_offset
+from otel_train._exporter_process import FORMAT_MARSHAL, FORMAT_PICKLE
 from otel_train._recorder import Recorder, to_wire
 
 _log = logging.getLogger("otel_train")
@@ -321,9 +323,16 @@ class DrainPacer:
 
 
 def _dumps(message: tuple[Any, ...]) -> bytes:
-    out = io.BytesIO()
-    _WirePickler(out, pickle.HIGHEST_PROTOCOL).dump(message)
-    return out.getvalue()
+    """A message for the exporter process (`_exporter_process.loads`). Marshal takes the usual
+    batch (str, int, float, None, tuples, lists, dicts) and refuses anything else, such as an
+    exception class, a tensor or a numpy number; `_WirePickler` converts those."""
+    try:
+        return FORMAT_MARSHAL + marshal.dumps(message)
+    except ValueError:
+        out = io.BytesIO()
+        out.write(FORMAT_PICKLE)
+        _WirePickler(out, pickle.HIGHEST_PROTOCOL).dump(message)
+        return out.getvalue()
 
 
 class Worker:

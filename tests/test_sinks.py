@@ -97,12 +97,12 @@ def test_records_cross_to_the_exporter_process_as_plain_values() -> None:
     """The pipe to the exporter carries hot-path tuples as they are; what the exporter (no torch,
     no numpy) could not load, or what would copy a tensor, is converted on the way."""
     import enum
-    import pickle
     from collections import namedtuple
 
     import torch
 
     from otel_train import _recorder
+    from otel_train._exporter_process import FORMAT_MARSHAL, FORMAT_PICKLE, loads
     from otel_train._worker import _dumps
 
     class Level(enum.IntEnum):
@@ -116,7 +116,9 @@ def test_records_cross_to_the_exporter_process_as_plain_values() -> None:
     record = (0, "train.forward", 7, None, (1, 1), 10, 20,
               {"t": torch.ones(2, 3), "size": torch.Size([2, 3]), "lvl": Level.HIGH, "pair": Pair(1, 2),
                "f": torch.tensor(0.5).numpy().dtype.type(0.5), "plain": "x", "n": 4}, StepFailed, None)
-    loaded = pickle.loads(_dumps(("batch", [(False, [record])], 0, {})))
+    payload = _dumps(("batch", [(False, [record])], 0, {}))
+    assert payload[:1] == FORMAT_PICKLE  # marshal refuses these values: the pickler converts them
+    loaded = loads(payload)
     (_, [(_, [out])], _, _) = loaded
     attrs = out[7]
     assert attrs["t"] == "<tensor shape=(2, 3) dtype=torch.float32 device=cpu>"
@@ -127,9 +129,14 @@ def test_records_cross_to_the_exporter_process_as_plain_values() -> None:
     assert (attrs["plain"], attrs["n"]) == ("x", 4)
     assert out[8] == "StepFailed"  # the exception class, by name
     assert _recorder.to_wire(out, 0)[_recorder.W_ERROR] == "StepFailed"
-    builtin = pickle.loads(_dumps((*record[:8], ValueError, None)))
+    builtin = loads(_dumps((*record[:8], ValueError, None)))
     assert builtin[8] is ValueError
     assert out[:7] == record[:7]
+    # The usual batch (plain values only) goes by marshal, and comes back equal.
+    plain = ("batch", [(False, [(0, "train.forward", 7, None, (1, 1), 10, 20, {"mb": 1, "lr": 0.5, "ok": True},
+                                 None, [("e", 15, None)])])], 3, {"buffer_full": 0})
+    payload = _dumps(plain)
+    assert payload[:1] == FORMAT_MARSHAL and loads(payload) == plain
 
 
 def test_worker_drains_sooner_only_when_records_would_fill_a_quarter_of_the_buffer_first() -> None:
