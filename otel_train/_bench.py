@@ -502,11 +502,10 @@ def _export_cpu(records: list[Any], offset: int, rounds: int) -> dict[str, float
     from opentelemetry.sdk.resources import Resource
 
     from otel_train._distributed import RunInfo
-    from otel_train._exporter_process import loads
-    from otel_train._metrics import TrainMetrics
+        from otel_train._metrics import TrainMetrics
     from otel_train._otlp import LeanEncoder
     from otel_train._spans import AttributeCleaner, SpanAssembler
-    from otel_train._worker import _SLICE, _dumps
+    from otel_train._worker import _SLICE, _dumps, loads
 
     resource = {"service.name": "bench", "ml.run.id": "bench", "ml.rank": 0}
     cpu = time.process_time_ns

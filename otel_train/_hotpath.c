@@ -27,7 +27,7 @@ static PyObject *g_aexit;      /* async (region, exc_type, exc, tb) -> None */
 static PyObject *g_rec;        /* the RecorderBase in force, or NULL */
 static PyObject *g_kind_step;  /* KIND_STEP */
 static PyObject *g_reopened;   /* (new step, recorder): says so and closes the step still open */
-static PyObject *g_running_loop;  /* asyncio.events._get_running_loop */
+static PyObject *g_running_loop;  /* asyncio.events._get_running_loop, once asyncio is imported */
 static PyObject *g_loop_key;      /* its thread-state dict key, when that is the C `_asyncio` one */
 
 #if defined(_MSC_VER)
@@ -43,7 +43,7 @@ static PyObject *g_loop_key;      /* its thread-state dict key, when that is the
 static THREAD_LOCAL PyObject *tl_current;
 
 static PyObject *g_perf_counter_ns;  /* time.perf_counter_ns: read directly when it is the clock */
-static PyObject *s_ref, *s_append, *s_device_time;
+static PyObject *s_ref, *s_append, *s_device_time, *s_asyncio_events;
 
 /* --- RecorderBase -------------------------------------------------------------------------- */
 typedef struct {
@@ -416,11 +416,41 @@ current_region(PyObject **from_var)
     return Py_NewRef(p != NULL ? p : Py_None);
 }
 
+/* `asyncio.events._get_running_loop`, found once asyncio is imported (no loop runs before):
+ * 1 when found, 0 not yet, -1 on error. The package does not import asyncio for this. */
+static int
+resolve_running_loop(void)
+{
+    PyObject *events = PyImport_GetModule(s_asyncio_events);
+    if (events == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *fn = PyObject_GetAttrString(events, "_get_running_loop");
+    Py_DECREF(events);
+    if (fn == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();  /* asyncio.events is still being imported: look again next time */
+        return 0;
+    }
+    if (PyCFunction_Check(fn)) {  /* not the pure-Python one, which keeps a threading.local */
+        g_loop_key = PyUnicode_InternFromString("__asyncio_running_event_loop__");
+        if (g_loop_key == NULL) {
+            Py_DECREF(fn);
+            return -1;
+        }
+    }
+    g_running_loop = fn;
+    return 1;
+}
+
 static int
 loop_running(void)
 {
-    if (g_running_loop == NULL)
-        return 0;
+    if (g_running_loop == NULL) {
+        int found = resolve_running_loop();
+        if (found <= 0)
+            return found;
+    }
 #if PY_VERSION_HEX < 0x030C0000
     /* CPython 3.10-3.11's `_asyncio` keeps a thread's running loop in its thread-state dict
      * under this key, set when a loop first runs on the thread. No key: no loop runs here, and
@@ -1164,17 +1194,10 @@ mod_close_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 mod_bind(PyObject *module, PyObject *args)
 {
-    PyObject *current, *seq, *no_step, *kind_span, *auto_init, *decorate, *aenter, *aexit, *running_loop;
-    if (!PyArg_UnpackTuple(args, "bind", 9, 9, &current, &seq, &no_step, &kind_span, &auto_init, &decorate,
-                           &aenter, &aexit, &running_loop))
+    PyObject *current, *seq, *no_step, *kind_span, *auto_init, *decorate, *aenter, *aexit;
+    if (!PyArg_UnpackTuple(args, "bind", 8, 8, &current, &seq, &no_step, &kind_span, &auto_init, &decorate,
+                           &aenter, &aexit))
         return NULL;
-    Py_XSETREF(g_running_loop, Py_NewRef(running_loop));
-    Py_CLEAR(g_loop_key);
-    if (PyCFunction_Check(running_loop)) {  /* not the pure-Python one, which keeps a threading.local */
-        g_loop_key = PyUnicode_InternFromString("__asyncio_running_event_loop__");
-        if (g_loop_key == NULL)
-            return NULL;
-    }
     Py_XSETREF(g_current, Py_NewRef(current));
     Py_XSETREF(g_seq, Py_NewRef(seq));
     Py_XSETREF(g_no_step, Py_NewRef(no_step));
@@ -1238,7 +1261,7 @@ static PyMethodDef mod_methods[] = {
     {"close_step", (PyCFunction)(void (*)(void))mod_close_step, METH_FASTCALL,
      "close_step(recorder, step, t1, exc_type): end the open step at t1 and append its record."},
     {"bind", mod_bind, METH_VARARGS,
-     "bind(current, seq_counter, no_step, kind_span, auto_init, decorate, aenter, aexit, get_running_loop)"},
+     "bind(current, seq_counter, no_step, kind_span, auto_init, decorate, aenter, aexit)"},
     {"current", mod_current, METH_NOARGS, "The innermost open region here (either kind of region), or None."},
     {"leave", mod_leave, METH_O, "Take an entered C region off the current-region pointer without recording it."},
     {"install", mod_install, METH_O, "install(recorder or None): the recorder regions record to."},
@@ -1262,7 +1285,8 @@ PyInit__hotpath(void)
     s_ref = PyUnicode_InternFromString("ref");
     s_append = PyUnicode_InternFromString("append");
     s_device_time = PyUnicode_InternFromString("device_time");
-    if (s_ref == NULL || s_append == NULL || s_device_time == NULL)
+    s_asyncio_events = PyUnicode_InternFromString("asyncio.events");
+    if (s_ref == NULL || s_append == NULL || s_device_time == NULL || s_asyncio_events == NULL)
         return NULL;
     s_zero = PyLong_FromLong(0);
     s_one = PyLong_FromLong(1);

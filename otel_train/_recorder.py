@@ -31,7 +31,6 @@ import inspect
 import itertools
 import logging
 import weakref
-from asyncio import events as _asyncio_events
 from collections import deque
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
@@ -320,8 +319,7 @@ if _hotpath is not None:
     _Region: type = _hotpath.Region
     _Step: type = _hotpath.Step
     _After: type = _hotpath.After
-    _hotpath.bind(_current, _seq_counter, _NO_STEP, KIND_SPAN, _auto_init, _decorate, _aenter, _aexit,
-                  _asyncio_events._get_running_loop)
+    _hotpath.bind(_current, _seq_counter, _NO_STEP, KIND_SPAN, _auto_init, _decorate, _aenter, _aexit)
     _hotpath.bind_steps(KIND_STEP, _reopened)
     #: `otel_train.step(n=None, epoch=None, **attrs)`
     new_step: Callable[..., Any] = _hotpath.step

@@ -40,7 +40,6 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from otel_train._clock import wall_offset
-from otel_train._exporter_process import FORMAT_MARSHAL, FORMAT_PICKLE
 from otel_train._recorder import Recorder, to_wire
 
 _log = logging.getLogger("otel_train")
@@ -320,6 +319,21 @@ class DrainPacer:
         self.wait = next_wait(self.interval_s, arrived, now - self._last, self.capacity)
         self._last, self._dropped = now, dropped
         return self.wait
+
+
+#: The first byte of a message to the exporter process: how the rest is serialised. Marshal
+#: when the message holds only what marshal writes (the usual batch of hot-path tuples: 0.20-0.28
+#: against 0.33-0.37 µs a record pickled, in the training process, where the worker pays it);
+#: pickle otherwise. (Here, not in `_exporter_process`, which runs as `python -m`: imported by
+#: the package first, runpy would warn.)
+FORMAT_MARSHAL = b"M"
+FORMAT_PICKLE = b"P"
+
+
+def loads(payload: bytes) -> Any:
+    """A message from `_dumps` (read by the exporter process)."""
+    body = memoryview(payload)[1:]
+    return marshal.loads(body) if payload[:1] == FORMAT_MARSHAL else pickle.loads(body)
 
 
 def _dumps(message: tuple[Any, ...]) -> bytes:

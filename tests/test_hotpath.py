@@ -197,6 +197,33 @@ def test_the_whole_script_records_the_same_without_the_c_module() -> None:
     assert proc.stdout.strip() == repr(_script(c_region))
 
 
+def test_an_event_loop_started_after_the_first_regions_is_still_seen() -> None:
+    """The C module finds asyncio only once something imports it: regions before that, then a
+    loop's tasks, each nesting in its own task's regions."""
+    _c_region()
+    code = ("import sys\n"
+            "from otel_train import _recorder\n"
+            "from otel_train._clock import FakeClock\n"
+            "assert 'asyncio' not in sys.modules\n"
+            "rec = _recorder.Recorder(64, FakeClock()); _recorder.install(rec)\n"
+            "with _recorder._Region('before.asyncio'): pass\n"
+            "import asyncio\n"
+            "async def task(i):\n"
+            "    with _recorder._Region('task', i=i):\n"
+            "        await asyncio.sleep(0)\n"
+            "        with _recorder._Region('inner', i=i):\n"
+            "            await asyncio.sleep(0)\n"
+            "async def main():\n"
+            "    await asyncio.gather(task(0), task(1))\n"
+            "asyncio.run(main())\n"
+            "seq = {(r[1], (r[7] or {}).get('i')): r[2] for r in rec.buf}\n"
+            "parent = {(r[1], (r[7] or {}).get('i')): r[3] for r in rec.buf}\n"
+            "assert parent[('inner', 0)] == seq[('task', 0)] and parent[('inner', 1)] == seq[('task', 1)], list(rec.buf)\n"
+            "print('ok')\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=_REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
 def test_the_c_region_reads_the_same_clock_as_perf_counter_ns() -> None:
     c_region = _c_region()
     rec = _recorder.Recorder(16)  # the system clock: read in C, without a call

@@ -102,8 +102,7 @@ def test_records_cross_to_the_exporter_process_as_plain_values() -> None:
     import torch
 
     from otel_train import _recorder
-    from otel_train._exporter_process import FORMAT_MARSHAL, FORMAT_PICKLE, loads
-    from otel_train._worker import _dumps
+    from otel_train._worker import FORMAT_MARSHAL, FORMAT_PICKLE, _dumps, loads
 
     class Level(enum.IntEnum):
         HIGH = 3
