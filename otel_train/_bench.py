@@ -502,7 +502,7 @@ def _export_cpu(records: list[Any], offset: int, rounds: int) -> dict[str, float
     from opentelemetry.sdk.resources import Resource
 
     from otel_train._distributed import RunInfo
-        from otel_train._metrics import TrainMetrics
+    from otel_train._metrics import TrainMetrics
     from otel_train._otlp import LeanEncoder
     from otel_train._spans import AttributeCleaner, SpanAssembler
     from otel_train._worker import _SLICE, _dumps, loads
