@@ -1,14 +1,15 @@
-/* The hot path in C: the region type and the recorder fields it reads.
+/* The hot path in C: the region and step types and the recorder fields they read.
  *
- * Same behaviour as the pure-Python `_recorder._PyRegion` (the fallback when this module
- * cannot be built), with no Python frame between `otel_train.span(...)` and the tuple in the
- * buffer. Why: between framework ops a region runs with cold caches, and there the Python
+ * Same behaviour as the pure-Python `_recorder._PyRegion` / `_PyStep` (the fallback when this
+ * module cannot be built), with no Python frame between `otel_train.span(...)` and the tuple
+ * in the buffer. Why: between framework ops a region runs with cold caches, and there the Python
  * version's bytecode costs 10-14 us a region against 0.86 us back to back (README, "Where
  * the small step's overhead goes"). The record is the same tuple, so nothing downstream knows
  * which one made it.
  *
- * `_recorder` binds the module-level objects this reads (`bind`) and the recorder in force
- * (`install`); everything else (steps, tags, events, the worker) stays in Python.
+ * `_recorder` binds the module-level objects this reads (`bind`, `bind_steps`) and the
+ * recorder in force (`install`); everything else (tags, events, links, the worker) stays in
+ * Python.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -79,29 +80,22 @@ rec_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return (PyObject *)self;
 }
 
+/* The object fields, for the collector (`cap`, `dropped` and `fast_clock` are plain C). */
+#define RECORDER_OBJECTS(X) X(buf) X(append) X(now) X(step) X(next_step) X(pending_links) X(step_end)
+#define VISIT_FIELD(f) Py_VISIT(self->f);
+#define CLEAR_FIELD(f) Py_CLEAR(self->f);
+
 static int
 rec_traverse(RecorderObject *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->buf);
-    Py_VISIT(self->append);
-    Py_VISIT(self->now);
-    Py_VISIT(self->step);
-    Py_VISIT(self->next_step);
-    Py_VISIT(self->pending_links);
-    Py_VISIT(self->step_end);
+    RECORDER_OBJECTS(VISIT_FIELD)
     return 0;
 }
 
 static int
 rec_clear(RecorderObject *self)
 {
-    Py_CLEAR(self->buf);
-    Py_CLEAR(self->append);
-    Py_CLEAR(self->now);
-    Py_CLEAR(self->step);
-    Py_CLEAR(self->next_step);
-    Py_CLEAR(self->pending_links);
-    Py_CLEAR(self->step_end);
+    RECORDER_OBJECTS(CLEAR_FIELD)
     return 0;
 }
 
@@ -204,9 +198,15 @@ rec_now(RecorderObject *r)
 }
 
 /* --- Region -------------------------------------------------------------------------------- */
+/* A region's object fields: its struct, its members (all read and written from Python by these
+ * names, unset ones raising AttributeError like empty slots) and its collector hooks. */
+#define REGION_FIELDS(X) X(name) X(attrs) X(rec) X(parent) X(token) X(step) X(seq) X(t0) X(t1) X(exc) \
+    X(events) X(dev) X(timed)
+#define DECLARE_FIELD(f) PyObject *f;
+
 typedef struct {
     PyObject_HEAD
-    PyObject *name, *attrs, *rec, *parent, *token, *step, *seq, *t0, *t1, *exc, *events, *dev, *timed;
+    REGION_FIELDS(DECLARE_FIELD)
     unsigned long tid;  /* the thread that entered it, when it went on `tl_current` (no token) */
     vectorcallfunc vectorcall;  /* calling the region: enter (no arguments), exit (3), decorate (1) */
 } RegionObject;
@@ -220,38 +220,14 @@ static PyObject *step_ref_of(PyObject *step);
 static int
 region_traverse(RegionObject *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->name);
-    Py_VISIT(self->attrs);
-    Py_VISIT(self->rec);
-    Py_VISIT(self->parent);
-    Py_VISIT(self->token);
-    Py_VISIT(self->step);
-    Py_VISIT(self->seq);
-    Py_VISIT(self->t0);
-    Py_VISIT(self->t1);
-    Py_VISIT(self->exc);
-    Py_VISIT(self->events);
-    Py_VISIT(self->dev);
-    Py_VISIT(self->timed);
+    REGION_FIELDS(VISIT_FIELD)
     return 0;
 }
 
 static int
 region_clear(RegionObject *self)
 {
-    Py_CLEAR(self->name);
-    Py_CLEAR(self->attrs);
-    Py_CLEAR(self->rec);
-    Py_CLEAR(self->parent);
-    Py_CLEAR(self->token);
-    Py_CLEAR(self->step);
-    Py_CLEAR(self->seq);
-    Py_CLEAR(self->t0);
-    Py_CLEAR(self->t1);
-    Py_CLEAR(self->exc);
-    Py_CLEAR(self->events);
-    Py_CLEAR(self->dev);
-    Py_CLEAR(self->timed);
+    REGION_FIELDS(CLEAR_FIELD)
     return 0;
 }
 
@@ -277,42 +253,38 @@ region_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return (PyObject *)self;
 }
 
-/* `Region(name, *, device_time=None, **attrs)`: attrs is the dict of the other keywords, or
- * None without any. `kwargs` is a fresh dict of ours (the call made it) or NULL. */
+/* One keyword of `Region(name, *, device_time=None, **attrs)`: `device_time` (None: the
+ * default) or an attribute, into `attrs`, which stays None until the first one (the usual
+ * region has none: no dict). */
 static int
-region_setup(RegionObject *self, PyObject *name, PyObject *kwargs)
+region_keyword(RegionObject *self, PyObject *key, PyObject *value)
 {
-    Py_XSETREF(self->name, Py_NewRef(name));
-    if (kwargs != NULL) {
-        PyObject *timed = PyDict_GetItemWithError(kwargs, s_device_time);
-        if (timed != NULL) {
-            if (timed != Py_None)
-                Py_XSETREF(self->timed, Py_NewRef(timed));
-            if (PyDict_DelItem(kwargs, s_device_time) < 0)
-                return -1;
-        }
-        else if (PyErr_Occurred())
-            return -1;
+    if (key == s_device_time || PyUnicode_Compare(key, s_device_time) == 0) {
+        if (value != Py_None)
+            Py_XSETREF(self->timed, Py_NewRef(value));
+        return 0;
     }
-    Py_XSETREF(self->attrs, Py_NewRef(kwargs != NULL && PyDict_GET_SIZE(kwargs) ? kwargs : Py_None));
-    return 0;
+    if (self->attrs == NULL || self->attrs == Py_None) {
+        PyObject *attrs = PyDict_New();
+        if (attrs == NULL)
+            return -1;
+        Py_XSETREF(self->attrs, attrs);
+    }
+    return PyDict_SetItem(self->attrs, key, value);
 }
 
 static int
 region_init(RegionObject *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *name;
+    PyObject *name, *key, *value;
     if (!PyArg_UnpackTuple(args, "span", 1, 1, &name))
         return -1;
-    PyObject *kwargs = NULL;
-    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
-        kwargs = PyDict_Copy(kwds);
-        if (kwargs == NULL)
+    Py_XSETREF(self->name, Py_NewRef(name));
+    Py_XSETREF(self->attrs, Py_NewRef(Py_None));
+    for (Py_ssize_t pos = 0; kwds != NULL && PyDict_Next(kwds, &pos, &key, &value);)
+        if (region_keyword(self, key, value) < 0)
             return -1;
-    }
-    int rc = region_setup(self, name, kwargs);
-    Py_XDECREF(kwargs);
-    return rc;
+    return 0;
 }
 
 static PyObject *
@@ -357,31 +329,62 @@ region_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject
     self->name = Py_NewRef(args[0]);
     self->events = Py_NewRef(Py_None);
     self->dev = Py_NewRef(Py_None);
-    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
-    /* No dict for a region without attributes (the usual one): `attrs` is None then. */
     self->attrs = Py_NewRef(Py_None);
-    for (Py_ssize_t i = 0; i < nkw; i++) {
-        PyObject *key = PyTuple_GET_ITEM(kwnames, i), *value = args[nargs + i];
-        if (key == s_device_time || PyUnicode_Compare(key, s_device_time) == 0) {
-            if (value != Py_None)
-                Py_XSETREF(self->timed, Py_NewRef(value));
-            continue;
-        }
-        if (self->attrs == Py_None) {
-            PyObject *attrs = PyDict_New();
-            if (attrs == NULL)
-                goto fail;
-            Py_SETREF(self->attrs, attrs);
-        }
-        if (PyDict_SetItem(self->attrs, key, value) < 0)
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < nkw; i++)
+        if (region_keyword(self, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) < 0)
             goto fail;
-    }
     PyObject_GC_Track(self);
     return (PyObject *)self;
 fail:
     PyObject_GC_Track(self);
     Py_DECREF(self);
     return NULL;
+}
+
+/* The recorder a region or step entered now records to (borrowed): the one installed, else
+ * what initialising from the environment gives (`_recorder.auto_init`), else None. */
+static int
+recorder_in_force(PyObject **out)
+{
+    if (g_rec == NULL) {
+        PyObject *got = PyObject_CallNoArgs(g_auto_init);
+        if (got == NULL)
+            return -1;
+        int disabled = got == Py_None;
+        Py_DECREF(got);
+        if (disabled) {
+            *out = Py_None;
+            return 0;
+        }
+    }
+    *out = g_rec != NULL ? g_rec : Py_None;
+    return 0;
+}
+
+/* Append `record` (a reference stolen) to the recorder's buffer; a full one drops its oldest,
+ * counted in `dropped`. */
+static int
+append_record(RecorderObject *rec, PyObject *record)
+{
+    if (rec->buf == NULL || rec->append == NULL) {
+        Py_DECREF(record);
+        PyErr_SetString(PyExc_RuntimeError, "otel_train: the recorder has no buffer");
+        return -1;
+    }
+    Py_ssize_t size = PyObject_Length(rec->buf);
+    if (size < 0) {
+        Py_DECREF(record);
+        return -1;
+    }
+    if (size == rec->cap)
+        rec->dropped++;
+    PyObject *res = PyObject_CallOneArg(rec->append, record);
+    Py_DECREF(record);
+    if (res == NULL)
+        return -1;
+    Py_DECREF(res);
+    return 0;
 }
 
 /* The innermost open region of this thread's `tl_current` chain (borrowed), or NULL. A region
@@ -502,20 +505,13 @@ region_leave(RegionObject *self)
 static PyObject *
 region_enter(RegionObject *self, PyObject *Py_UNUSED(ignored))
 {
-    PyObject *r = g_rec;
-    if (r == NULL) {
-        PyObject *got = PyObject_CallNoArgs(g_auto_init);
-        if (got == NULL)
-            return NULL;
-        Py_DECREF(got);
-        r = g_rec;
-        if (got == Py_None || r == NULL) {
-            Py_XSETREF(self->rec, Py_NewRef(Py_None));
-            return Py_NewRef(self);
-        }
-    }
-    RecorderObject *rec = (RecorderObject *)r;
+    PyObject *r;
+    if (recorder_in_force(&r) < 0)
+        return NULL;
     Py_XSETREF(self->rec, Py_NewRef(r));
+    if (r == Py_None)
+        return Py_NewRef(self);  /* disabled, or shut down: nothing is recorded */
+    RecorderObject *rec = (RecorderObject *)r;
     PyObject *from_var;
     PyObject *parent = current_region(&from_var);
     if (parent == NULL)
@@ -580,16 +576,6 @@ region_exit(RegionObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_XSETREF(self->t1, t1);
     if (region_leave(self) < 0)
         return NULL;
-    PyObject *buf = rec->buf;
-    if (buf == NULL || rec->append == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "otel_train: the recorder has no buffer");
-        return NULL;
-    }
-    Py_ssize_t size = PyObject_Length(buf);
-    if (size < 0)
-        return NULL;
-    if (size == rec->cap)
-        rec->dropped++;
     PyObject *record;
     if (self->dev == NULL || self->dev == Py_None) {
         PyObject *parent = self->parent, *parent_seq = Py_None;
@@ -636,11 +622,8 @@ region_exit(RegionObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_XSETREF(self->exc, Py_NewRef(args[0]));
         record = Py_NewRef(self);
     }
-    PyObject *res = PyObject_CallOneArg(rec->append, record);
-    Py_DECREF(record);
-    if (res == NULL)
+    if (append_record(rec, record) < 0)
         return NULL;
-    Py_DECREF(res);
     Py_RETURN_NONE;
 }
 
@@ -755,22 +738,12 @@ static PyMethodDef region_methods[] = {
     {NULL}
 };
 
+#define REGION_MEMBER(f) {#f, T_OBJECT_EX, offsetof(RegionObject, f), 0, NULL},
 static PyMemberDef region_members[] = {
-    {"name", T_OBJECT_EX, offsetof(RegionObject, name), 0, NULL},
-    {"attrs", T_OBJECT_EX, offsetof(RegionObject, attrs), 0, NULL},
-    {"rec", T_OBJECT_EX, offsetof(RegionObject, rec), 0, NULL},
-    {"parent", T_OBJECT_EX, offsetof(RegionObject, parent), 0, NULL},
-    {"token", T_OBJECT_EX, offsetof(RegionObject, token), 0, NULL},
-    {"step", T_OBJECT_EX, offsetof(RegionObject, step), 0, NULL},
-    {"seq", T_OBJECT_EX, offsetof(RegionObject, seq), 0, NULL},
-    {"t0", T_OBJECT_EX, offsetof(RegionObject, t0), 0, NULL},
-    {"t1", T_OBJECT_EX, offsetof(RegionObject, t1), 0, NULL},
-    {"exc", T_OBJECT_EX, offsetof(RegionObject, exc), 0, NULL},
-    {"events", T_OBJECT_EX, offsetof(RegionObject, events), 0, NULL},
-    {"dev", T_OBJECT_EX, offsetof(RegionObject, dev), 0, NULL},
-    {"timed", T_OBJECT_EX, offsetof(RegionObject, timed), 0, NULL},
+    REGION_FIELDS(REGION_MEMBER)
     {NULL}
 };
+#undef REGION_MEMBER
 
 static PyTypeObject RegionType = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -791,9 +764,12 @@ static PyTypeObject RegionType = {
 };
 
 /* --- Step and After ------------------------------------------------------------------------ */
+#define STEP_FIELDS(X) X(n) X(epoch) X(rec) X(seq) X(ref) X(t0) X(t1) X(tags) X(events) X(links) X(attrs) \
+    X(micro_batches) X(exc) X(dev)
+
 typedef struct {
     PyObject_HEAD
-    PyObject *n, *epoch, *rec, *seq, *ref, *t0, *t1, *tags, *events, *links, *attrs, *micro_batches, *exc, *dev;
+    STEP_FIELDS(DECLARE_FIELD)
     vectorcallfunc vectorcall;  /* calling the step: enter (no arguments), exit (3) */
 } StepObject;
 
@@ -804,24 +780,17 @@ typedef struct {
 
 static PyObject *s_zero, *s_one;
 
-#define STEP_FIELDS(X) X(n) X(epoch) X(rec) X(seq) X(ref) X(t0) X(t1) X(tags) X(events) X(links) X(attrs) \
-    X(micro_batches) X(exc) X(dev)
-
 static int
 step_traverse(StepObject *self, visitproc visit, void *arg)
 {
-#define VISIT(f) Py_VISIT(self->f);
-    STEP_FIELDS(VISIT)
-#undef VISIT
+    STEP_FIELDS(VISIT_FIELD)
     return 0;
 }
 
 static int
 step_clear(StepObject *self)
 {
-#define CLEAR(f) Py_CLEAR(self->f);
-    STEP_FIELDS(CLEAR)
-#undef CLEAR
+    STEP_FIELDS(CLEAR_FIELD)
     return 0;
 }
 
@@ -908,15 +877,6 @@ close_step(RecorderObject *rec, StepObject *step, PyObject *t1, PyObject *exc_ty
     if (after == NULL)
         return -1;
     Py_XSETREF(rec->step, after);
-    if (rec->buf == NULL || rec->append == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "otel_train: the recorder has no buffer");
-        return -1;
-    }
-    Py_ssize_t size = PyObject_Length(rec->buf);
-    if (size < 0)
-        return -1;
-    if (size == rec->cap)
-        rec->dropped++;
     PyObject *record;
     if (step->dev != NULL && step->dev != Py_None)
         record = Py_NewRef(step);
@@ -950,31 +910,19 @@ close_step(RecorderObject *rec, StepObject *step, PyObject *t1, PyObject *exc_ty
 #undef OR_NONE
         untrack_if_atomic(record);
     }
-    PyObject *res = PyObject_CallOneArg(rec->append, record);
-    Py_DECREF(record);
-    if (res == NULL)
-        return -1;
-    Py_DECREF(res);
-    return 0;
+    return append_record(rec, record);
 }
 
 static PyObject *
 step_enter(StepObject *self)
 {
-    PyObject *r = g_rec;
-    if (r == NULL) {
-        PyObject *got = PyObject_CallNoArgs(g_auto_init);
-        if (got == NULL)
-            return NULL;
-        Py_DECREF(got);
-        r = g_rec;
-        if (got == Py_None || r == NULL) {
-            Py_XSETREF(self->rec, Py_NewRef(Py_None));
-            return Py_NewRef(self);
-        }
-    }
-    RecorderObject *rec = (RecorderObject *)r;
+    PyObject *r;
+    if (recorder_in_force(&r) < 0)
+        return NULL;
     Py_XSETREF(self->rec, Py_NewRef(r));
+    if (r == Py_None)
+        return Py_NewRef(self);  /* disabled, or shut down: nothing is recorded */
+    RecorderObject *rec = (RecorderObject *)r;
     if (PyObject_TypeCheck(rec->step, &StepType)) {  /* the last one is still open: said, and closed */
         PyObject *res = PyObject_CallFunctionObjArgs(g_reopened, (PyObject *)self, r, NULL);
         if (res == NULL)
