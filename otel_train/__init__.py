@@ -49,12 +49,10 @@ _span = _recorder._Region
 span = _span
 
 
-def step(n: int | None = None, epoch: int | None = None, **attrs: Any) -> _recorder._Step:
-    """Mark one training step: `with otel_train.step(n):` (n defaults to the previous step + 1)."""
-    return _recorder._Step(n, epoch, attrs or None)
-
-
-step = _recorder.new_step  # noqa: F811 (the same, in C where built: no Python frame per step)
+#: `otel_train.step(n=None, epoch=None, **attrs)`: mark one training step, `with otel_train.step(n):`
+#: (n defaults to the previous step + 1). A C function where the hot path was built (no Python
+#: frame per step), `_recorder._py_new_step` otherwise.
+step = _recorder.new_step
 
 
 def tag(name: str) -> None:

@@ -1,11 +1,12 @@
 """The per-rank exporter process: reads wire records from stdin, exports spans and metrics.
 
 Started by the training process (`ProcessSink`); never imports torch. Messages are
-length-prefixed, a format byte (`loads`) then a marshal or pickle of `("setup", dict)`, then
-`("batch", segments, offset, dropped totals)`…, then `("shutdown", seconds)`. End of input (the trainer died) is a shutdown too. Whenever it
-has caught up with its input, and after every flush, it writes one JSON line of progress to
-stdout, which the trainer reads to report exactly what was lost if it has to kill
-this process at the shutdown bound.
+length-prefixed, a format byte then a marshal or pickle (`_worker._dumps` / `loads`) of
+`("setup", dict)`, then `("batch", segments, offset, dropped totals)`…, then
+`("shutdown", seconds)`. End of input (the trainer died) is a shutdown too. Whenever it has
+caught up with its input, and after every flush, it writes one JSON line of progress to
+stdout, which the trainer reads to report exactly what was lost if it has to kill this
+process at the shutdown bound.
 """
 
 from __future__ import annotations

@@ -1205,7 +1205,8 @@ mod_bind_steps(PyObject *module, PyObject *args)
 static PyMethodDef mod_methods[] = {
     {"bind_steps", mod_bind_steps, METH_VARARGS, "bind_steps(kind_step, reopened)"},
     {"step", (PyCFunction)(void (*)(void))mod_step, METH_FASTCALL | METH_KEYWORDS,
-     "step(n=None, epoch=None, **attrs): a new Step."},
+     "step(n=None, epoch=None, **attrs)\n--\n\nMark one training step: `with otel_train.step(n):` "
+     "(n defaults to the previous step + 1)."},
     {"close_step", (PyCFunction)(void (*)(void))mod_close_step, METH_FASTCALL,
      "close_step(recorder, step, t1, exc_type): end the open step at t1 and append its record."},
     {"bind", mod_bind, METH_VARARGS,

@@ -4,9 +4,9 @@ Nothing here talks to the OpenTelemetry SDK, formats a string, allocates a dict 
 takes a lock. `__enter__` stores the parent region, the step, a sequence number and a
 `perf_counter_ns` reading on the (slotted) region object; `__exit__` appends one tuple of
 those to a `deque(maxlen=capacity)`, so a full buffer drops the oldest record (counted in
-`Recorder.dropped`). The worker drains the deque and does everything else. The region type
-is C (`_hotpath.c`) where that module was built, with `_PyRegion` here as the fallback: both
-append the same tuples, and `tests/test_hotpath.py` holds them to it.
+`Recorder.dropped`). The worker drains the deque and does everything else. The region and
+step types are C (`_hotpath.c`) where that module was built, with `_PyRegion` / `_PyStep`
+here as the fallback: both append the same tuples, and `tests/test_hotpath.py` holds them to it.
 
 Why a tuple of plain values, not the region object itself: a record waits in the buffer for up
 to a flush interval, and objects that the garbage collector tracks and that live that long are
@@ -63,8 +63,9 @@ _RecorderBase: type = _hotpath.RecorderBase if _hotpath is not None else object
 class Recorder(_RecorderBase):  # type: ignore[misc,valid-type]
     """Per-process state of the hot path; one instance lives in `_rec` while enabled.
 
-    With the C hot path, `buf`, `cap`, `dropped`, `step` and `now` live in its
-    `RecorderBase`, where the C region reads them without an attribute lookup."""
+    With the C hot path, `buf`, `cap`, `dropped`, `step`, `now`, `next_step`, `pending_links`
+    and `step_end` live in its `RecorderBase`, where the C region and step read them without
+    an attribute lookup."""
 
     def __init__(self, capacity: int, clock: Clock | None = None) -> None:
         self.clock: Clock = clock or SystemClock()
@@ -132,6 +133,15 @@ class Truncated:
     """Put in a record's `exc` when shutdown force-ends it: the span gets `otel_train.truncated`."""
 
 
+async def _aenter(region: Any) -> Any:
+    """`async with` a region or step (`__aenter__` of the Python and C types alike)."""
+    return region.__enter__()
+
+
+async def _aexit(region: Any, exc_type: Any, exc: Any, tb: Any) -> None:
+    region.__exit__(exc_type, exc, tb)
+
+
 class _PyRegion:
     """One timed region (`otel_train.span`); usable as a context manager or a decorator.
 
@@ -188,11 +198,8 @@ class _PyRegion:
             self.exc = exc_type
             buf.append(self)
 
-    async def __aenter__(self) -> _PyRegion:
-        return self.__enter__()
-
-    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.__exit__(exc_type, exc, tb)
+    __aenter__ = _aenter
+    __aexit__ = _aexit
 
     def __call__(self, fn: _F) -> _F:
         return _decorate(self, fn)
@@ -215,14 +222,6 @@ def _decorate(region: Any, fn: _F) -> _F:
         with region_factory(name, device_time=timed, **attrs):
             return fn(*args, **kwargs)
     return wrapper  # type: ignore[return-value]
-
-
-async def _aenter(region: Any) -> Any:
-    return region.__enter__()
-
-
-async def _aexit(region: Any, exc_type: Any, exc: Any, tb: Any) -> None:
-    region.__exit__(exc_type, exc, tb)
 
 
 def _auto_init() -> Recorder | None:
@@ -283,11 +282,8 @@ class _PyStep:
             return
         _close_step(r, self, r.now(), exc_type)
 
-    async def __aenter__(self) -> _PyStep:
-        return self.__enter__()
-
-    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.__exit__(exc_type, exc, tb)
+    __aenter__ = _aenter
+    __aexit__ = _aexit
 
 
 def _reopened(step: Any, r: Recorder) -> None:
@@ -298,6 +294,7 @@ def _reopened(step: Any, r: Recorder) -> None:
 
 
 def _py_new_step(n: int | None = None, epoch: int | None = None, **attrs: Any) -> _PyStep:
+    """Mark one training step: `with otel_train.step(n):` (n defaults to the previous step + 1)."""
     return _PyStep(n, epoch, attrs or None)
 
 

@@ -337,7 +337,7 @@ def loads(payload: bytes) -> Any:
 
 
 def _dumps(message: tuple[Any, ...]) -> bytes:
-    """A message for the exporter process (`_exporter_process.loads`). Marshal takes the usual
+    """A message for the exporter process (read back by `loads`). Marshal takes the usual
     batch (str, int, float, None, tuples, lists, dicts) and refuses anything else, such as an
     exception class, a tensor or a numpy number; `_WirePickler` converts those."""
     try:
