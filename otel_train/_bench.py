@@ -477,9 +477,10 @@ def _small_step_records(steps: int) -> list[Any]:
 def bench_export_cpu(steps: int, rounds: int) -> dict[str, float]:
     """CPU per span of each stage between the buffer and the wire, measured alone (best of
     `rounds`): the worker's pickling, in the training process, and in the exporter process the
-    unpickling, span assembly with metrics, and OTLP encoding, on the fast path and on the
-    general path (what a record with an exception, an event or device time takes, and what
-    every record took before the fast path). Inside a real run the exporter shares cores
+    unpickling, span assembly with metrics, and OTLP encoding, on the fast path (its region
+    loop in C where `_encode` was built, and then its Python fallback too: `*_fast_python`)
+    and on the general path (what a record with an exception, an event or device time takes,
+    and what every record took before the fast path). Inside a real run the exporter shares cores
     with training and pays about twice this (`exporter_cpu_us_per_step*`)."""
     import gc
 
@@ -519,14 +520,16 @@ def _export_cpu(records: list[Any], offset: int, rounds: int) -> dict[str, float
         payloads = [_dumps(("batch", [(False, records[i:i + _SLICE])], offset, {}))
                     for i in range(0, len(records), _SLICE)]
         keep("export_pickle_us_per_span", cpu() - t0, len(records))
-        for fast in (True, False):
-            label = "fast" if fast else "general"
+        from otel_train._spans import _encode
+        variants = [("fast", True, True)] + ([("fast_python", True, False)] if _encode is not None else []) \
+            + [("general", False, False)]
+        for label, fast, c_encode in variants:
             encoder = LeanEncoder(resource, semconv.SCOPE_NAME, "bench")
             metrics = TrainMetrics(Resource(resource), None, 60_000, [InMemoryMetricReader()])
             out: list[Any] = []
             assembler = SpanAssembler(RunInfo(run_id="bench"), 1, Resource(resource), AttributeCleaner(2048),
                                       out.extend, metrics=metrics, encoder=encoder)
-            assembler.fast = fast
+            assembler.fast, assembler.c_encode = fast, c_encode
             t0 = cpu()
             messages = [loads(payload) for payload in payloads]
             t1 = cpu()
@@ -611,7 +614,7 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
     import torch
 
     import otel_train
-    from otel_train import _recorder, _runtime
+    from otel_train import _recorder, _runtime, _spans
 
     # Blocks of about two and a half seconds (large step) and two (small), at the default drain
     # and export intervals: what the export pipeline holds at the end of an instrumented block
@@ -623,6 +626,7 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
     try:
         _print("torch_threads", torch.get_num_threads())
         _print("hot_path_in_c", int(_recorder._Region is not _recorder._PyRegion))  # else the Python fallback
+        _print("export_fast_path_in_c", int(_spans._encode is not None))  # else its Python loop
         _print("load_avg_1m", os.getloadavg()[0])
         for index, mode in enumerate(modes):
             suffix = "" if index == 0 else f"_{mode}"

@@ -34,6 +34,12 @@ from otel_train._recorder import (KIND_EVENT, KIND_SPAN, KIND_STEP, KIND_TAG, W_
                                   W_EVENTS, W_LINKS, W_NAME, W_PARENT, W_SEQ, W_STEP, W_STEP_SEQ, W_T0,
                                   W_T1, W_TRUNC, to_wire)
 
+try:  # the fast path in C (`_encode.c`); the loop in `_fast_regions` is the fallback
+    from otel_train import _encode
+    _encode.bind(KIND_SPAN)
+except ImportError:
+    _encode = None  # type: ignore[assignment]
+
 _log = logging.getLogger("otel_train")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _SIBLING_TAGS = {semconv.SPAN_CHECKPOINT: semconv.TAG_CHECKPOINT, semconv.SPAN_EVAL: semconv.TAG_EVAL,
@@ -154,6 +160,7 @@ class SpanAssembler:
         self.scope = InstrumentationScope(semconv.SCOPE_NAME, version)
         self.encoder = encoder  # if set: plain tuples (or bytes) for it, not ReadableSpans
         self.fast = encoder is not None  # `feed_raw` may encode usual records directly (tests turn it off)
+        self.c_encode = True  # `_fast_regions` in C where `_encode` was built (tests compare it with Python)
         self._windows: dict[str, tuple[Sequence[float], list[Any]]] = {}
         self._attr_kvs: dict[tuple[str, Any, type, Any], bytes] = {}
         self._fast_bodies: dict[Any, bytes] = {}  # `_fast_body`'s: name field + user attribute fields
@@ -217,13 +224,19 @@ class SpanAssembler:
         and user attribute fields come as one cached `body` (per name, or per name and its
         one attribute); the step's fields are looked up once per run of its regions."""
         rest: list[tuple[Any, ...]] = []
+        durations: dict[str, list[int]] = {}
+        if _encode is not None and self.c_encode:  # the same loop in C
+            _encode.regions(records, offset, self.salt, self._fast_bodies, self._fast_steps, self._fast_body,
+                            self._fast_step, durations, out, rest)
+            for name, spans in durations.items():
+                self._observe_regions(name, spans)
+            return rest
         keep, emit, join = rest.append, out.append, b"".join
         bodies = self._fast_bodies
         steps = self._fast_steps
         salt = self.salt
         pack, pack_parent = REGION_HEAD.pack, REGION_HEAD_PARENT.pack
         head_len, head_parent_len = REGION_HEAD.size + len(TAIL_LOCAL), REGION_HEAD_PARENT.size + len(TAIL_LOCAL)
-        durations: dict[str, list[int]] = {}
         last_step: Any = _NO_STEP_YET
         trace_field, step_wire, step_kv, sampled = b"", None, b"", True
         for record in records:

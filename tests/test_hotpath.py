@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import importlib
 import shutil
 import subprocess
 import sys
@@ -307,17 +308,18 @@ def test_the_c_hot_path_leaks_nothing() -> None:
     assert grown < 2_000, f"{grown} blocks more after 20,000 iterations: something leaks"
 
 
-def test_the_c_module_is_built_where_a_compiler_is() -> None:
-    """The extension is optional at install, so a broken build would pass silently: not here."""
+@pytest.mark.parametrize("name", ["_hotpath", "_encode"])
+def test_the_c_module_is_built_where_a_compiler_is(name: str) -> None:
+    """The extensions are optional at install, so a broken build would pass silently: not here."""
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None:
-        pytest.skip(f"no C compiler ({compiler}): the pure-Python hot path is in use")
-    from otel_train import _hotpath
+        pytest.skip(f"no C compiler ({compiler}): the pure-Python fallbacks are in use")
+    module = importlib.import_module(f"otel_train.{name}")
 
-    source = Path(_recorder.__file__).with_name("_hotpath.c")
+    source = Path(_recorder.__file__).with_name(f"{name}.c")
     if source.exists():  # an editable install: the built module must not predate its source
-        assert Path(_hotpath.__file__).stat().st_mtime >= source.stat().st_mtime, \
-            "otel_train/_hotpath.c changed since the extension was built: pip install -e . again"
+        assert Path(module.__file__).stat().st_mtime >= source.stat().st_mtime, \
+            f"otel_train/{name}.c changed since the extension was built: pip install -e . again"
 
 
 def test_the_recorder_tests_pass_with_the_python_fallback() -> None:

@@ -62,7 +62,7 @@ def test_batches_are_cut_by_count_and_by_bytes() -> None:
             .resource_spans[0].scope_spans[0].spans] == [(i + 1).to_bytes(8, "big") for i in range(10)]
 
 
-def _assemble(records: list, offset: int, fast: bool, rank: int) -> tuple[list, object, int]:
+def _assemble(records: list, offset: int, fast: bool, rank: int, c_encode: bool = True) -> tuple[list, object, int]:
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from otel_train._distributed import RunInfo
@@ -76,6 +76,7 @@ def _assemble(records: list, offset: int, fast: bool, rank: int) -> tuple[list, 
     assembler = SpanAssembler(RunInfo(run_id="r", rank=rank), 12345, Resource(RESOURCE), AttributeCleaner(16), out.extend,
                               metrics=metrics, version="1.2", encoder=encoder)
     assembler.fast = fast
+    assembler.c_encode = c_encode
     assembler.feed_raw(records, offset)
     assembler.flush()
     (batch,) = encoder.batches(out, len(out), 1 << 30)
@@ -84,11 +85,9 @@ def _assemble(records: list, offset: int, fast: bool, rank: int) -> tuple[list, 
     return sorted(spans, key=lambda s: s.span_id), reader.get_metrics_data(), encoded
 
 
-@pytest.mark.parametrize("rank", [0, 1])  # rank 1: step spans have a remote parent
-def test_fast_path_encodes_exactly_what_the_general_path_does(rank: int) -> None:
-    """Usual regions go from hot-path tuple to bytes in one pass; the others (an exception, an
-    event, a list or unusual attribute, a checkpoint sibling) take the general path. The spans
-    and the metrics must not tell the two apart."""
+def mixed_records() -> list:
+    """Three steps of usual regions and of every kind the fast path hands to the general one (an
+    exception, an event, a list or unusual attribute, a checkpoint sibling), on a fake clock."""
     from otel_train import _recorder
     from otel_train._clock import FakeClock
 
@@ -127,7 +126,17 @@ def test_fast_path_encodes_exactly_what_the_general_path_does(rank: int) -> None
         _recorder.install(None)
     records = list(recorder.buf)
     assert all(type(r) is tuple for r in records)
-    fast_spans, fast_metrics, encoded = _assemble(records, 10**18, fast=True, rank=rank)
+    return records
+
+
+@pytest.mark.parametrize("c_encode", [True, False])  # the fast path in C (`_encode`) where built, and in Python
+@pytest.mark.parametrize("rank", [0, 1])  # rank 1: step spans have a remote parent
+def test_fast_path_encodes_exactly_what_the_general_path_does(rank: int, c_encode: bool) -> None:
+    """Usual regions go from hot-path tuple to bytes in one pass; the others (an exception, an
+    event, a list or unusual attribute, a checkpoint sibling) take the general path. The spans
+    and the metrics must not tell the two apart."""
+    records = mixed_records()
+    fast_spans, fast_metrics, encoded = _assemble(records, 10**18, fast=True, rank=rank, c_encode=c_encode)
     slow_spans, slow_metrics, none = _assemble(records, 10**18, fast=False, rank=rank)
     assert len(fast_spans) == 3 * 9 + 1
     # data, 2 forwards, 2 inner a step; "outside"; steps 0 and 2

@@ -1,0 +1,122 @@
+"""The exporter's fast path in C (`otel_train/_encode.c`) against the Python loop it replaces:
+the same bytes, the same records left for the general path, the same metric durations."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from opentelemetry.sdk.resources import Resource
+
+from otel_train import _recorder, _spans
+from otel_train._clock import FakeClock
+from otel_train._distributed import RunInfo
+from otel_train._otlp import LeanEncoder
+from otel_train._spans import AttributeCleaner, SpanAssembler
+
+_encode = pytest.importorskip("otel_train._encode")
+sys.path.insert(0, "tests")
+from test_otlp import RESOURCE, mixed_records  # noqa: E402
+
+
+def _edge_records() -> list:
+    """What the mixed records lack: one unhashable attribute, regions after a step ended
+    (`After`) and before any, nested parents, a step number beyond int64."""
+    clock = FakeClock()
+    recorder = _recorder.Recorder(1024, clock)
+    _recorder.install(recorder)
+    try:
+        with _recorder._Region("before.any.step", **{"x.nan": float("nan")}):
+            clock.advance(3)
+        for n in (5, 6, 2**70, 8):
+            with _recorder._Step(n, None):
+                with _recorder._Region("train.forward", **{"x.list": [1, 2]}):  # unhashable: general path
+                    clock.advance(11)
+                with _recorder._Region("train.optimizer"):
+                    with _recorder._Region("clip", **{"x.big": 2**70}):
+                        clock.advance(13)
+                    with _recorder._Region("clip", **{"x.i": n}):
+                        clock.advance(17)
+            with _recorder._Region("between.steps", **{"x.f": 0.25}):  # after step n ended
+                clock.advance(19)
+    finally:
+        _recorder.install(None)
+    return list(recorder.buf)
+
+
+def _fast(records: list, c_encode: bool, rank: int, step_sample: int, offset: int,
+          salt: int = 0xDEADBEEF12345678) -> tuple[list, list, dict]:
+    durations: dict[str, list[int]] = {}
+    assembler = SpanAssembler(RunInfo(run_id="r", rank=rank), salt, Resource(RESOURCE),
+                              AttributeCleaner(16), lambda spans: None, step_sample=step_sample,
+                              encoder=LeanEncoder(RESOURCE, "otel_train", "1.2"))
+    assembler.c_encode = c_encode
+    assembler._observe_regions = lambda name, ns: durations.setdefault(name, []).extend(ns)  # type: ignore[method-assign]
+    out: list = []
+    rest = assembler._fast_regions(records, offset, out)
+    return out, rest, durations
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+@pytest.mark.parametrize("step_sample", [1, 2])  # 2: the odd steps' regions are counted, not sent
+@pytest.mark.parametrize("records", [mixed_records, _edge_records])
+def test_c_and_python_encode_the_same_bytes(records, rank: int, step_sample: int) -> None:
+    batch = records()
+    c_out, c_rest, c_durations = _fast(batch, True, rank, step_sample, 10**18)
+    py_out, py_rest, py_durations = _fast(batch, False, rank, step_sample, 10**18)
+    assert c_out and c_rest  # both paths had work
+    assert c_out == py_out
+    assert c_rest == py_rest
+    assert c_durations == py_durations
+
+
+def test_caches_cleared_in_the_middle_of_a_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_fast_body` and `_fast_step` clear their caches past `_CACHE_MAX`, here on almost every
+    miss: the C loop must hold what it took from them (a freed step tuple would corrupt ids)."""
+    monkeypatch.setattr(_spans, "_CACHE_MAX", 2)
+    batch = mixed_records() + _edge_records()
+    for rank in (0, 1):
+        assert _fast(batch, True, rank, 1, 0) == _fast(batch, False, rank, 1, 0)
+
+
+def test_an_all_zero_span_id_becomes_one() -> None:
+    """A salt that maps one region's sequence number to 0, an invalid OTLP id: it goes out as 1."""
+    from otel_train._distributed import MASK64, REGION_ID_MULTIPLIER
+
+    batch = mixed_records()
+    seq = next(r[2] for r in batch if r[0] == _recorder.KIND_SPAN and r[1] == "inner")
+    salt = (seq * REGION_ID_MULTIPLIER) & MASK64
+    c_out = _fast(batch, True, 0, 1, 0, salt)[0]
+    assert c_out == _fast(batch, False, 0, 1, 0, salt)[0]
+    assert sum(b"\x12\x08" + (1).to_bytes(8, "little") in field for field in c_out) == 1
+
+
+def test_a_wall_time_out_of_range_raises_as_in_python() -> None:
+    batch = [r for r in mixed_records() if r[0] == _recorder.KIND_SPAN]
+    with pytest.raises(OverflowError):
+        _fast(batch, True, 0, 1, -(10**18))
+    with pytest.raises(Exception):  # noqa: B017 - struct.error from the Python loop
+        _fast(batch, False, 0, 1, -(10**18))
+
+
+def test_no_leak() -> None:
+    batch = mixed_records()
+    assembler = SpanAssembler(RunInfo(run_id="r"), 1, Resource(RESOURCE), AttributeCleaner(16), lambda spans: None,
+                              encoder=LeanEncoder(RESOURCE, "otel_train", "1.2"))
+    for _ in range(50):
+        assembler._fast_regions(batch, 10**18, [])
+    before = sys.getallocatedblocks()
+    for _ in range(2_000):
+        assembler._fast_regions(batch, 10**18, [])
+    assert sys.getallocatedblocks() - before < 500
+
+
+def test_bad_arguments_raise_instead_of_crashing() -> None:
+    with pytest.raises(TypeError):
+        _encode.regions([], 0, 0, {}, {}, None, None, {}, [])  # nine arguments
+    with pytest.raises(TypeError):
+        _encode.regions([], 0.5, 0, {}, {}, None, None, {}, [], [])
+    with pytest.raises(TypeError):
+        _encode.regions([], 0, 0, [], {}, None, None, {}, [], [])
+    with pytest.raises(TypeError):
+        _encode.regions(None, 0, 0, {}, {}, None, None, {}, [], [])
