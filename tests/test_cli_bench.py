@@ -49,12 +49,31 @@ def test_bench_overhead_prints_every_figure_as_name_value() -> None:
     assert "none dropped" in proc.stderr
 
 
+def test_targets_only_times_just_the_judged_blocks() -> None:
+    """`--targets-only`: plain, instrumented and automatic blocks of the chosen step, at the
+    block size asked for, and none of the other figures."""
+    proc = run_python("from otel_train.cli import main; raise SystemExit(main())",
+                      args=["bench", "overhead", "--quick", "--mode", "process", "--step", "small",
+                            "--targets-only", "--block-steps", "6"], timeout=300)
+    figures = dict(line.split(": ") for line in proc.stdout.splitlines())
+    for name in ("step_overhead_pct_small", "step_overhead_pct_small_ci95_hi", "step_overhead_pct_auto_small",
+                 "step_overhead_pct_auto_small_ci95_hi", "step_noise_pct_small", "receiver_spans"):
+        assert name in figures, name
+    assert (figures["block_steps"], figures["block_steps_small"]) == ("6", "36")
+    for name in ("region_ns_otel_train", "export_total_us_per_span_fast", "step_ms_sdk_small",
+                 "step_overhead_pct_small_hot_path", "step_overhead_pct_small_spare_core", "step_overhead_pct"):
+        assert name not in figures, name
+    assert int(figures["receiver_spans"]) > 0
+
+
 @pytest.mark.parametrize("argv,message", [
     (["bench"], "required"),
     (["bench", "overhead", "--mode", "fast"], "invalid choice"),
     (["bench", "device", "--steps", "0"], "--steps must be a positive integer"),
     (["bench", "overhead", "--rounds", "2"], "--rounds must be an integer >= 3"),
     (["bench", "overhead", "--step", "medium"], "invalid choice"),
+    (["bench", "overhead", "--block-steps", "4"], "--block-steps must be an integer >= 5"),
+    (["bench", "overhead", "--block-steps", "x"], "invalid int value"),
     (["frobnicate"], "invalid choice"),
 ])
 def test_bad_cli_arguments_get_one_clear_message(argv: list[str], message: str) -> None:
