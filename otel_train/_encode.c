@@ -221,11 +221,13 @@ static PyObject *regions(PyObject *module, PyObject *const *args, Py_ssize_t nar
     PyObject *last_step = NULL; /* borrowed from the current record's step pair: none before the first */
     PyObject *step = NULL;      /* the step tuple in use (a strong reference: the cache may be cleared) */
     PyObject *last_pair = NULL; /* a strong reference keeping `last_step` alive */
+    PyObject *body = NULL;      /* the region's cached body (a strong reference), cleared every record */
     PyObject *result = NULL;
     Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *record = items[i];
+        Py_CLEAR(body);
         PyObject *pair, *name, *attrs;
         long long seq_n, t0, t1;
         int is_region = PyTuple_CheckExact(record) && PyTuple_GET_SIZE(record) == 10;
@@ -256,7 +258,7 @@ static PyObject *regions(PyObject *module, PyObject *const *args, Py_ssize_t nar
             }
             continue;
         }
-        PyObject *body = region_body(name, attrs, bodies, make_body);
+        body = region_body(name, attrs, bodies, make_body);
         if (body == NULL) {
             if (PyErr_Occurred() || PyList_Append(rest, record) < 0) {
                 goto done;
@@ -264,13 +266,11 @@ static PyObject *regions(PyObject *module, PyObject *const *args, Py_ssize_t nar
             continue;
         }
         if (append_duration(durations, name, t1 - t0) < 0) {
-            Py_DECREF(body);
             goto done;
         }
         PyObject *step_n = PyTuple_GET_ITEM(pair, 0), *step_seq = PyTuple_GET_ITEM(pair, 1);
         int changed = last_step == NULL ? 1 : PyObject_RichCompareBool(step_n, last_step, Py_NE);
         if (changed < 0) {
-            Py_DECREF(body);
             goto done;
         }
         if (changed) {
@@ -289,22 +289,19 @@ static PyObject *regions(PyObject *module, PyObject *const *args, Py_ssize_t nar
                     PyErr_SetString(PyExc_TypeError, "_fast_step must return (bytes, int|None, bytes, bool, int|None)");
                     Py_DECREF(found);
                 }
-                Py_DECREF(body);
                 goto done;
             }
             Py_XSETREF(step, found);
         }
         int sampled = PyObject_IsTrue(PyTuple_GET_ITEM(step, 3));
-        if (sampled <= 0) {
-            Py_DECREF(body);
-            if (sampled < 0) {
-                goto done;
-            }
+        if (sampled < 0) {
+            goto done;
+        }
+        if (!sampled) {
             continue;
         }
         unsigned long long wall0, wall1, parent = 0;
         if (wall_time(t0, offset, &wall0) < 0 || wall_time(t1, offset, &wall1) < 0) {
-            Py_DECREF(body);
             goto done;
         }
         if (parent_seq != Py_None) {
@@ -312,7 +309,6 @@ static PyObject *regions(PyObject *module, PyObject *const *args, Py_ssize_t nar
         } else if (step_seq != Py_None && PyTuple_GET_ITEM(step, 1) != Py_None) {
             parent = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(step, 1));
             if (parent == (unsigned long long)-1 && PyErr_Occurred()) {
-                Py_DECREF(body);
                 goto done;
             }
         }
@@ -320,7 +316,6 @@ static PyObject *regions(PyObject *module, PyObject *const *args, Py_ssize_t nar
         PyObject *field = encode(PyBytes_AS_STRING(trace), PyBytes_GET_SIZE(trace),
                                  wire_id((unsigned long long)seq_n, salt), parent != 0, parent, wall0, wall1, body,
                                  PyTuple_GET_ITEM(step, 2));
-        Py_DECREF(body);
         if (field == NULL) {
             goto done;
         }
@@ -333,6 +328,7 @@ static PyObject *regions(PyObject *module, PyObject *const *args, Py_ssize_t nar
     result = Py_None;
     Py_INCREF(result);
 done:
+    Py_XDECREF(body);
     Py_XDECREF(step);
     Py_XDECREF(last_pair);
     Py_DECREF(seq);

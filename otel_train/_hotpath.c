@@ -85,27 +85,31 @@ rec_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 #define VISIT_FIELD(f) Py_VISIT(self->f);
 #define CLEAR_FIELD(f) Py_CLEAR(self->f);
 
-static int
-rec_traverse(RecorderObject *self, visitproc visit, void *arg)
-{
-    RECORDER_OBJECTS(VISIT_FIELD)
-    return 0;
-}
+/* A collected type's tp_traverse, tp_clear and tp_dealloc (`PREFIX_traverse`, `_clear`,
+ * `_dealloc`) from its field list. The dealloc clears its own type's fields (a Python subclass's
+ * are cleared by the subclass's dealloc first) inside the trashcan, which bounds the C stack
+ * when a long chain of regions (each holding its parent) is freed at once. */
+#define GC_FIELD_FUNCTIONS(PREFIX, TYPE, FIELDS) \
+    static int PREFIX##_traverse(TYPE *self, visitproc visit, void *arg) \
+    { \
+        FIELDS(VISIT_FIELD) \
+        return 0; \
+    } \
+    static int PREFIX##_clear(TYPE *self) \
+    { \
+        FIELDS(CLEAR_FIELD) \
+        return 0; \
+    } \
+    static void PREFIX##_dealloc(TYPE *self) \
+    { \
+        PyObject_GC_UnTrack(self); \
+        Py_TRASHCAN_BEGIN(self, PREFIX##_dealloc) \
+        PREFIX##_clear(self); \
+        Py_TYPE(self)->tp_free((PyObject *)self); \
+        Py_TRASHCAN_END \
+    }
 
-static int
-rec_clear(RecorderObject *self)
-{
-    RECORDER_OBJECTS(CLEAR_FIELD)
-    return 0;
-}
-
-static void
-rec_dealloc(RecorderObject *self)
-{
-    PyObject_GC_UnTrack(self);
-    rec_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+GC_FIELD_FUNCTIONS(rec, RecorderObject, RECORDER_OBJECTS)
 
 static PyObject *
 rec_get_buf(RecorderObject *self, void *closure)
@@ -217,29 +221,8 @@ static PyTypeObject RegionType;
 static PyTypeObject StepType, AfterType;
 static PyObject *step_ref_of(PyObject *step);
 
-static int
-region_traverse(RegionObject *self, visitproc visit, void *arg)
-{
-    REGION_FIELDS(VISIT_FIELD)
-    return 0;
-}
+GC_FIELD_FUNCTIONS(region, RegionObject, REGION_FIELDS)
 
-static int
-region_clear(RegionObject *self)
-{
-    REGION_FIELDS(CLEAR_FIELD)
-    return 0;
-}
-
-static void
-region_dealloc(RegionObject *self)
-{
-    PyObject_GC_UnTrack(self);
-    Py_TRASHCAN_BEGIN(self, region_dealloc)
-    region_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-    Py_TRASHCAN_END
-}
 
 static PyObject *
 region_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -780,27 +763,7 @@ typedef struct {
 
 static PyObject *s_zero, *s_one;
 
-static int
-step_traverse(StepObject *self, visitproc visit, void *arg)
-{
-    STEP_FIELDS(VISIT_FIELD)
-    return 0;
-}
-
-static int
-step_clear(StepObject *self)
-{
-    STEP_FIELDS(CLEAR_FIELD)
-    return 0;
-}
-
-static void
-step_dealloc(StepObject *self)
-{
-    PyObject_GC_UnTrack(self);
-    step_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+GC_FIELD_FUNCTIONS(step, StepObject, STEP_FIELDS)
 
 static PyObject *step_called(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 

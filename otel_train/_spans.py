@@ -34,7 +34,7 @@ from otel_train._recorder import (KIND_EVENT, KIND_SPAN, KIND_STEP, KIND_TAG, W_
                                   W_EVENTS, W_LINKS, W_NAME, W_PARENT, W_SEQ, W_STEP, W_STEP_SEQ, W_T0,
                                   W_T1, W_TRUNC, to_wire)
 
-try:  # the fast path in C (`_encode.c`); the loop in `_fast_regions` is the fallback
+try:  # the fast path in C (`_encode.c`); `SpanAssembler._fast_regions_python` is the fallback
     from otel_train import _encode
     _encode.bind(KIND_SPAN)
 except ImportError:
@@ -222,19 +222,26 @@ class SpanAssembler:
         windows filled once per span name for the batch: this is most of what the exporter
         process does for a training loop, and every call here is paid per span. A span's name
         and user attribute fields come as one cached `body` (per name, or per name and its
-        one attribute); the step's fields are looked up once per run of its regions."""
+        one attribute); the step's fields are looked up once per run of its regions. The loop is
+        C (`_encode.regions`) where that was built, `_fast_regions_python` otherwise."""
         rest: list[tuple[Any, ...]] = []
         durations: dict[str, list[int]] = {}
-        if _encode is not None and self.c_encode:  # the same loop in C
-            _encode.regions(records, offset, self.salt, self._fast_bodies, self._fast_steps, self._fast_body,
-                            self._fast_step, durations, out, rest)
-            for name, spans in durations.items():
-                self._observe_regions(name, spans)
-            return rest
+        loop = _encode.regions if _encode is not None and self.c_encode else self._fast_regions_python
+        loop(records, offset, self.salt, self._fast_bodies, self._fast_steps, self._fast_body, self._fast_step,
+             durations, out, rest)
+        for name, spans in durations.items():
+            self._observe_regions(name, spans)
+        return rest
+
+    @staticmethod
+    def _fast_regions_python(records: Iterable[tuple[Any, ...]], offset: int, salt: int, bodies: dict[Any, bytes],
+                             steps: dict[Any, tuple[Any, ...]], make_body: Callable[[str, Any], bytes | None],
+                             make_step: Callable[[Any], tuple[Any, ...]], durations: dict[str, list[int]],
+                             out: list[Any], rest: list[tuple[Any, ...]]) -> None:
+        """`_encode.regions` in Python, the same arguments: the usual regions encoded into `out`,
+        their host durations into `durations`, the other records into `rest`; cache misses
+        call `make_body` (`_fast_body`) and `make_step` (`_fast_step`)."""
         keep, emit, join = rest.append, out.append, b"".join
-        bodies = self._fast_bodies
-        steps = self._fast_steps
-        salt = self.salt
         pack, pack_parent = REGION_HEAD.pack, REGION_HEAD_PARENT.pack
         head_len, head_parent_len = REGION_HEAD.size + len(TAIL_LOCAL), REGION_HEAD_PARENT.size + len(TAIL_LOCAL)
         last_step: Any = _NO_STEP_YET
@@ -256,7 +263,7 @@ class SpanAssembler:
             else:
                 body = None
             if body is None:
-                body = self._fast_body(name, attrs)
+                body = make_body(name, attrs)
                 if body is None:  # a checkpoint, eval or GC sibling, or an unusual attribute value
                     keep(record)
                     continue
@@ -266,7 +273,7 @@ class SpanAssembler:
             spans.append(t1 - t0)
             if step_n != last_step:
                 last_step = step_n
-                trace_field, step_wire, step_kv, sampled, _ = steps.get(step_n) or self._fast_step(step_n)
+                trace_field, step_wire, step_kv, sampled, _ = steps.get(step_n) or make_step(step_n)
             if not sampled:
                 continue
             t0 += offset
@@ -287,9 +294,6 @@ class SpanAssembler:
                 length = head_len + len(body) + len(step_kv)
             emit(join((REGION_PREFIXES[length] if length < REGION_PREFIXES_MAX else region_prefix(length),
                        head, body, step_kv, TAIL_LOCAL)))
-        for name, spans in durations.items():
-            self._observe_regions(name, spans)
-        return rest
 
     def _fast_body(self, name: str, attrs: Mapping[Any, Any] | None) -> bytes | None:
         """A fast region's name field and user attribute fields, cached in `_fast_bodies` when
