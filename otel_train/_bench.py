@@ -321,12 +321,18 @@ def _charged(blocks: list[_Block], plain: list[float]) -> list[float]:
 
 
 def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any | None = None,
-                sdk_flush: Callable[[], Any] | None = None, hot_path: bool = False) -> dict[str, Any]:
+                sdk_flush: Callable[[], Any] | None = None, hot_path: bool = False,
+                auto: bool = False) -> dict[str, Any]:
     """Plain against instrumented blocks (and hand-written SDK spans, with `sdk_tracer`). With
     `hot_path`, also instrumented blocks with the worker held off: their records wait in the
     buffer and are drained and exported after the block, untimed, so what such a block costs
-    is the training thread's own work alone."""
+    is the training thread's own work alone. With `auto`, also the plain step under automatic
+    instrumentation (hooks installed only for those blocks; their catch-up steps run without
+    them), in the same rounds: explicit and automatic are judged against the same plain blocks,
+    at the same moments (measured in a later pass of its own, the automatic figure read a
+    busier or quieter machine than the explicit one)."""
     from otel_train import _recorder, _runtime
+    from otel_train.instrumentation import TorchTrainingInstrumentor
 
     worker = _runtime.state().worker  # type: ignore[union-attr]
     exporter_cpu = getattr(worker.sink, "cpu_ns", lambda: 0)
@@ -339,6 +345,8 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
     sdk: list[_Block] = []
     hot: list[float] = []
     hot_python: list[float] = []
+    auto_blocks: list[_Block] = []
+    instrumentor = TorchTrainingInstrumentor()
     worker_cpu = child_cpu = inst_steps = 0
     def run_plain() -> None:
         plain.append(_timed_block(work.plain, block_steps).plain_ms_per_step())
@@ -351,6 +359,12 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
         worker_cpu += worker.cpu_ns() - w0 + block.helper_cpu_ns
         child_cpu += exporter_cpu() - c0
         inst_steps += block_steps
+
+    def run_auto() -> None:
+        instrumentor.instrument()
+        for _ in range(2):  # one-time work (first detection decisions) is not a per-step cost
+            work.plain()
+        auto_blocks.append(_timed_block(work.plain, block_steps, worker.flush, then=instrumentor.uninstrument))
 
     def run_sdk() -> None:
         sdk.append(_timed_block(lambda: work.sdk(sdk_tracer), block_steps, sdk_flush, plain=work.plain))
@@ -367,8 +381,8 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
         hot_blocks.append(hot_path_with(hot, None))
         if _recorder._Region is not _recorder._PyRegion:  # the C regions: the Python ones beside them
             hot_blocks.append(hot_path_with(hot_python, _recorder._PyRegion))
-    _run_alternating(rounds, [run_plain, run_instrumented] + ([run_sdk] if sdk_tracer is not None else [])
-                     + hot_blocks)
+    _run_alternating(rounds, [run_plain, run_instrumented] + ([run_auto] if auto else [])
+                     + ([run_sdk] if sdk_tracer is not None else []) + hot_blocks)
     charged = _charged(inst, plain)
     out: dict[str, Any] = {
         "plain": statistics.median(plain), "instrumented": statistics.median(charged),
@@ -379,6 +393,11 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
         "exporter_cpu_us_per_step": child_cpu / inst_steps / 1e3,
         "catch_up_steps": statistics.median(block.catch_steps for block in inst),
     }
+    if auto_blocks:
+        auto_charged = _charged(auto_blocks, plain)
+        out["auto"] = statistics.median(auto_charged)
+        out["auto_overhead_pct"] = _paired_overhead_pct(plain, auto_charged)
+        out["auto_ci95_pct"] = _paired_ci95_pct(plain, auto_charged)
     if sdk:
         sdk_charged = _charged(sdk, plain)
         out["sdk"] = statistics.median(sdk_charged)
@@ -422,32 +441,6 @@ def _noise_pct(plain: list[float]) -> float:
     """Spread of the baseline between rounds (interquartile range / median): the machine's noise."""
     q = statistics.quantiles(plain, n=4)
     return 100 * (q[2] - q[0]) / statistics.median(plain)
-
-
-def bench_auto(work: _Workload, rounds: int, block_steps: int) -> dict[str, Any]:
-    """The plain step under automatic instrumentation (hooks installed only for those blocks;
-    the catch-up steps after one run without them)."""
-    from otel_train import _runtime
-    from otel_train.instrumentation import TorchTrainingInstrumentor
-
-    worker = _runtime.state().worker  # type: ignore[union-attr]
-    instrumentor = TorchTrainingInstrumentor()
-    plain: list[float] = []
-    auto: list[_Block] = []
-    def run_plain() -> None:
-        plain.append(_timed_block(work.plain, block_steps).plain_ms_per_step())
-
-    def run_auto() -> None:
-        instrumentor.instrument()
-        for _ in range(2):  # one-time work (first detection decisions) is not a per-step cost
-            work.plain()
-        auto.append(_timed_block(work.plain, block_steps, worker.flush, then=instrumentor.uninstrument))
-
-    _run_alternating(rounds, [run_plain, run_auto])
-    charged = _charged(auto, plain)
-    return {"plain": statistics.median(plain), "auto": statistics.median(charged),
-            "overhead_pct": _paired_overhead_pct(plain, charged),
-            "overhead_ci95_pct": _paired_ci95_pct(plain, charged), "noise_pct": _noise_pct(plain)}
 
 
 # --- the export pipeline in isolation ---------------------------------------------------------
@@ -599,6 +592,10 @@ def _print_steps(label: str, res: dict[str, Any]) -> None:
     _print(f"worker_cpu_us_per_step{label}", res["worker_cpu_us_per_step"])
     _print(f"exporter_cpu_us_per_step{label}", res["exporter_cpu_us_per_step"])
     _print(f"catch_up_steps{label}", res["catch_up_steps"])
+    if "auto" in res:
+        _print(f"step_ms_auto{label}", res["auto"])
+        _print(f"step_overhead_pct_auto{label}", res["auto_overhead_pct"])
+        _print_ci(f"step_overhead_pct_auto{label}", res["auto_ci95_pct"])
     if "sdk" in res:
         _print(f"step_ms_sdk{label}", res["sdk"])
         _print(f"step_overhead_pct_sdk{label}", res["sdk_overhead_pct"])
@@ -651,23 +648,17 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
                 figures.update(bench_export_cpu(100 if quick else 2000, 2 if quick else 5))
                 for name, value in figures.items():
                     _print(name, value)
+            # (Automatic instrumentation: first mode only; SDK and hot-path figures: first mode
+            # only and not with `targets_only`; no suffix on any of them.)
             if "large" in steps:
-                _print_steps(suffix, bench_steps(_Workload("large"), rounds, block))
-            if "small" in steps:  # (SDK figures: first mode only, no suffix)
+                _print_steps(suffix, bench_steps(_Workload("large"), rounds, block, auto=index == 0))
+            if "small" in steps:
                 extras = index == 0 and not targets_only
                 _print_steps(f"_small{suffix}", bench_steps(_Workload("small"), rounds, block * 6,
                                                             tracer if extras else None,
-                                                            lambda: provider.force_flush(), hot_path=extras))
+                                                            lambda: provider.force_flush(), hot_path=extras,
+                                                            auto=index == 0))
             if index == 0:
-                for label, size, auto_block in (("", "large", block), ("_small", "small", block * 6)):
-                    if size not in steps:
-                        continue
-                    res = bench_auto(_Workload(size), rounds, auto_block)
-                    _print(f"step_ms_plain_auto_baseline{label}", res["plain"])
-                    _print(f"step_ms_auto{label}", res["auto"])
-                    _print(f"step_overhead_pct_auto{label}", res["overhead_pct"])
-                    _print_ci(f"step_overhead_pct_auto{label}", res["overhead_ci95_pct"])
-                    _print(f"step_noise_pct_auto{label}", res["noise_pct"])
                 spare = bench_spare_core(rounds, block * 6) if "small" in steps and not targets_only else None
                 if spare is not None:
                     _print("torch_threads_spare_core", torch.get_num_threads() - 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -64,6 +65,35 @@ def test_targets_only_times_just_the_judged_blocks() -> None:
                  "step_overhead_pct_small_hot_path", "step_overhead_pct_small_spare_core", "step_overhead_pct"):
         assert name not in figures, name
     assert int(figures["receiver_spans"]) > 0
+
+
+def test_automatic_blocks_share_the_rounds_of_the_plain_and_instrumented_ones(tmp_path) -> None:
+    """Automatic blocks run in the same rounds as the plain and explicit ones, in alternating
+    order, with the hooks installed for exactly their steps (2 warm-up steps and the timed
+    ones); their catch-up steps run without hooks, and nothing stays installed."""
+    proc = run_python(f"""
+        import itertools, json
+        import otel_train
+        from otel_train import _bench, _detect
+        otel_train.init(run_id="auto-rounds", output_dir={str(tmp_path)!r})
+        log = []
+        class Work:
+            def plain(self):
+                log.append("A" if _detect.installed() else "p")
+            def instrumented(self, span=None):
+                log.append("i")
+        res = _bench.bench_steps(Work(), 3, 5, auto=True)
+        runs = [(kind, len(list(group))) for kind, group in itertools.groupby(log)]
+        print(json.dumps({{"runs": [r for r in runs if r[0] != "p"], "keys": sorted(res),
+                          "installed": _detect.installed()}}))
+        otel_train.shutdown()
+    """)
+    found = json.loads(proc.stdout.splitlines()[-1])
+    # 3 warm-up steps of each (interleaved), then rounds plain-explicit-auto, reversed, forward.
+    assert [kind for kind, _ in found["runs"]] == ["i"] * 3 + ["i", "A", "A", "i", "i", "A"]
+    assert [n for kind, n in found["runs"] if kind == "A"] == [2 + 5] * 3
+    assert {"auto", "auto_overhead_pct", "auto_ci95_pct"} <= set(found["keys"])
+    assert found["installed"] is False
 
 
 @pytest.mark.parametrize("argv,message", [
