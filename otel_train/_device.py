@@ -321,10 +321,13 @@ class DeviceResolver:
         self._warned = False
 
     # -- Worker hooks --------------------------------------------------------------------
+    def idle(self) -> bool:
+        """No device chosen (yet, or ever: a CPU run) and nothing held: no record can carry an
+        event, since events come from the pool, so records need no resolving."""
+        return self.timing.pool is None and not self.parked and not self.limbo and not self.timing.dropped
+
     def __call__(self, batch: list[Any]) -> list[Any]:
-        if self.timing.pool is None and not self.parked and not self.limbo and not self.timing.dropped:
-            # No device chosen (yet, or ever: a CPU run): no record can carry an event, since
-            # events come from the pool, and every record in `batch` was recorded before now.
+        if self.idle():  # every record in `batch` was recorded before now, so none has an event
             return batch
         parked = self.parked
         parked.extend(batch)

@@ -2,7 +2,8 @@
 
 Started by the training process (`ProcessSink`); never imports torch. Messages are
 length-prefixed, a format byte then a marshal or pickle (`_worker._dumps` / `loads`) of
-`("setup", dict)`, then `("batch", segments, offset, dropped totals)`…, then
+`("setup", dict)`, then `("batch", segments, offset, dropped totals)` or
+`("packed", slots, side records, wire flags, new strings, offset, dropped totals)`…, then
 `("shutdown", seconds)`. End of input (the trainer died) is a shutdown too. Whenever it has
 caught up with its input, and after every flush, it writes one JSON line of progress to
 stdout, which the trainer reads to report exactly what was lost if it has to kill this
@@ -23,6 +24,7 @@ import time
 from typing import Any
 
 from otel_train._worker import loads as _worker_loads
+from otel_train._worker import unpack
 
 _FRAME = struct.Struct("<I")
 _NICE = 10
@@ -118,6 +120,7 @@ def main() -> int:
     full = setup["config"]["export_batch_size"]
     next_export = time.monotonic() + delay_s
     flushed = 0
+    strings: list[str] = []  # the trainer's string table, as far as it has sent it
 
     def export() -> float:
         """Export what is pending; returns when the next export is due."""
@@ -138,8 +141,13 @@ def main() -> int:
             stats = pipeline.shutdown(time.monotonic() + budget)
             _report({**stats, "final": 1})
             return 0
-        if message[0] == "batch":
-            pipeline.feed(*message[1:], export=False)
+        if message[0] in ("batch", "packed"):
+            if message[0] == "packed":  # slots as the recorder packed them, and the strings new since
+                _, slots, side, wire, new, offset, dropped = message
+                strings.extend(new)
+                pipeline.feed(unpack(slots, side, wire, strings), offset, dropped, export=False)
+            else:
+                pipeline.feed(*message[1:], export=False)
             more = _more_input(stdin)
             # Full requests wait for the rest of a drain (one call for several), up to a bound.
             if pipeline.pending() >= (full * _HELD_REQUESTS if more else full):

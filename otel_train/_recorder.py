@@ -4,7 +4,10 @@ Nothing here talks to the OpenTelemetry SDK, formats a string, allocates a dict 
 takes a lock. `__enter__` stores the parent region, the step, a sequence number and a
 `perf_counter_ns` reading on the (slotted) region object; `__exit__` appends one tuple of
 those to a `deque(maxlen=capacity)`, so a full buffer drops the oldest record (counted in
-`Recorder.dropped`). The worker drains the deque and does everything else. The region and
+`Recorder.dropped`). The worker drains the deque and does everything else. With the exporter
+process taking the records, the C recorder packs (`packing`): a plain region's record is a
+fixed-size slot in a C ring instead of a tuple, the deque keeps only the other records, and the
+worker moves a drain's slots as one bytes object (`_hotpath.c`, "the packed ring"). The region and
 step types are C (`_hotpath.c`) where that module was built, with `_PyRegion` / `_PyStep`
 here as the fallback: both append the same tuples, and `tests/test_hotpath.py` holds them to it.
 
@@ -80,19 +83,25 @@ class Recorder(_RecorderBase):  # type: ignore[misc,valid-type]
         #: step's end event here, before the step is appended); None when device timing is off.
         self.step_end: Callable[[_Step], None] | None = None
 
-    def append(self, record: Any) -> None:
-        buf = self.buf
-        if len(buf) == self.cap:
-            self.dropped += 1
-        buf.append(record)
+    if _hotpath is None:  # else `RecorderBase`'s, which also know the packed ring
+        packing = False
 
-    def drain(self, limit: int) -> list[Any]:
-        """Pop up to `limit` records, oldest first (called by the worker only).
+        def append(self, record: Any) -> None:
+            buf = self.buf
+            if len(buf) == self.cap:
+                self.dropped += 1
+            buf.append(record)
 
-        Only the worker pops and an append to a full buffer drops one as it adds one, so the
-        buffer holds at least `count` records throughout: the pops run in C, with no check."""
-        count = min(limit, len(self.buf))
-        return list(itertools.islice(iter(self.buf.popleft, None), count))
+        def pending(self) -> int:
+            return len(self.buf)
+
+        def drain(self, limit: int) -> list[Any]:
+            """Pop up to `limit` records, oldest first (called by the worker only).
+
+            Only the worker pops and an append to a full buffer drops one as it adds one, so the
+            buffer holds at least `count` records throughout: the pops run in C, with no check."""
+            count = min(limit, len(self.buf))
+            return list(itertools.islice(iter(self.buf.popleft, None), count))
 
     def open_records(self) -> list[_Region | _Step]:
         """Regions still open in the calling context, innermost first, then the open step."""
@@ -538,12 +547,10 @@ def record(name: str, attrs: dict[str, Any] | None, t0: int, t1: int, parent: _R
     r = _rec
     if r is None:
         return
-    # `append`, `_parent_seq` and `_step_ref` written out: automatic detection calls this for
-    # every batch fetch, and three calls fewer are ~6 a step.
-    buf, step = r.buf, r.step
-    if len(buf) == r.cap:
-        r.dropped += 1
-    buf.append((KIND_SPAN, name, next(_seq_counter), parent.seq if parent is not None and parent.rec is r else None,
+    # `_parent_seq` and `_step_ref` written out: automatic detection calls this for every batch
+    # fetch, and two calls fewer are ~4 a step.
+    step = r.step
+    r.append((KIND_SPAN, name, next(_seq_counter), parent.seq if parent is not None and parent.rec is r else None,
                 step.ref if step is not None else _NO_STEP, t0, t1, attrs or None, None, None))
 
 

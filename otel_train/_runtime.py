@@ -108,6 +108,8 @@ def init(span_processors: Sequence[Any] = (), metric_readers: Sequence[Any] = ()
             except OSError as err:
                 _log.warning("otel_train: cannot start the exporter process (%s); exporting from a thread.", err)
                 sink = local()
+        if isinstance(sink, ProcessSink) and _recorder._hotpath is not None:
+            recorder.packing = True  # plain regions as slots: the worker moves them as bytes
         resolve = None
         if cfg.device_timing == "auto":
             from otel_train import _device

@@ -47,15 +47,27 @@ def _normalised(records: list[Any]) -> list[Any]:
             out.append((kind, name, seq(s), seq(parent), (step_n, seq(step_seq)), t0, t1, attrs, exc, events))
         elif rec[0] == _recorder.KIND_STEP:
             out.append((rec[0], seq(rec[1]), *rec[2:]))
-        else:
-            out.append(rec)
+        else:  # a tag or an event: its step's reference
+            kind, (step_n, step_seq), payload = rec
+            out.append((kind, (step_n, seq(step_seq)), payload))
     return out
 
 
-def _script(region: type, capacity: int = 64) -> tuple[list[Any], int, Any]:
-    """One run of everything a region does, on a recorder with a fake clock; what it left."""
+def _unpacked(rec: Any) -> list[Any]:
+    """Everything in a packing recorder, as the exporter process gets it: slots as bytes, unpacked."""
+    count, slots, side = rec.drain_packed(sys.maxsize)
+    assert len(slots) == count * len(slots) // max(count, 1)
+    return [r for _, records in _recorder._hotpath.unpack(slots, side, None, rec.strings) for r in records]
+
+
+def _script(region: type, capacity: int = 64, packing: str | None = None) -> tuple[list[Any], int, Any]:
+    """One run of everything a region does, on a recorder with a fake clock; what it left.
+
+    `packing` ("drain" or "packed"): the recorder packs plain regions into its ring, and the
+    records are read back with `drain` or with `drain_packed` and `unpack`."""
     clock = FakeClock()
     rec = _recorder.Recorder(capacity, clock)
+    rec.packing = packing is not None
     _recorder.install(rec)
     try:
         with region("before.steps"):
@@ -113,10 +125,16 @@ def _script(region: type, capacity: int = 64) -> tuple[list[Any], int, Any]:
             worker = threading.Thread(target=lambda: region("in.thread").__enter__().__exit__(None, None, None))
             worker.start()
             worker.join()
+        _recorder.record("recorded", {"k": "v"}, 5, 6)  # detection's region that already happened
         for i in range(70):  # past a small buffer: the oldest go, counted
             with region("fill", i=i):
                 clock.advance(1)
-        return _normalised(list(rec.buf)), rec.dropped, left_open
+        if packing is None:
+            return _normalised(list(rec.buf)), rec.dropped, left_open
+        assert len(rec.buf) < rec.pending() <= capacity  # some records are slots, not objects
+        records = rec.drain(sys.maxsize) if packing == "drain" else _unpacked(rec)
+        assert rec.pending() == len(rec.buf) == 0  # every side object went with its slot
+        return _normalised(records), rec.dropped, left_open
     finally:
         _recorder.install(None)
 
@@ -125,7 +143,7 @@ def test_c_and_python_regions_leave_the_same_records() -> None:
     c_region = _c_region()
     assert _script(c_region) == _script(_recorder._PyRegion)
     records, dropped, left_open = _script(c_region, capacity=8)
-    assert dropped == 19 + 70 - 8 and left_open is None  # 19 records before the 70 that fill it
+    assert dropped == 20 + 70 - 8 and left_open is None  # 20 records before the 70 that fill it
     assert [r[1] for r in records] == ["fill"] * 8
     full = _script(c_region, capacity=1000)[0]
     names = [r[1] for r in full if r[0] == _recorder.KIND_SPAN]
@@ -148,6 +166,104 @@ def test_c_and_python_regions_leave_the_same_records() -> None:
     assert steps[1][10] and steps[0][10] is None and steps[2][10] is None  # the link went to step 1 alone
     assert [(r[0], r[2]) for r in full if r[0] in (_recorder.KIND_TAG, _recorder.KIND_EVENT)] == [
         (_recorder.KIND_TAG, "late"), (_recorder.KIND_EVENT, ("between", 1_000_000_056, {"x": 1}))]
+
+
+@pytest.mark.parametrize("capacity", [8, 64, 75, 1000])
+def test_packed_records_come_back_as_the_records_the_buffer_would_hold(capacity: int) -> None:
+    """With packing, plain regions are slots and the rest side objects in their place: read
+    back in the process (`drain`) or in the exporter's way (`drain_packed`, `unpack`), the
+    records, their order, and what a full buffer dropped (side objects too) are the same."""
+    c_region = _c_region()
+    expected = _script(c_region, capacity)
+    assert _script(c_region, capacity, packing="drain") == expected
+    assert _script(c_region, capacity, packing="packed") == expected
+
+
+def _packing_recorder(capacity: int = 256) -> Any:
+    _c_region()
+    rec = _recorder.Recorder(capacity, FakeClock())
+    rec.packing = True
+    return rec
+
+
+def test_attribute_values_pack_by_type_and_come_back_the_same_type() -> None:
+    hotpath = pytest.importorskip("otel_train._hotpath")
+    rec = _packing_recorder()
+    values: list[Any] = [1, -5, 2**63 - 1, -(2**63), 0.5, 1.0, True, False, "s", ""]
+    aside: list[Any] = [2**63, 2**70, None, [1, 2], (1,), b"x"]  # no slot for these
+    _recorder.install(rec)
+    try:
+        with _recorder._Step(0, None):
+            for value in values + aside:
+                with hotpath.Region("v", x=value):
+                    pass
+            with hotpath.Region("two", a=1, b=2):  # more than one attribute
+                pass
+    finally:
+        _recorder.install(None)
+    assert len(rec.buf) == len(aside) + 2  # and the step
+    records = _unpacked(rec)
+    got = [(type(r[7]["x"]), r[7]["x"]) for r in records if r[1] == "v"]
+    assert got == [(type(v), v) for v in values + aside]
+    assert [r[1] for r in records[:-1]] == ["v"] * len(values + aside) + ["two"]
+    assert records[-2][7] == {"a": 1, "b": 2} and records[-1][0] == _recorder.KIND_STEP
+
+
+def test_the_string_table_is_bounded_and_records_past_it_go_aside() -> None:
+    hotpath = pytest.importorskip("otel_train._hotpath")
+    rec = _packing_recorder(hotpath.MAX_STRINGS + 100)
+    _recorder.install(rec)
+    try:
+        for i in range(hotpath.MAX_STRINGS + 10):
+            with hotpath.Region(f"n{i}"):
+                pass
+        with hotpath.Region("n0", k="new"):  # a known name, but a new key: aside too
+            pass
+    finally:
+        _recorder.install(None)
+    assert len(rec.strings) == hotpath.MAX_STRINGS and len(rec.buf) == 11
+    assert [(r[1], r[7]) for r in _unpacked(rec)] == [
+        (f"n{i}", None) for i in range(hotpath.MAX_STRINGS + 10)] + [("n0", {"k": "new"})]
+
+
+def test_packing_switches_only_while_the_buffer_is_empty() -> None:
+    rec = _packing_recorder()
+    rec.append(("a side record",))
+    with pytest.raises(ValueError, match="empty"):
+        rec.packing = False
+    assert rec.drain(10) == [("a side record",)]
+    rec.packing = False
+    rec.append(("kept",))
+    with pytest.raises(ValueError, match="empty"):
+        rec.packing = True
+    with pytest.raises(ValueError, match="packing"):
+        rec.drain_packed(10)
+
+
+def test_unpack_refuses_what_drain_packed_cannot_have_made() -> None:
+    """The exporter process unpacks what comes through its pipe: a mismatch is an error, never
+    a crash or a record made of someone else's memory."""
+    hotpath = pytest.importorskip("otel_train._hotpath")
+    rec = _packing_recorder()
+    _recorder.install(rec)
+    try:
+        with hotpath.Region("a", k=1):
+            pass
+        rec.append(("side",))
+        with hotpath.Region("b"):
+            pass
+    finally:
+        _recorder.install(None)
+    count, slots, side = rec.drain_packed(10)
+    assert count == 3 and side == [("side",)]
+    strings = rec.strings
+    segments = hotpath.unpack(slots, side, [True], strings)  # the side record made wire on the way
+    assert [(wire, [r[1] if r[0] == _recorder.KIND_SPAN else r for r in records]) for wire, records in segments] == [
+        (False, ["a"]), (True, [("side",)]), (False, ["b"])]
+    for bad in [(slots[:-1], side, None, strings), (slots, [], None, strings), (slots, side * 2, None, strings),
+                (slots, side, None, strings[:1]), (slots, side, [True, False], strings)]:
+        with pytest.raises(ValueError):
+            hotpath.unpack(*bad)
 
 
 def test_a_c_region_left_on_another_thread_is_not_the_parent_of_later_ones() -> None:
@@ -269,12 +385,14 @@ def test_the_c_region_decorates_like_the_python_one() -> None:
         _recorder.install(None)
 
 
-def test_the_c_hot_path_leaks_nothing() -> None:
+@pytest.mark.parametrize("packing", [False, True])
+def test_the_c_hot_path_leaks_nothing(packing: bool) -> None:
     """Every path that allocates, run 20,000 times into a small buffer (old records dropped and
     freed): the interpreter's live block count must not grow with the iterations."""
     c_region = _c_region()
     clock = FakeClock()
     rec = _recorder.Recorder(64, clock)
+    rec.packing = packing
     _recorder.install(rec)
 
     def once(i: int) -> None:
@@ -295,6 +413,10 @@ def test_the_c_hot_path_leaks_nothing() -> None:
         with c_region("between"):
             pass
         _recorder.record("recorded", {"a": 1}, 1, 2)
+        if packing and i % 16 == 0:  # both ways of reading the ring back
+            rec.drain(20)
+            _, slots, side = rec.drain_packed(20)
+            _recorder._hotpath.unpack(slots, side, None, rec.strings)
 
     try:
         for i in range(2_000):  # warm up: free lists, caches, the deque's blocks

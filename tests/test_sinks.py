@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any
 
 import pytest
 from google.protobuf import json_format
@@ -252,3 +253,107 @@ def test_the_pipe_to_the_exporter_process_holds_a_whole_drain(tmp_path, monkeypa
     assert isinstance(sink, ProcessSink)
     assert fcntl.fcntl(sink.proc.stdin.fileno(), fcntl.F_GETPIPE_SZ) == 1 << 20  # 64 KiB by default
     otel_train.shutdown()
+
+
+def _packing_recorder_with_a_step() -> Any:
+    """A packing recorder holding one step: 9 regions (slots) and the step's record (a side object)."""
+    from otel_train import _recorder
+    from otel_train._clock import FakeClock
+
+    if _recorder._hotpath is None:
+        pytest.skip("packing needs the C hot path")
+    recorder = _recorder.Recorder(1 << 12, FakeClock())
+    recorder.packing = True
+    _recorder.install(recorder)
+    try:
+        with _recorder._Step(0, None):
+            for mb in range(9):
+                with _recorder._Region("train.forward", mb=mb):
+                    pass
+    finally:
+        _recorder.install(None)
+    assert (recorder.pending(), len(recorder.buf)) == (10, 1)
+    return recorder
+
+
+class _RecordingSink:
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+        self.packed: list[tuple[Any, ...]] = []
+
+    def send(self, segments, offset, dropped) -> None:
+        self.sent.extend(r for _, records in segments for r in records)
+
+    def send_packed(self, count, slots, side, wire, strings, offset, dropped) -> None:
+        self.packed.append((count, slots, side, wire, list(strings)))
+
+    def close(self, deadline: float) -> dict[str, int]:
+        return {}
+
+
+def test_a_packing_recorder_moves_its_records_to_the_sink_as_slots() -> None:
+    from otel_train._worker import Worker, unpack
+
+    recorder = _packing_recorder_with_a_step()
+    sink = _RecordingSink()
+    worker = Worker(recorder, sink, 1e9)
+    assert worker.packed and worker.drain() == 10
+    assert sink.sent == [] and len(sink.packed) == 1
+    count, slots, side, wire, strings = sink.packed[0]
+    records = [r for _, rs in unpack(slots, side, wire, strings) for r in rs]
+    assert count == 10 and wire is None and [r[7] for r in records[:9]] == [{"mb": mb} for mb in range(9)]
+    assert records[9][0] == 1 and recorder.pending() == 0  # the step, last
+    # A sink without `send_packed` gets records, unpacked in the process.
+    class PlainSink:
+        def __init__(self) -> None:
+            self.sent: list[Any] = []
+
+        def send(self, segments, offset, dropped) -> None:
+            self.sent.extend(r for _, records in segments for r in records)
+
+        def close(self, deadline: float) -> dict[str, int]:
+            return {}
+
+    plain = PlainSink()
+    worker = Worker(_packing_recorder_with_a_step(), plain, 1e9)
+    assert not worker.packed and worker.drain() == 10
+    assert [r[7] for r in plain.sent[:9]] == [{"mb": mb} for mb in range(9)] and plain.sent[9][0] == 1
+
+
+def test_records_a_device_was_chosen_for_during_a_drain_wait_for_their_events() -> None:
+    """Slots move as they lie only while device timing has nothing to resolve; if it chooses a
+    device between the check and the drain, what was drained goes through the resolver."""
+    from otel_train._worker import Worker
+
+    recorder = _packing_recorder_with_a_step()
+
+    class Resolver:
+        def __init__(self) -> None:
+            self.idle_answers = [True]  # idle when the drain begins, then a device is chosen
+            self.seen: list[Any] = []
+
+        def idle(self) -> bool:
+            return self.idle_answers.pop(0) if self.idle_answers else False
+
+        def __call__(self, batch: list[Any]) -> list[Any]:
+            self.seen.extend(batch)
+            return batch
+
+    resolver, sink = Resolver(), _RecordingSink()
+    assert Worker(recorder, sink, 1e9, resolve=resolver).drain() == 10
+    assert sink.packed == [] and len(resolver.seen) == 10 and sink.sent == resolver.seen
+    assert [r[7] for r in sink.sent[:9]] == [{"mb": mb} for mb in range(9)]
+
+
+def test_the_exporter_process_gets_slots_and_a_thread_exporter_records(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import otel_train
+    from otel_train import _recorder, _runtime
+
+    if _recorder._hotpath is None:
+        pytest.skip("packing needs the C hot path")
+    monkeypatch.chdir(tmp_path)
+    for mode, packs in (("process", True), ("thread", False)):
+        otel_train.init(run_id=f"packs-{mode}", export_mode=mode, metrics_exporter="none")
+        worker = _runtime.state().worker
+        assert (worker.packed, worker.recorder.packing) == (packs, packs), mode
+        otel_train.shutdown()
