@@ -141,13 +141,12 @@ def main() -> int:
             stats = pipeline.shutdown(time.monotonic() + budget)
             _report({**stats, "final": 1})
             return 0
-        if message[0] in ("batch", "packed"):
-            if message[0] == "packed":  # slots as the recorder packed them, and the strings new since
-                _, slots, side, wire, new, offset, dropped = message
-                strings.extend(new)
-                pipeline.feed(unpack(slots, side, wire, strings), offset, dropped, export=False)
-            else:
-                pipeline.feed(*message[1:], export=False)
+        if message[0] == "packed":  # slots as the recorder packed them, and the strings new since
+            _, slots, side, wire, new, offset, dropped = message
+            strings.extend(new)
+            message = ("batch", unpack(slots, side, wire, strings), offset, dropped)
+        if message[0] == "batch":
+            pipeline.feed(*message[1:], export=False)
             more = _more_input(stdin)
             # Full requests wait for the rest of a drain (one call for several), up to a bound.
             if pipeline.pending() >= (full * _HELD_REQUESTS if more else full):

@@ -532,17 +532,10 @@ pack_region(RecorderObject *rec, PyObject *name, PyObject *seq, PyObject *parent
     return ring_push(rec, &slot) < 0 ? -1 : 1;
 }
 
-/* A record that is not a slot (a reference stolen): a SLOT_SIDE slot, the object in `buf`. */
+/* `buf.append(record)`, the reference stolen. */
 static int
-push_side(RecorderObject *rec, PyObject *record)
+deque_append(RecorderObject *rec, PyObject *record)
 {
-    Slot slot;
-    memset(&slot, 0, sizeof slot);
-    slot.tag = SLOT_SIDE;
-    if (ring_push(rec, &slot) < 0) {
-        Py_DECREF(record);
-        return -1;
-    }
     PyObject *res = PyObject_CallOneArg(rec->append, record);
     Py_DECREF(record);
     if (res == NULL)
@@ -561,11 +554,16 @@ pack_record(RecorderObject *rec, PyObject *record)
     return pack_region(rec, f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9]);
 }
 
-/* One slot back as the tuple it was packed from (`strings` by index); `last_ref` caches the
- * step reference of the previous slot, which the next one usually shares. */
+/* The step reference of the slot unpacked last, which the next one usually shares. */
+typedef struct {
+    PyObject *ref;  /* (step_n, step_seq), or NULL before the first slot */
+    int64_t n, seq;
+    uint8_t flags;
+} LastStep;
+
+/* One slot back as the tuple it was packed from (`strings` by index). */
 static PyObject *
-unpack_slot(const Slot *slot, PyObject *strings, PyObject **last_ref, int64_t *last_n, int64_t *last_seq,
-            uint8_t *last_flags)
+unpack_slot(const Slot *slot, PyObject *strings, LastStep *last)
 {
     Py_ssize_t n_strings = PyList_GET_SIZE(strings);
     if (slot->name >= n_strings || ((slot->attr != A_NONE) && slot->key >= n_strings) ||
@@ -574,7 +572,7 @@ unpack_slot(const Slot *slot, PyObject *strings, PyObject **last_ref, int64_t *l
         return NULL;
     }
     uint8_t step_flags = slot->flags & (F_STEP_N | F_STEP_SEQ);
-    if (*last_ref == NULL || step_flags != *last_flags || slot->step_n != *last_n || slot->step_seq != *last_seq) {
+    if (last->ref == NULL || step_flags != last->flags || slot->step_n != last->n || slot->step_seq != last->seq) {
         PyObject *n = step_flags & F_STEP_N ? PyLong_FromLongLong(slot->step_n) : Py_NewRef(Py_None);
         PyObject *s = step_flags & F_STEP_SEQ ? PyLong_FromLongLong(slot->step_seq) : Py_NewRef(Py_None);
         PyObject *ref = n != NULL && s != NULL ? PyTuple_Pack(2, n, s) : NULL;
@@ -582,10 +580,10 @@ unpack_slot(const Slot *slot, PyObject *strings, PyObject **last_ref, int64_t *l
         Py_XDECREF(s);
         if (ref == NULL)
             return NULL;
-        Py_XSETREF(*last_ref, ref);
-        *last_flags = step_flags;
-        *last_n = slot->step_n;
-        *last_seq = slot->step_seq;
+        Py_XSETREF(last->ref, ref);
+        last->flags = step_flags;
+        last->n = slot->step_n;
+        last->seq = slot->step_seq;
     }
     PyObject *attrs = Py_None;
     if (slot->attr != A_NONE) {
@@ -627,7 +625,7 @@ unpack_slot(const Slot *slot, PyObject *strings, PyObject **last_ref, int64_t *l
     PyTuple_SET_ITEM(record, 1, Py_NewRef(PyList_GET_ITEM(strings, slot->name)));
     PyTuple_SET_ITEM(record, 2, seq);
     PyTuple_SET_ITEM(record, 3, parent);
-    PyTuple_SET_ITEM(record, 4, Py_NewRef(*last_ref));
+    PyTuple_SET_ITEM(record, 4, Py_NewRef(last->ref));
     PyTuple_SET_ITEM(record, 5, t0);
     PyTuple_SET_ITEM(record, 6, t1);
     PyTuple_SET_ITEM(record, 7, attrs);
@@ -636,10 +634,10 @@ unpack_slot(const Slot *slot, PyObject *strings, PyObject **last_ref, int64_t *l
     return record;
 }
 
-/* Append `record` (a reference stolen) to the recorder's buffer; a full one drops its oldest,
- * counted in `dropped`. Packing, a plain region becomes a slot and anything else a side record. */
+/* Append `record` (a reference stolen) to the recorder's buffer as the object it is; a full
+ * one drops its oldest, counted in `dropped`. Packing, it goes in `buf` as a side record. */
 static int
-append_record(RecorderObject *rec, PyObject *record)
+append_object(RecorderObject *rec, PyObject *record)
 {
     if (rec->buf == NULL || rec->append == NULL) {
         Py_DECREF(record);
@@ -647,12 +645,14 @@ append_record(RecorderObject *rec, PyObject *record)
         return -1;
     }
     if (rec->ring != NULL) {
-        int packed = pack_record(rec, record);
-        if (packed != 0) {
+        Slot slot;
+        memset(&slot, 0, sizeof slot);
+        slot.tag = SLOT_SIDE;
+        if (ring_push(rec, &slot) < 0) {
             Py_DECREF(record);
-            return packed < 0 ? -1 : 0;
+            return -1;
         }
-        return push_side(rec, record);
+        return deque_append(rec, record);
     }
     Py_ssize_t size = PyObject_Length(rec->buf);
     if (size < 0) {
@@ -661,12 +661,18 @@ append_record(RecorderObject *rec, PyObject *record)
     }
     if (size == rec->cap)
         rec->dropped++;
-    PyObject *res = PyObject_CallOneArg(rec->append, record);
+    return deque_append(rec, record);
+}
+
+/* `append_object`, except that packing, a plain region's tuple becomes a slot. */
+static int
+append_record(RecorderObject *rec, PyObject *record)
+{
+    int packed = rec->ring != NULL ? pack_record(rec, record) : 0;
+    if (packed == 0)
+        return append_object(rec, record);
     Py_DECREF(record);
-    if (res == NULL)
-        return -1;
-    Py_DECREF(res);
-    return 0;
+    return packed < 0 ? -1 : 0;
 }
 
 
@@ -752,6 +758,7 @@ pop_side(RecorderObject *self, PyObject *out)
     return err;
 }
 
+/* A drain's `limit` (negative is 0); -1 with an exception set. */
 static Py_ssize_t
 limit_arg(RecorderObject *self, PyObject *arg)
 {
@@ -770,7 +777,7 @@ static PyObject *
 rec_drain(RecorderObject *self, PyObject *arg)
 {
     Py_ssize_t limit = limit_arg(self, arg);
-    if (limit < 0 && PyErr_Occurred())
+    if (limit < 0)
         return NULL;
     PyObject *out = PyList_New(0);
     if (out == NULL)
@@ -784,9 +791,7 @@ rec_drain(RecorderObject *self, PyObject *arg)
                 goto fail;
         return out;
     }
-    PyObject *last_ref = NULL;
-    int64_t last_n = 0, last_seq = 0;
-    uint8_t last_flags = 0;
+    LastStep last = {NULL, 0, 0, 0};
     for (Py_ssize_t i = 0; i < limit && self->count; i++) {
         Slot slot = self->ring[self->head];
         self->head = (self->head + 1) % self->cap;
@@ -796,17 +801,17 @@ rec_drain(RecorderObject *self, PyObject *arg)
                 goto fail_ref;
             continue;
         }
-        PyObject *record = unpack_slot(&slot, self->strings, &last_ref, &last_n, &last_seq, &last_flags);
+        PyObject *record = unpack_slot(&slot, self->strings, &last);
         if (record == NULL || PyList_Append(out, record) < 0) {
             Py_XDECREF(record);
             goto fail_ref;
         }
         Py_DECREF(record);
     }
-    Py_XDECREF(last_ref);
+    Py_XDECREF(last.ref);
     return out;
 fail_ref:
-    Py_XDECREF(last_ref);
+    Py_XDECREF(last.ref);
 fail:
     Py_DECREF(out);
     return NULL;
@@ -818,7 +823,7 @@ static PyObject *
 rec_drain_packed(RecorderObject *self, PyObject *arg)
 {
     Py_ssize_t limit = limit_arg(self, arg);
-    if (limit < 0 && PyErr_Occurred())
+    if (limit < 0)
         return NULL;
     if (self->ring == NULL) {
         PyErr_SetString(PyExc_ValueError, "drain_packed() needs packing on");
@@ -838,8 +843,7 @@ rec_drain_packed(RecorderObject *self, PyObject *arg)
     for (Py_ssize_t i = 0; i < n; i++)
         if (to[i].tag == SLOT_SIDE && pop_side(self, side) < 0)
             goto fail;
-    PyObject *res = Py_BuildValue("(nNN)", n, slots, side);
-    return res;
+    return Py_BuildValue("(nNN)", n, slots, side);
 fail:
     Py_XDECREF(slots);
     Py_XDECREF(side);
@@ -872,10 +876,9 @@ mod_unpack(PyObject *module, PyObject *args)
     Py_buffer view;
     if (PyObject_GetBuffer(slots_obj, &view, PyBUF_SIMPLE) < 0)
         return NULL;
-    PyObject *segments = PyList_New(0), *run = NULL, *last_ref = NULL;
+    PyObject *segments = PyList_New(0), *run = NULL;
     int run_wire = -1;
-    int64_t last_n = 0, last_seq = 0;
-    uint8_t last_flags = 0;
+    LastStep last = {NULL, 0, 0, 0};
     Py_ssize_t next_side = 0, n = view.len / (Py_ssize_t)sizeof(Slot);
     if (segments == NULL)
         goto fail;
@@ -901,7 +904,7 @@ mod_unpack(PyObject *module, PyObject *args)
             record = Py_NewRef(PyList_GET_ITEM(side, next_side));
             next_side++;
         }
-        else if ((record = unpack_slot(&slot, strings, &last_ref, &last_n, &last_seq, &last_flags)) == NULL)
+        else if ((record = unpack_slot(&slot, strings, &last)) == NULL)
             goto fail;
         if (is_wire != run_wire) {
             PyObject *fresh = PyList_New(0);
@@ -927,12 +930,12 @@ mod_unpack(PyObject *module, PyObject *args)
     }
     PyBuffer_Release(&view);
     Py_XDECREF(run);
-    Py_XDECREF(last_ref);
+    Py_XDECREF(last.ref);
     return segments;
 fail:
     PyBuffer_Release(&view);
     Py_XDECREF(run);
-    Py_XDECREF(last_ref);
+    Py_XDECREF(last.ref);
     Py_XDECREF(segments);
     return NULL;
 }
@@ -1183,7 +1186,8 @@ region_exit(RegionObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_XSETREF(self->exc, Py_NewRef(args[0]));
         record = Py_NewRef(self);
     }
-    if (append_record(rec, record) < 0)
+    /* Not a slot: `pack_region` above said no, or the region is an object (device time). */
+    if (append_object(rec, record) < 0)
         return NULL;
     Py_RETURN_NONE;
 }

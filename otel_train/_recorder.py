@@ -551,7 +551,7 @@ def record(name: str, attrs: dict[str, Any] | None, t0: int, t1: int, parent: _R
     # fetch, and two calls fewer are ~4 a step.
     step = r.step
     r.append((KIND_SPAN, name, next(_seq_counter), parent.seq if parent is not None and parent.rec is r else None,
-                step.ref if step is not None else _NO_STEP, t0, t1, attrs or None, None, None))
+              step.ref if step is not None else _NO_STEP, t0, t1, attrs or None, None, None))
 
 
 def abandon(region: _Region) -> None:

@@ -435,20 +435,8 @@ class Worker:
             # slice in thread mode) went on for as long as training did, a few records a slice.
             left = self.recorder.pending() if final_deadline is None else sys.maxsize
             while True:
-                if self._packs():
-                    count, slots, side = self.recorder.drain_packed(min(_PACKED_SLICE, left))
-                    if not count or self._packs():
-                        moved += self._send_packed(count, slots, side, offset)
-                        raw: list[Any] | None = None
-                    else:  # a device was chosen meanwhile: its records wait for their events
-                        raw = [r for _, records in unpack(slots, side, None, self.recorder.strings) for r in records]
-                else:
-                    raw = self.recorder.drain(min(_SLICE, left))
-                    count = len(raw)
-                if raw is not None:
-                    batch = raw if self.resolve is None else self.resolve(raw)
-                    if batch:
-                        moved += self._send(batch, offset)
+                count, sent = self._slice(left, offset)
+                moved += sent
                 left -= count
                 if not count:
                     break
@@ -465,6 +453,20 @@ class Worker:
                 except Exception as err:  # noqa: BLE001 - never let the worker die
                     _log.warning("otel_train: exporting failed: %s", err)
         return moved
+
+    def _slice(self, left: int, offset: int) -> tuple[int, int]:
+        """One slice of a drain, at most `left` records: (records taken from the buffer,
+        records handed to the sink; fewer where device events are still pending)."""
+        if self._packs():
+            count, slots, side = self.recorder.drain_packed(min(_PACKED_SLICE, left))
+            if self._packs():
+                return count, self._send_packed(count, slots, side, offset)
+            # A device was chosen meanwhile: what was drained goes through its resolver.
+            raw = [record for _, records in unpack(slots, side, None, self.recorder.strings) for record in records]
+        else:
+            raw = self.recorder.drain(min(_SLICE, left))
+        batch = raw if self.resolve is None else self.resolve(raw)
+        return len(raw), self._send(batch, offset) if batch else 0
 
     def _packs(self) -> bool:
         """Whether records move as slots now: packing, and no device events to wait for (a CPU
