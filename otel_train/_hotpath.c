@@ -20,7 +20,6 @@
 
 /* --- bound by `_recorder` ---------------------------------------------------------------- */
 static PyObject *g_current;    /* ContextVar: the innermost open region */
-static PyObject *g_seq;        /* itertools.count shared with steps and `record()` */
 static PyObject *g_no_step;    /* (None, None) */
 static PyObject *g_kind_span;  /* KIND_SPAN */
 static PyObject *g_auto_init;  /* () -> Recorder | None */
@@ -45,10 +44,16 @@ static PyObject *g_loop_key;      /* its thread-state dict key, when that is the
  * ContextVar, still use it: tasks interleave there, and each sees its own context. */
 static THREAD_LOCAL PyObject *tl_current;
 
+/* The next number that names a span id (`_distributed.region_span_id`), for regions and steps
+ * alike; `seq`, the module's iterator, hands them to the Python side (`_recorder._seq_counter`).
+ * A region keeps it as a C integer, not a new int object: see "Region" below. */
+static int64_t g_next_seq = 1;
+
 static PyObject *g_perf_counter_ns;  /* time.perf_counter_ns: read directly when it is the clock */
 static PyObject *s_ref, *s_append, *s_device_time, *s_asyncio_events;
 
 /* --- RecorderBase -------------------------------------------------------------------------- */
+#define STRING_CACHE 64  /* a power of two */
 typedef struct {
     PyObject_HEAD
     PyObject *buf;      /* deque(maxlen=cap) */
@@ -68,6 +73,12 @@ typedef struct {
     Py_ssize_t head, count;   /* the oldest slot, the slots in use */
     PyObject *string_ids;     /* str -> its index in `strings` */
     PyObject *strings;        /* the names, keys and values slots refer to, by index */
+    /* The last strings looked up, by address (strong references, so an address names one
+     * object while it is here), and their indices: a region's name and key are usually the
+     * same objects every time, and a hit reads one line here, where the dict lookup read its
+     * table and the index's int. */
+    PyObject *id_cache[STRING_CACHE];
+    uint32_t id_cached[STRING_CACHE];
 } RecorderObject;
 
 static PyTypeObject RecorderType;
@@ -129,7 +140,15 @@ ring_free(RecorderObject *self)
     self->head = self->count = 0;
 }
 
-GC_FIELD_FUNCTIONS(rec, RecorderObject, RECORDER_OBJECTS, ring_free(self))
+/* The string ids go with the table they index (cleared with it). */
+static void
+id_cache_clear(RecorderObject *self)
+{
+    for (int i = 0; i < STRING_CACHE; i++)
+        Py_CLEAR(self->id_cache[i]);
+}
+
+GC_FIELD_FUNCTIONS(rec, RecorderObject, RECORDER_OBJECTS, (ring_free(self), id_cache_clear(self)))
 
 static PyObject *
 rec_get_buf(RecorderObject *self, void *closure)
@@ -235,19 +254,53 @@ rec_now(RecorderObject *r)
     return PyObject_CallNoArgs(r->now);
 }
 
+/* `rec_now` as a C integer: 0, or -1 with an exception (a clock that gave something else). */
+static int
+rec_now_ns(RecorderObject *r, int64_t *out)
+{
+#ifdef __linux__
+    if (r->fast_clock) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        *out = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+        return 0;
+    }
+#endif
+    PyObject *t = PyObject_CallNoArgs(r->now);
+    if (t == NULL)
+        return -1;
+    long long v = PyLong_Check(t) ? PyLong_AsLongLong(t) : -1;
+    if (!PyLong_Check(t))
+        PyErr_Format(PyExc_TypeError, "otel_train: the recorder's clock gave %.100s, not an int of ns",
+                     Py_TYPE(t)->tp_name);
+    Py_DECREF(t);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *out = (int64_t)v;
+    return 0;
+}
+
 /* --- Region -------------------------------------------------------------------------------- */
 /* A region's object fields: its struct, its members (all read and written from Python by these
  * names, unset ones raising AttributeError like empty slots) and its collector hooks. */
-#define REGION_FIELDS(X) X(name) X(attrs) X(rec) X(parent) X(token) X(step) X(seq) X(t0) X(t1) X(exc) \
-    X(events) X(dev) X(timed)
+#define REGION_FIELDS(X) X(name) X(attrs) X(rec) X(parent) X(token) X(step) X(exc) X(events) X(dev) X(timed)
 #define DECLARE_FIELD(f) PyObject *f;
 
 typedef struct {
     PyObject_HEAD
     REGION_FIELDS(DECLARE_FIELD)
+    /* Its span number and its host start and end (perf ns) as C integers, `has` saying which are
+     * set (HAS_SEQ...), read from Python as `seq`, `t0` and `t1` (unset: AttributeError). Kept as
+     * int objects they were three allocations and frees a region, and memory a cold one touched. */
+    int64_t seq, t0, t1;
+    uint8_t has;
     unsigned long tid;  /* the thread that entered it, when it went on `tl_current` (no token) */
     vectorcallfunc vectorcall;  /* calling the region: enter (no arguments), exit (3), decorate (1) */
 } RegionObject;
+
+#define HAS_SEQ 1
+#define HAS_T0 2
+#define HAS_T1 4
 
 static PyObject *region_called(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 
@@ -339,8 +392,9 @@ region_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject
     RegionObject *self = PyObject_GC_New(RegionObject, &RegionType);
     if (self == NULL)
         return NULL;
-    self->attrs = self->rec = self->parent = self->token = self->step = self->seq = NULL;
-    self->t0 = self->t1 = self->exc = self->timed = NULL;
+    self->attrs = self->rec = self->parent = self->token = self->step = NULL;
+    self->exc = self->timed = NULL;
+    self->has = 0;
     self->tid = 0;
     self->vectorcall = region_called;
     self->name = Py_NewRef(args[0]);
@@ -429,23 +483,32 @@ string_id(RecorderObject *rec, PyObject *s, uint32_t *out)
 {
     if (!PyUnicode_CheckExact(s))
         return 0;
-    PyObject *found = PyDict_GetItemWithError(rec->string_ids, s);
-    if (found != NULL) {
-        *out = (uint32_t)PyLong_AsSsize_t(found);
+    uintptr_t at = (uintptr_t)s;
+    size_t slot = (at >> 4 ^ at >> 10) & (STRING_CACHE - 1);
+    if (rec->id_cache[slot] == s) {
+        *out = rec->id_cached[slot];
         return 1;
     }
-    if (PyErr_Occurred())
-        return -1;
-    Py_ssize_t n = PyList_GET_SIZE(rec->strings);
-    if (n >= MAX_STRINGS)
-        return 0;
-    PyObject *id = PyLong_FromSsize_t(n);
-    if (id == NULL)
-        return -1;
-    int err = PyDict_SetItem(rec->string_ids, s, id) < 0 || PyList_Append(rec->strings, s) < 0;
-    Py_DECREF(id);
-    if (err)
-        return -1;
+    PyObject *found = PyDict_GetItemWithError(rec->string_ids, s);
+    Py_ssize_t n;
+    if (found != NULL)
+        n = PyLong_AsSsize_t(found);
+    else {
+        if (PyErr_Occurred())
+            return -1;
+        n = PyList_GET_SIZE(rec->strings);
+        if (n >= MAX_STRINGS)
+            return 0;
+        PyObject *id = PyLong_FromSsize_t(n);
+        if (id == NULL)
+            return -1;
+        int err = PyDict_SetItem(rec->string_ids, s, id) < 0 || PyList_Append(rec->strings, s) < 0;
+        Py_DECREF(id);
+        if (err)
+            return -1;
+    }
+    Py_XSETREF(rec->id_cache[slot], Py_NewRef(s));
+    rec->id_cached[slot] = (uint32_t)n;
     *out = (uint32_t)n;
     return 1;
 }
@@ -473,19 +536,19 @@ ring_push(RecorderObject *rec, const Slot *slot)
 
 /* A region's record fields as a slot: 1 pushed, 0 not a plain region (left to the caller). */
 static int
-pack_region(RecorderObject *rec, PyObject *name, PyObject *seq, PyObject *parent_seq, PyObject *step_ref,
-            PyObject *t0, PyObject *t1, PyObject *attrs, PyObject *exc, PyObject *events)
+pack_region(RecorderObject *rec, PyObject *name, int64_t seq, const int64_t *parent_seq, PyObject *step_ref,
+            int64_t t0, int64_t t1, PyObject *attrs, PyObject *exc, PyObject *events)
 {
     Slot slot;
     memset(&slot, 0, sizeof slot);
     slot.tag = SLOT_REGION;
     if (exc != Py_None || events != Py_None || !PyTuple_CheckExact(step_ref) || PyTuple_GET_SIZE(step_ref) != 2)
         return 0;
-    if (!int64_of(seq, &slot.seq) || !int64_of(t0, &slot.t0) || !int64_of(t1, &slot.t1))
-        return 0;
-    if (parent_seq != Py_None) {
-        if (!int64_of(parent_seq, &slot.parent))
-            return 0;
+    slot.seq = seq;
+    slot.t0 = t0;
+    slot.t1 = t1;
+    if (parent_seq != NULL) {
+        slot.parent = *parent_seq;
         slot.flags |= F_PARENT;
     }
     PyObject *step_n = PyTuple_GET_ITEM(step_ref, 0), *step_seq = PyTuple_GET_ITEM(step_ref, 1);
@@ -551,7 +614,12 @@ pack_record(RecorderObject *rec, PyObject *record)
     if (!PyTuple_CheckExact(record) || PyTuple_GET_SIZE(record) != 10 || PyTuple_GET_ITEM(record, 0) != g_kind_span)
         return 0;
     PyObject **f = &PyTuple_GET_ITEM(record, 0);
-    return pack_region(rec, f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9]);
+    int64_t seq, parent, t0, t1;
+    if (!int64_of(f[2], &seq) || !int64_of(f[5], &t0) || !int64_of(f[6], &t1))
+        return 0;
+    if (f[3] != Py_None && !int64_of(f[3], &parent))
+        return 0;
+    return pack_region(rec, f[1], seq, f[3] != Py_None ? &parent : NULL, f[4], t0, t1, f[7], f[8], f[9]);
 }
 
 /* The step reference of the slot unpacked last, which the next one usually shares. */
@@ -946,7 +1014,7 @@ static PyObject *
 tl_open(void)
 {
     PyObject *p = tl_current;
-    while (p != NULL && PyObject_TypeCheck(p, &RegionType) && ((RegionObject *)p)->t1 != NULL) {
+    while (p != NULL && PyObject_TypeCheck(p, &RegionType) && (((RegionObject *)p)->has & HAS_T1)) {
         p = ((RegionObject *)p)->parent;
         if (p == Py_None)
             p = NULL;
@@ -999,8 +1067,41 @@ resolve_running_loop(void)
     return 1;
 }
 
+#if PY_VERSION_HEX < 0x030E0000
+/* The thread state and its `context_ver` when this thread last found no loop running. The
+ * version counts the thread's context switches (`Context.run`), and asyncio runs every callback
+ * and task step of a loop in one: while it is unchanged, no loop has begun running code here
+ * since, and the answer stands. That check is two words of the thread state, where asking again
+ * read the thread-state dict or called into asyncio: ~2 us of a cold region's ~6 (memory the
+ * training step had evicted). */
+#define LOOP_CHECK_CACHE 1
+static THREAD_LOCAL PyThreadState *tl_noloop_ts;
+static THREAD_LOCAL uint64_t tl_noloop_ver;
+#endif
+
+static int running_loop_now(void);
+
 static int
 loop_running(void)
+{
+#ifdef LOOP_CHECK_CACHE
+    PyThreadState *ts = PyThreadState_Get();
+    if (ts == tl_noloop_ts && ts->context_ver == tl_noloop_ver)
+        return 0;
+    int running = running_loop_now();
+    if (running == 0) {
+        tl_noloop_ts = ts;
+        tl_noloop_ver = ts->context_ver;
+    }
+    return running;
+#else
+    return running_loop_now();
+#endif
+}
+
+/* Whether an asyncio loop runs on this thread, asked of asyncio: 1, 0, or -1 on error. */
+static int
+running_loop_now(void)
 {
     if (g_running_loop == NULL) {
         int found = resolve_running_loop();
@@ -1087,14 +1188,11 @@ region_enter(RegionObject *self, PyObject *Py_UNUSED(ignored))
         Py_XDECREF(old);
     }
     Py_XSETREF(self->step, Py_NewRef(rec->step));
-    PyObject *seq = PyIter_Next(g_seq);
-    if (seq == NULL)
+    self->seq = g_next_seq++;
+    self->has = (self->has & ~HAS_T1) | HAS_SEQ;
+    if (rec_now_ns(rec, &self->t0) < 0)
         return NULL;
-    Py_XSETREF(self->seq, seq);
-    PyObject *t0 = rec_now(rec);
-    if (t0 == NULL)
-        return NULL;
-    Py_XSETREF(self->t0, t0);
+    self->has |= HAS_T0;
     return Py_NewRef(self);
 }
 
@@ -1123,19 +1221,19 @@ region_exit(RegionObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (r == NULL || r == Py_None)
         Py_RETURN_NONE;
     RecorderObject *rec = (RecorderObject *)r;
-    PyObject *t1 = rec_now(rec);
-    if (t1 == NULL)
+    if (rec_now_ns(rec, &self->t1) < 0)
         return NULL;
-    Py_XSETREF(self->t1, t1);
+    self->has |= HAS_T1;
     if (region_leave(self) < 0)
         return NULL;
     PyObject *record;
     if (self->dev == NULL || self->dev == Py_None) {
-        PyObject *parent = self->parent, *parent_seq = Py_None;
+        PyObject *parent = self->parent;
+        const int64_t *parent_seq = NULL;
         if (parent != NULL && PyObject_TypeCheck(parent, &RegionType)) {
             RegionObject *p = (RegionObject *)parent;
-            if (p->rec == r && p->seq != NULL)
-                parent_seq = p->seq;
+            if (p->rec == r && (p->has & HAS_SEQ))
+                parent_seq = &p->seq;
         }
         PyObject *step_ref;
         if (self->step == NULL || self->step == Py_None)
@@ -1155,8 +1253,9 @@ region_exit(RegionObject *self, PyObject *const *args, Py_ssize_t nargs)
                 attrs = Py_None;
         }
         PyObject *events = self->events != NULL ? self->events : Py_None;
-        if (rec->ring != NULL && self->seq != NULL && self->t0 != NULL) {
-            int packed = pack_region(rec, self->name, self->seq, parent_seq, step_ref, self->t0, t1, attrs,
+        int has_times = (self->has & (HAS_SEQ | HAS_T0)) == (HAS_SEQ | HAS_T0);
+        if (rec->ring != NULL && has_times) {
+            int packed = pack_region(rec, self->name, self->seq, parent_seq, step_ref, self->t0, self->t1, attrs,
                                      args[0], events);
             if (packed != 0) {
                 Py_DECREF(step_ref);
@@ -1165,18 +1264,26 @@ region_exit(RegionObject *self, PyObject *const *args, Py_ssize_t nargs)
                 Py_RETURN_NONE;
             }
         }
-        record = PyTuple_New(10);
+        PyObject *seq = has_times ? PyLong_FromLongLong(self->seq) : Py_NewRef(Py_None);
+        PyObject *t0 = has_times ? PyLong_FromLongLong(self->t0) : Py_NewRef(Py_None);
+        PyObject *t1 = PyLong_FromLongLong(self->t1);
+        PyObject *pseq = parent_seq != NULL ? PyLong_FromLongLong(*parent_seq) : Py_NewRef(Py_None);
+        record = seq && t0 && t1 && pseq ? PyTuple_New(10) : NULL;
         if (record == NULL) {
+            Py_XDECREF(seq);
+            Py_XDECREF(t0);
+            Py_XDECREF(t1);
+            Py_XDECREF(pseq);
             Py_DECREF(step_ref);
             return NULL;
         }
         PyTuple_SET_ITEM(record, 0, Py_NewRef(g_kind_span));
         PyTuple_SET_ITEM(record, 1, Py_NewRef(self->name));
-        PyTuple_SET_ITEM(record, 2, Py_NewRef(self->seq != NULL ? self->seq : Py_None));
-        PyTuple_SET_ITEM(record, 3, Py_NewRef(parent_seq));
+        PyTuple_SET_ITEM(record, 2, seq);
+        PyTuple_SET_ITEM(record, 3, pseq);
         PyTuple_SET_ITEM(record, 4, step_ref);
-        PyTuple_SET_ITEM(record, 5, Py_NewRef(self->t0 != NULL ? self->t0 : Py_None));
-        PyTuple_SET_ITEM(record, 6, Py_NewRef(t1));
+        PyTuple_SET_ITEM(record, 5, t0);
+        PyTuple_SET_ITEM(record, 6, t1);
         PyTuple_SET_ITEM(record, 7, Py_NewRef(attrs));
         PyTuple_SET_ITEM(record, 8, Py_NewRef(args[0]));
         PyTuple_SET_ITEM(record, 9, Py_NewRef(events));
@@ -1310,6 +1417,54 @@ static PyMemberDef region_members[] = {
 };
 #undef REGION_MEMBER
 
+/* `seq`, `t0` and `t1` from Python: the C integer as an int, AttributeError while unset (as the
+ * object fields were); set from an int that fits 64 bits, unset by `del`. */
+static int64_t *
+region_number(RegionObject *self, void *closure, uint8_t *flag)
+{
+    *flag = (uint8_t)(uintptr_t)closure;
+    return *flag == HAS_SEQ ? &self->seq : *flag == HAS_T0 ? &self->t0 : &self->t1;
+}
+
+static PyObject *
+region_get_number(RegionObject *self, void *closure)
+{
+    uint8_t flag;
+    int64_t *field = region_number(self, closure, &flag);
+    if (!(self->has & flag)) {
+        PyErr_Format(PyExc_AttributeError, "%s", flag == HAS_SEQ ? "seq" : flag == HAS_T0 ? "t0" : "t1");
+        return NULL;
+    }
+    return PyLong_FromLongLong(*field);
+}
+
+static int
+region_set_number(RegionObject *self, PyObject *value, void *closure)
+{
+    uint8_t flag;
+    int64_t *field = region_number(self, closure, &flag);
+    if (value == NULL) {
+        self->has &= (uint8_t)~flag;
+        return 0;
+    }
+    int64_t v;
+    if (!int64_of(value, &v)) {
+        PyErr_Format(PyExc_TypeError, "a region's %s is an int of 64 bits, not %.100R",
+                     flag == HAS_SEQ ? "seq" : flag == HAS_T0 ? "t0" : "t1", value);
+        return -1;
+    }
+    *field = v;
+    self->has |= flag;
+    return 0;
+}
+
+static PyGetSetDef region_getset[] = {
+    {"seq", (getter)region_get_number, (setter)region_set_number, "Its span number.", (void *)HAS_SEQ},
+    {"t0", (getter)region_get_number, (setter)region_set_number, "Its host start (perf ns).", (void *)HAS_T0},
+    {"t1", (getter)region_get_number, (setter)region_set_number, "Its host end (perf ns).", (void *)HAS_T1},
+    {NULL}
+};
+
 static PyTypeObject RegionType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "otel_train._hotpath.Region",
@@ -1326,6 +1481,7 @@ static PyTypeObject RegionType = {
     .tp_call = PyVectorcall_Call,
     .tp_methods = region_methods,
     .tp_members = region_members,
+    .tp_getset = region_getset,
 };
 
 /* --- Step and After ------------------------------------------------------------------------ */
@@ -1480,7 +1636,7 @@ step_enter(StepObject *self)
     if (next == NULL)
         return NULL;
     Py_XSETREF(rec->next_step, next);
-    PyObject *seq = PyIter_Next(g_seq);
+    PyObject *seq = PyLong_FromLongLong(g_next_seq++);
     if (seq == NULL)
         return NULL;
     Py_XSETREF(self->seq, seq);
@@ -1683,16 +1839,34 @@ mod_close_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* --- the span numbers ----------------------------------------------------------------------- */
+/* `_hotpath.seq`: an iterator over `g_next_seq`, so that Python's `next(_seq_counter)` and the C
+ * regions and steps draw from one sequence, as they did from one `itertools.count`. */
+static PyObject *
+seq_next(PyObject *self)
+{
+    return PyLong_FromLongLong(g_next_seq++);
+}
+
+static PyTypeObject SeqType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_train._hotpath.Seq",
+    .tp_doc = "The numbers that name span ids, shared by the C and Python regions and steps.",
+    .tp_basicsize = sizeof(PyObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = seq_next,
+};
+
 /* --- module ------------------------------------------------------------------------------ */
 static PyObject *
 mod_bind(PyObject *module, PyObject *args)
 {
-    PyObject *current, *seq, *no_step, *kind_span, *auto_init, *decorate, *aenter, *aexit;
-    if (!PyArg_UnpackTuple(args, "bind", 8, 8, &current, &seq, &no_step, &kind_span, &auto_init, &decorate,
+    PyObject *current, *no_step, *kind_span, *auto_init, *decorate, *aenter, *aexit;
+    if (!PyArg_UnpackTuple(args, "bind", 7, 7, &current, &no_step, &kind_span, &auto_init, &decorate,
                            &aenter, &aexit))
         return NULL;
     Py_XSETREF(g_current, Py_NewRef(current));
-    Py_XSETREF(g_seq, Py_NewRef(seq));
     Py_XSETREF(g_no_step, Py_NewRef(no_step));
     Py_XSETREF(g_kind_span, Py_NewRef(kind_span));
     Py_XSETREF(g_auto_init, Py_NewRef(auto_init));
@@ -1755,7 +1929,7 @@ static PyMethodDef mod_methods[] = {
     {"close_step", (PyCFunction)(void (*)(void))mod_close_step, METH_FASTCALL,
      "close_step(recorder, step, t1, exc_type): end the open step at t1 and append its record."},
     {"bind", mod_bind, METH_VARARGS,
-     "bind(current, seq_counter, no_step, kind_span, auto_init, decorate, aenter, aexit)"},
+     "bind(current, no_step, kind_span, auto_init, decorate, aenter, aexit)"},
     {"current", mod_current, METH_NOARGS, "The innermost open region here (either kind of region), or None."},
     {"leave", mod_leave, METH_O, "Take an entered C region off the current-region pointer without recording it."},
     {"install", mod_install, METH_O, "install(recorder or None): the recorder regions record to."},
@@ -1790,7 +1964,7 @@ PyInit__hotpath(void)
         return NULL;
     RecorderType.tp_methods = rec_methods;
     if (PyType_Ready(&RecorderType) < 0 || PyType_Ready(&RegionType) < 0 || PyType_Ready(&SelfDescrType) < 0 ||
-        PyType_Ready(&StepType) < 0 || PyType_Ready(&AfterType) < 0)
+        PyType_Ready(&StepType) < 0 || PyType_Ready(&AfterType) < 0 || PyType_Ready(&SeqType) < 0)
         return NULL;
     if (add_self_descr(&RegionType, &unbound_defs[0]) < 0 || add_self_descr(&RegionType, &unbound_defs[1]) < 0 ||
         add_self_descr(&StepType, &step_unbound_defs[0]) < 0 || add_self_descr(&StepType, &step_unbound_defs[1]) < 0)
@@ -1800,6 +1974,12 @@ PyInit__hotpath(void)
     PyObject *m = PyModule_Create(&hotpath_module);
     if (m == NULL)
         return NULL;
+    PyObject *seq = PyType_GenericAlloc(&SeqType, 0);
+    if (seq == NULL || PyModule_AddObject(m, "seq", seq) < 0) {
+        Py_XDECREF(seq);
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddObjectRef(m, "RecorderBase", (PyObject *)&RecorderType) < 0 ||
         PyModule_AddObjectRef(m, "Region", (PyObject *)&RegionType) < 0 ||
         PyModule_AddObjectRef(m, "Step", (PyObject *)&StepType) < 0 ||

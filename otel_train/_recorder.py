@@ -135,7 +135,7 @@ def active() -> Recorder | None:
 
 #: Numbers that name span ids (`_distributed.region_span_id`), for regions and steps alike.
 #: `next()` on it is one C call, atomic under the GIL.
-_seq_counter = itertools.count(1)
+_seq_counter: Any = _hotpath.seq if _hotpath is not None else itertools.count(1)
 
 
 class Truncated:
@@ -325,7 +325,7 @@ if _hotpath is not None:
     _Region: type = _hotpath.Region
     _Step: type = _hotpath.Step
     _After: type = _hotpath.After
-    _hotpath.bind(_current, _seq_counter, _NO_STEP, KIND_SPAN, _auto_init, _decorate, _aenter, _aexit)
+    _hotpath.bind(_current, _NO_STEP, KIND_SPAN, _auto_init, _decorate, _aenter, _aexit)
     _hotpath.bind_steps(KIND_STEP, _reopened)
     #: `otel_train.step(n=None, epoch=None, **attrs)`
     new_step: Callable[..., Any] = _hotpath.step

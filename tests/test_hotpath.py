@@ -227,6 +227,72 @@ def test_the_string_table_is_bounded_and_records_past_it_go_aside() -> None:
         (f"n{i}", None) for i in range(hotpath.MAX_STRINGS + 10)] + [("n0", {"k": "new"})]
 
 
+def test_a_string_id_follows_the_string_not_the_address_it_had() -> None:
+    """Names made at run time and freed at once: the next one usually takes the same memory. An
+    id cached by address alone would give the new name the old one's id."""
+    hotpath = pytest.importorskip("otel_train._hotpath")
+    rec = _packing_recorder(1000)
+    _recorder.install(rec)
+    try:
+        for i in range(300):
+            name = "".join(("made.", str(i)))  # a new object each time, freed after its region
+            with hotpath.Region(name, **{"".join(("key.", str(i % 7))): i}):
+                pass
+            del name
+    finally:
+        _recorder.install(None)
+    assert len(rec.buf) == 0  # every one a slot
+    assert [(r[1], r[7]) for r in _unpacked(rec)] == [(f"made.{i}", {f"key.{i % 7}": i}) for i in range(300)]
+    equal_not_same = "".join(("made.", "0"))
+    _recorder.install(rec)
+    try:
+        with hotpath.Region(equal_not_same):
+            pass
+    finally:
+        _recorder.install(None)
+    assert len(rec.strings) == 307 and _unpacked(rec)[0][1] == "made.0"  # one id per text
+
+
+def test_a_c_region_keeps_its_numbers_as_python_sees_them() -> None:
+    """`seq`, `t0` and `t1` are C integers inside the region: read, set and deleted from Python
+    as the object fields they were, and drawn from the one counter the Python side uses."""
+    c_region = _c_region()
+    clock = FakeClock()
+    rec = _recorder.Recorder(64, clock)
+    _recorder.install(rec)
+    try:
+        region = c_region("numbers")
+        for field in ("seq", "t0", "t1"):
+            with pytest.raises(AttributeError, match=field):
+                getattr(region, field)
+        before = next(_recorder._seq_counter)
+        with region:
+            clock.advance(5)
+            with _recorder._PyRegion("python.inside"):  # the Python region draws from the same counter
+                clock.advance(2)
+        after = next(_recorder._seq_counter)
+        assert before < region.seq < after and region.t1 - region.t0 == 7
+        python_record, c_record = list(rec.buf)
+        assert c_record[2] == region.seq
+        assert before < python_record[2] < after and python_record[2] != region.seq
+        region.t1 = 2**63 - 1
+        assert region.t1 == 2**63 - 1
+        for bad in (2**63, 1.5, "1", None):
+            with pytest.raises(TypeError, match="t1"):
+                region.t1 = bad
+        del region.t0
+        assert not hasattr(region, "t0") and region.t1 == 2**63 - 1
+        # Entered again, it is open again: no end time, and the parent of what it holds.
+        with region:
+            assert not hasattr(region, "t1")
+            with c_region("again.inside"):
+                pass
+        inner, outer = list(rec.buf)[-2:]
+        assert inner[1] == "again.inside" and inner[3] == region.seq and outer[2] == region.seq
+    finally:
+        _recorder.install(None)
+
+
 def test_packing_switches_only_while_the_buffer_is_empty() -> None:
     rec = _packing_recorder()
     rec.append(("a side record",))
