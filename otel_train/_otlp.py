@@ -123,19 +123,20 @@ class LeanEncoder:
         """`spans` (`_spans.SpanAssembler._build`'s lean tuples) as `ExportTraceServiceRequest`s of
         at most `max_spans` spans and (but for a lone huge span) `max_bytes`."""
         span = self._span
+        # ScopeSpans.spans; a usual region (and step) comes encoded already (`region`).
+        fields = [s if type(s) is bytes else _len_field(2, span(s)) for s in spans]
         out: list[LeanSpanBatch] = []
-        fields: list[bytes] = []
-        size = 0
-        for s in spans:
-            # ScopeSpans.spans; a usual region comes encoded already (`region`).
-            field = s if type(s) is bytes else _len_field(2, span(s))
-            if fields and (len(fields) >= max_spans or size + len(field) > max_bytes):
-                out.append(LeanSpanBatch(self._request(fields), len(fields)))
-                fields, size = [], 0
-            fields.append(field)
-            size += len(field)
-        if fields:
-            out.append(LeanSpanBatch(self._request(fields), len(fields)))
+        start = 0
+        while start < len(fields):
+            chunk = fields[start:start + max_spans]
+            if sum(map(len, chunk)) > max_bytes:  # fill by size: at least one, however large
+                size, end = len(chunk[0]), 1
+                while end < len(chunk) and size + len(chunk[end]) <= max_bytes:
+                    size += len(chunk[end])
+                    end += 1
+                chunk = chunk[:end]
+            out.append(LeanSpanBatch(self._request(chunk), len(chunk)))
+            start += len(chunk)
         return out
 
     def _request(self, span_fields: list[bytes]) -> bytes:

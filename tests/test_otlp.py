@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
 
-from otel_train._otlp import LeanEncoder, LeanSpanBatch
+from otel_train._otlp import LeanEncoder, LeanSpanBatch, _len_field
 
 RESOURCE = {"service.name": "svc", "ml.rank": 3, "ml.run.id": "r", "x.ratio": 0.5, "x.flag": True}
 FLAGS = TraceFlags(TraceFlags.SAMPLED)
@@ -60,6 +60,37 @@ def test_batches_are_cut_by_count_and_by_bytes() -> None:
         assert sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans) == batch.count
     assert [s.span_id for b in by_count for s in ExportTraceServiceRequest.FromString(b.payload)
             .resource_spans[0].scope_spans[0].spans] == [(i + 1).to_bytes(8, "big") for i in range(10)]
+
+
+def test_batches_fill_each_request_greedily_and_a_huge_span_goes_alone() -> None:
+    """Against the rule written out one span at a time: a request takes the next span while it
+    has fewer than `max_spans` and the span fits in `max_bytes`; an empty one takes any span."""
+    import random
+
+    def greedy(sizes: list[int], max_spans: int, max_bytes: int) -> list[int]:
+        counts, n, size = [], 0, 0
+        for s in sizes:
+            if n and (n >= max_spans or size + s > max_bytes):
+                counts.append(n)
+                n, size = 0, 0
+            n, size = n + 1, size + s
+        return counts + ([n] if n else [])
+
+    encoder = LeanEncoder(RESOURCE, "otel_train", "1.0")
+    rng = random.Random(7)
+    for _ in range(40):
+        texts = [rng.choice(["", "x" * 50, "x" * 700, "x" * 3000]) for _ in range(rng.randint(1, 30))]
+        spans = [("s", 1, i + 1, None, False, 0, 1, {"v": t}, None, [], 0, None) for i, t in enumerate(texts)]
+        spans[::3] = [encoder.region("r", b"\x0a\x10" + bytes(16), 9, None, 0, 1, b"") for _ in spans[::3]]  # encoded
+        sizes = [len(s) if type(s) is bytes else len(_len_field(2, encoder._span(s))) for s in spans]
+        max_spans, max_bytes = rng.randint(1, 12), rng.choice([500, 2000, 5000, 1 << 20])
+        got = encoder.batches(spans, max_spans, max_bytes)
+        assert [b.count for b in got] == greedy(sizes, max_spans, max_bytes), (sizes, max_spans, max_bytes)
+        ids = [s.span_id for b in got for rs in ExportTraceServiceRequest.FromString(b.payload).resource_spans
+               for ss in rs.scope_spans for s in ss.spans]
+        assert len(ids) == len(spans)  # every span once, in order, in requests that parse
+        exact = sum(sizes[:2])  # the first two fill a request to the byte
+        assert encoder.batches(spans, 12, exact)[0].count == min(2, len(spans))
 
 
 def _assemble(records: list, offset: int, fast: bool, rank: int, c_encode: bool = True) -> tuple[list, object, int]:
