@@ -14,6 +14,8 @@
 #include <Python.h>
 #include <string.h>
 
+#include "_slots.h"
+
 /* Field layout, as `_otlp.REGION_HEAD` / `REGION_HEAD_PARENT` pack it: the trace id field
  * (tag, length, 16 bytes), span_id (tag 0x12, length 8, fixed64), optionally parent_span_id
  * (0x22, 8, fixed64), kind (0x30 0x01), start (0x39 fixed64), end (0x41 fixed64); then the
@@ -182,6 +184,148 @@ static int wall_time(long long perf, long long offset, unsigned long long *out) 
     return 0;
 }
 
+/* What one call works with: its arguments, and the step the last region belonged to. */
+typedef struct {
+    long long offset;
+    unsigned long long salt;
+    PyObject *bodies, *steps, *make_body, *make_step, *durations, *out, *rest;
+    PyObject *step_n; /* the step number (an int or None) whose `step` this is: a strong reference, NULL before any */
+    PyObject *step;   /* what `_fast_step` gave for it (a strong reference: the cache may be cleared) */
+    int step_i64;     /* `step_n` is an int in the int64 range, `step_value` */
+    int64_t step_value;
+} Ctx;
+
+static void ctx_clear(Ctx *c) {
+    Py_CLEAR(c->step_n);
+    Py_CLEAR(c->step);
+}
+
+/* Arguments 1-2 (offset, salt) and the dicts and lists from `first` on, checked: 0, or -1. */
+static int ctx_init(Ctx *c, PyObject *const *args, PyObject *const *rest_args) {
+    memset(c, 0, sizeof *c);
+    if (!int_field(args[0], &c->offset)) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "offset must be an int in the int64 range");
+        }
+        return -1;
+    }
+    c->salt = PyLong_AsUnsignedLongLongMask(args[1]);
+    if (c->salt == (unsigned long long)-1 && PyErr_Occurred()) {
+        return -1;
+    }
+    c->bodies = rest_args[0];
+    c->steps = rest_args[1];
+    c->make_body = rest_args[2];
+    c->make_step = rest_args[3];
+    c->durations = rest_args[4];
+    c->out = rest_args[5];
+    c->rest = rest_args[6];
+    if (!PyDict_Check(c->bodies) || !PyDict_Check(c->steps) || !PyDict_Check(c->durations) || !PyList_Check(c->out)
+        || !PyList_Check(c->rest)) {
+        PyErr_SetString(PyExc_TypeError, "bodies, steps and durations must be dicts; out and rest lists");
+        return -1;
+    }
+    if (g_kind_span == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_encode.bind() was not called");
+        return -1;
+    }
+    return 0;
+}
+
+/* Make step `step_n` (a new reference, stolen) the one in use: 0, or -1. */
+static int use_step(Ctx *c, PyObject *step_n) {
+    PyObject *found = PyDict_GetItemWithError(c->steps, step_n);
+    if (found != NULL) {
+        Py_INCREF(found);
+    } else if (!PyErr_Occurred()) {
+        found = PyObject_CallOneArg(c->make_step, step_n);
+    }
+    if (found == NULL || !PyTuple_CheckExact(found) || PyTuple_GET_SIZE(found) != 5
+        || !PyBytes_Check(PyTuple_GET_ITEM(found, 0)) || !PyBytes_Check(PyTuple_GET_ITEM(found, 2))) {
+        if (found != NULL) {
+            PyErr_SetString(PyExc_TypeError, "_fast_step must return (bytes, int|None, bytes, bool, int|None)");
+            Py_DECREF(found);
+        }
+        Py_DECREF(step_n);
+        return -1;
+    }
+    long long v = 0;
+    c->step_i64 = int_field(step_n, &v);
+    PyErr_Clear();
+    c->step_value = v;
+    Py_XSETREF(c->step_n, step_n);
+    Py_XSETREF(c->step, found);
+    return 0;
+}
+
+/* One usual region into `out` (and its duration into `durations`); `body` is its cached body. */
+static int emit(Ctx *c, PyObject *name, PyObject *body, long long seq_n, int has_parent, long long parent_n,
+                int has_step_seq, long long t0, long long t1) {
+    if (append_duration(c->durations, name, t1 - t0) < 0) {
+        return -1;
+    }
+    int sampled = PyObject_IsTrue(PyTuple_GET_ITEM(c->step, 3));
+    if (sampled <= 0) {
+        return sampled;
+    }
+    unsigned long long wall0, wall1, parent = 0;
+    if (wall_time(t0, c->offset, &wall0) < 0 || wall_time(t1, c->offset, &wall1) < 0) {
+        return -1;
+    }
+    if (has_parent) {
+        parent = wire_id((unsigned long long)parent_n, c->salt);
+    } else if (has_step_seq && PyTuple_GET_ITEM(c->step, 1) != Py_None) {
+        parent = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c->step, 1));
+        if (parent == (unsigned long long)-1 && PyErr_Occurred()) {
+            return -1;
+        }
+    }
+    PyObject *trace = PyTuple_GET_ITEM(c->step, 0);
+    PyObject *field = encode(PyBytes_AS_STRING(trace), PyBytes_GET_SIZE(trace), wire_id((unsigned long long)seq_n, c->salt),
+                             parent != 0, parent, wall0, wall1, body, PyTuple_GET_ITEM(c->step, 2));
+    if (field == NULL) {
+        return -1;
+    }
+    int err = PyList_Append(c->out, field);
+    Py_DECREF(field);
+    return err;
+}
+
+/* One hot-path record: a usual region is encoded, anything else appended to `rest`. 0, or -1. */
+static int take_record(Ctx *c, PyObject *record) {
+    int is_region = PyTuple_CheckExact(record) && PyTuple_GET_SIZE(record) == 10;
+    if (is_region && PyTuple_GET_ITEM(record, 0) != g_kind_span) { /* KIND_SPAN: a small int, one object */
+        is_region = PyObject_RichCompareBool(PyTuple_GET_ITEM(record, 0), g_kind_span, Py_EQ);
+        if (is_region < 0) {
+            return -1;
+        }
+    }
+    if (!is_region || PyTuple_GET_ITEM(record, 8) != Py_None || PyTuple_GET_ITEM(record, 9) != Py_None) {
+        return PyList_Append(c->rest, record); /* a step or a note, an exception, an event */
+    }
+    PyObject *name = PyTuple_GET_ITEM(record, 1), *pair = PyTuple_GET_ITEM(record, 4);
+    PyObject *attrs = PyTuple_GET_ITEM(record, 7), *parent_seq = PyTuple_GET_ITEM(record, 3);
+    long long seq_n, t0, t1, parent_n = 0;
+    if (!PyUnicode_CheckExact(name) || !PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2
+        || !int_field(PyTuple_GET_ITEM(record, 2), &seq_n) || !int_field(PyTuple_GET_ITEM(record, 5), &t0)
+        || !int_field(PyTuple_GET_ITEM(record, 6), &t1)
+        || (parent_seq != Py_None && !int_field(parent_seq, &parent_n))) {
+        PyErr_Clear();
+        return PyList_Append(c->rest, record); /* an unusual record: the general path decides */
+    }
+    PyObject *body = region_body(name, attrs, c->bodies, c->make_body);
+    if (body == NULL) {
+        return PyErr_Occurred() ? -1 : PyList_Append(c->rest, record);
+    }
+    PyObject *step_n = PyTuple_GET_ITEM(pair, 0);
+    int changed = c->step_n == NULL ? 1 : PyObject_RichCompareBool(step_n, c->step_n, Py_NE);
+    int err = changed < 0 || (changed && use_step(c, Py_NewRef(step_n)) < 0)
+              || emit(c, name, body, seq_n, parent_seq != Py_None, parent_n, PyTuple_GET_ITEM(pair, 1) != Py_None,
+                      t0, t1) < 0;
+    Py_DECREF(body);
+    return err ? -1 : 0;
+}
+
 PyDoc_STRVAR(regions_doc,
 "regions(records, offset, salt, bodies, steps, make_body, make_step, durations, out, rest)\n--\n\n"
 "The usual regions among `records` encoded into `out` (bytes), their host durations into\n"
@@ -192,146 +336,177 @@ static PyObject *regions(PyObject *module, PyObject *const *args, Py_ssize_t nar
         PyErr_SetString(PyExc_TypeError, "regions() takes 10 arguments");
         return NULL;
     }
-    PyObject *records = args[0], *bodies = args[3], *steps = args[4], *make_body = args[5];
-    PyObject *make_step = args[6], *durations = args[7], *out = args[8], *rest = args[9];
-    long long offset;
-    if (!int_field(args[1], &offset)) {
-        if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_TypeError, "offset must be an int in the int64 range");
-        }
+    Ctx c;
+    if (ctx_init(&c, args + 1, args + 3) < 0) {
         return NULL;
     }
-    unsigned long long salt = PyLong_AsUnsignedLongLongMask(args[2]);
-    if (salt == (unsigned long long)-1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (!PyDict_Check(bodies) || !PyDict_Check(steps) || !PyDict_Check(durations) || !PyList_Check(out)
-        || !PyList_Check(rest)) {
-        PyErr_SetString(PyExc_TypeError, "bodies, steps and durations must be dicts; out and rest lists");
-        return NULL;
-    }
-    if (g_kind_span == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_encode.bind() was not called");
-        return NULL;
-    }
-    PyObject *seq = PySequence_Fast(records, "records must be a sequence");
+    PyObject *seq = PySequence_Fast(args[0], "records must be a sequence");
     if (seq == NULL) {
         return NULL;
     }
-    PyObject *last_step = NULL; /* borrowed from the current record's step pair: none before the first */
-    PyObject *step = NULL;      /* the step tuple in use (a strong reference: the cache may be cleared) */
-    PyObject *last_pair = NULL; /* a strong reference keeping `last_step` alive */
-    PyObject *body = NULL;      /* the region's cached body (a strong reference), cleared every record */
-    PyObject *result = NULL;
+    PyObject *result = Py_None;
     Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < count && result != NULL; i++) {
+        if (take_record(&c, items[i]) < 0) {
+            result = NULL;
+        }
+    }
+    ctx_clear(&c);
+    Py_DECREF(seq);
+    return Py_XNewRef(result);
+}
+
+/* --- slots ------------------------------------------------------------------------------- */
+/* The same for a packed drain (`_hotpath` "the packed ring"): slots are read where they lie, with
+ * no tuple, int or dict made for a usual region. A batch holds a few distinct bodies (a name,
+ * or a name and its one attribute), so the last few found are kept by their slot fields here. */
+#define MEMO 16
+
+typedef struct {
+    uint32_t name, key;
+    uint8_t attr, used;
+    int64_t value;
+    PyObject *body; /* a strong reference; NULL: such a region goes the general way */
+} Memo;
+
+/* A slot's body (borrowed from `memo`), or NULL: without an error, the slot goes to `rest`. */
+static PyObject *slot_body(const Slot *slot, PyObject *strings, Memo *memo, int *next_memo, PyObject *bodies,
+                           PyObject *make_body) {
+    int64_t value = slot->attr == A_NONE ? 0 : slot->value.i;
+    uint32_t key = slot->attr == A_NONE ? 0 : slot->key;
+    for (int i = 0; i < MEMO; i++) {
+        Memo *m = &memo[i];
+        if (m->used && m->name == slot->name && m->attr == slot->attr && m->key == key && m->value == value) {
+            return m->body;
+        }
+    }
+    PyObject *name = PyList_GET_ITEM(strings, slot->name), *attrs = Py_None, *v = NULL;
+    switch (slot->attr) {
+    case A_NONE: break;
+    case A_INT: v = PyLong_FromLongLong(slot->value.i); break;
+    case A_FLOAT: v = PyFloat_FromDouble(slot->value.f); break;
+    case A_TRUE: v = Py_NewRef(Py_True); break;
+    case A_FALSE: v = Py_NewRef(Py_False); break;
+    default: v = Py_NewRef(PyList_GET_ITEM(strings, slot->value.i)); break;
+    }
+    if (slot->attr != A_NONE) {
+        if (v == NULL || (attrs = PyDict_New()) == NULL || PyDict_SetItem(attrs, PyList_GET_ITEM(strings, key), v) < 0) {
+            Py_XDECREF(v);
+            if (attrs != Py_None) {
+                Py_DECREF(attrs);
+            }
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    PyObject *body = region_body(name, attrs, bodies, make_body);
+    if (attrs != Py_None) {
+        Py_DECREF(attrs);
+    }
+    if (body == NULL && PyErr_Occurred()) {
+        return NULL;
+    }
+    Memo *m = &memo[*next_memo];
+    *next_memo = (*next_memo + 1) % MEMO;
+    Py_XSETREF(m->body, body);
+    m->name = slot->name;
+    m->key = key;
+    m->attr = slot->attr;
+    m->value = value;
+    m->used = 1;
+    return body;
+}
+
+PyDoc_STRVAR(packed_regions_doc,
+"packed_regions(slots, side, strings, offset, salt, bodies, steps, make_body, make_step, durations, out, rest)\n"
+"--\n\n"
+"`regions` for a packed drain (`RecorderBase.drain_packed`'s slots and side records, `strings`\n"
+"its string table), the slots read where they lie: the same `out`, `durations` and `rest` as\n"
+"`regions` of the records the drain unpacks into (`_hotpath.unpack`). Returns their number.");
+
+static PyObject *packed_regions(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "packed_regions() takes 12 arguments");
+        return NULL;
+    }
+    PyObject *side = args[1], *strings = args[2];
+    if (!PyList_Check(side) || !PyList_Check(strings)) {
+        PyErr_SetString(PyExc_TypeError, "side and strings must be lists");
+        return NULL;
+    }
+    Ctx c;
+    if (ctx_init(&c, args + 3, args + 5) < 0) {
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    Memo memo[MEMO];
+    memset(memo, 0, sizeof memo);
+    int next_memo = 0;
+    LastStep last = {NULL, 0, 0, 0};
+    PyObject *result = NULL;
+    Py_ssize_t next_side = 0, n_strings = PyList_GET_SIZE(strings), count = view.len / (Py_ssize_t)sizeof(Slot);
+    if (view.len % (Py_ssize_t)sizeof(Slot)) {
+        PyErr_SetString(PyExc_ValueError, "packed_regions: not a whole number of slots");
+        goto done;
+    }
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *record = items[i];
-        Py_CLEAR(body);
-        PyObject *pair, *name, *attrs;
-        long long seq_n, t0, t1;
-        int is_region = PyTuple_CheckExact(record) && PyTuple_GET_SIZE(record) == 10;
-        if (is_region && PyTuple_GET_ITEM(record, 0) != g_kind_span) {  /* KIND_SPAN: a small int, one object */
-            is_region = PyObject_RichCompareBool(PyTuple_GET_ITEM(record, 0), g_kind_span, Py_EQ);
-            if (is_region < 0) {
+        Slot slot;
+        memcpy(&slot, (const char *)view.buf + i * (Py_ssize_t)sizeof(Slot), sizeof slot);
+        if (slot.tag == SLOT_SIDE) { /* an object, as the tuple loop takes it */
+            if (next_side >= PyList_GET_SIZE(side)) {
+                PyErr_SetString(PyExc_ValueError, "packed_regions: more side slots than side records");
                 goto done;
             }
-        }
-        if (!is_region || PyTuple_GET_ITEM(record, 8) != Py_None || PyTuple_GET_ITEM(record, 9) != Py_None) {
-            if (PyList_Append(rest, record) < 0) { /* a step or a note, an exception, an event */
+            if (take_record(&c, PyList_GET_ITEM(side, next_side++)) < 0) {
                 goto done;
             }
             continue;
         }
-        name = PyTuple_GET_ITEM(record, 1);
-        pair = PyTuple_GET_ITEM(record, 4);
-        attrs = PyTuple_GET_ITEM(record, 7);
-        PyObject *parent_seq = PyTuple_GET_ITEM(record, 3);
-        long long parent_n = 0;
-        if (!PyUnicode_CheckExact(name) || !PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2
-            || !int_field(PyTuple_GET_ITEM(record, 2), &seq_n) || !int_field(PyTuple_GET_ITEM(record, 5), &t0)
-            || !int_field(PyTuple_GET_ITEM(record, 6), &t1)
-            || (parent_seq != Py_None && !int_field(parent_seq, &parent_n))) {
-            PyErr_Clear();
-            if (PyList_Append(rest, record) < 0) { /* an unusual record: the general path decides */
+        if (slot.tag != SLOT_REGION || slot.name >= n_strings || slot.attr > A_STR
+            || (slot.attr != A_NONE && slot.key >= n_strings)
+            || (slot.attr == A_STR && (slot.value.i < 0 || slot.value.i >= n_strings))) {
+            PyErr_SetString(PyExc_ValueError, "packed_regions: a slot this recorder cannot have packed");
+            goto done;
+        }
+        PyObject *body = slot_body(&slot, strings, memo, &next_memo, c.bodies, c.make_body);
+        if (body == NULL) { /* the general path's: as a record */
+            PyObject *record = PyErr_Occurred() ? NULL : unpack_slot(&slot, strings, &last, g_kind_span);
+            int err = record == NULL || PyList_Append(c.rest, record) < 0;
+            Py_XDECREF(record);
+            if (err) {
                 goto done;
             }
             continue;
         }
-        body = region_body(name, attrs, bodies, make_body);
-        if (body == NULL) {
-            if (PyErr_Occurred() || PyList_Append(rest, record) < 0) {
-                goto done;
-            }
-            continue;
-        }
-        if (append_duration(durations, name, t1 - t0) < 0) {
-            goto done;
-        }
-        PyObject *step_n = PyTuple_GET_ITEM(pair, 0), *step_seq = PyTuple_GET_ITEM(pair, 1);
-        int changed = last_step == NULL ? 1 : PyObject_RichCompareBool(step_n, last_step, Py_NE);
-        if (changed < 0) {
-            goto done;
-        }
-        if (changed) {
-            Py_INCREF(pair);
-            Py_XSETREF(last_pair, pair);
-            last_step = step_n;
-            PyObject *found = PyDict_GetItemWithError(steps, step_n);
-            if (found != NULL) {
-                Py_INCREF(found);
-            } else if (!PyErr_Occurred()) {
-                found = PyObject_CallOneArg(make_step, step_n);
-            }
-            if (found == NULL || !PyTuple_CheckExact(found) || PyTuple_GET_SIZE(found) != 5
-                || !PyBytes_Check(PyTuple_GET_ITEM(found, 0)) || !PyBytes_Check(PyTuple_GET_ITEM(found, 2))) {
-                if (found != NULL) {
-                    PyErr_SetString(PyExc_TypeError, "_fast_step must return (bytes, int|None, bytes, bool, int|None)");
-                    Py_DECREF(found);
-                }
-                goto done;
-            }
-            Py_XSETREF(step, found);
-        }
-        int sampled = PyObject_IsTrue(PyTuple_GET_ITEM(step, 3));
-        if (sampled < 0) {
-            goto done;
-        }
-        if (!sampled) {
-            continue;
-        }
-        unsigned long long wall0, wall1, parent = 0;
-        if (wall_time(t0, offset, &wall0) < 0 || wall_time(t1, offset, &wall1) < 0) {
-            goto done;
-        }
-        if (parent_seq != Py_None) {
-            parent = wire_id((unsigned long long)parent_n, salt);
-        } else if (step_seq != Py_None && PyTuple_GET_ITEM(step, 1) != Py_None) {
-            parent = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(step, 1));
-            if (parent == (unsigned long long)-1 && PyErr_Occurred()) {
+        int has_n = slot.flags & F_STEP_N;
+        int same = c.step_n != NULL && (has_n ? c.step_i64 && c.step_value == slot.step_n : c.step_n == Py_None);
+        if (!same) {
+            PyObject *step_n = has_n ? PyLong_FromLongLong(slot.step_n) : Py_NewRef(Py_None);
+            if (step_n == NULL || use_step(&c, step_n) < 0) {
                 goto done;
             }
         }
-        PyObject *trace = PyTuple_GET_ITEM(step, 0);
-        PyObject *field = encode(PyBytes_AS_STRING(trace), PyBytes_GET_SIZE(trace),
-                                 wire_id((unsigned long long)seq_n, salt), parent != 0, parent, wall0, wall1, body,
-                                 PyTuple_GET_ITEM(step, 2));
-        if (field == NULL) {
-            goto done;
-        }
-        int err = PyList_Append(out, field);
-        Py_DECREF(field);
-        if (err < 0) {
+        if (emit(&c, PyList_GET_ITEM(strings, slot.name), body, slot.seq, slot.flags & F_PARENT, slot.parent,
+                 slot.flags & F_STEP_SEQ, slot.t0, slot.t1) < 0) {
             goto done;
         }
     }
-    result = Py_None;
-    Py_INCREF(result);
+    if (next_side != PyList_GET_SIZE(side)) {
+        PyErr_SetString(PyExc_ValueError, "packed_regions: more side records than side slots");
+        goto done;
+    }
+    result = PyLong_FromSsize_t(count);
 done:
-    Py_XDECREF(body);
-    Py_XDECREF(step);
-    Py_XDECREF(last_pair);
-    Py_DECREF(seq);
+    for (int i = 0; i < MEMO; i++) {
+        Py_XDECREF(memo[i].body);
+    }
+    ctx_clear(&c);
+    Py_XDECREF(last.ref);
+    PyBuffer_Release(&view);
     return result;
 }
 
@@ -345,6 +520,7 @@ static PyObject *bind(PyObject *module, PyObject *kind_span) {
 
 static PyMethodDef methods[] = {
     {"regions", (PyCFunction)(void (*)(void))regions, METH_FASTCALL, regions_doc},
+    {"packed_regions", (PyCFunction)(void (*)(void))packed_regions, METH_FASTCALL, packed_regions_doc},
     {"bind", bind, METH_O, bind_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -355,5 +531,9 @@ static struct PyModuleDef module_def = {
 };
 
 PyMODINIT_FUNC PyInit__encode(void) {
-    return PyModule_Create(&module_def);
+    PyObject *m = PyModule_Create(&module_def);
+    if (m != NULL && PyModule_AddIntConstant(m, "SLOT_SIZE", (long)sizeof(Slot)) < 0) {
+        Py_CLEAR(m);
+    }
+    return m;
 }

@@ -144,9 +144,13 @@ def main() -> int:
         if message[0] == "packed":  # slots as the recorder packed them, and the strings new since
             _, slots, side, wire, new, offset, dropped = message
             strings.extend(new)
-            message = ("batch", unpack(slots, side, wire, strings), offset, dropped)
-        if message[0] == "batch":
+            # Encoded where the slots lie; unpacked into records where side records are wire
+            # tuples already (device time) or the C fast path is not there.
+            if wire is not None or not pipeline.feed_packed(slots, side, strings, offset, dropped):
+                pipeline.feed(unpack(slots, side, wire, strings), offset, dropped, export=False)
+        elif message[0] == "batch":
             pipeline.feed(*message[1:], export=False)
+        if message[0] in ("packed", "batch"):
             more = _more_input(stdin)
             # Full requests wait for the rest of a drain (one call for several), up to a bound.
             if pipeline.pending() >= (full * _HELD_REQUESTS if more else full):

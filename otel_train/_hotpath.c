@@ -18,6 +18,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "_slots.h"
+
 /* --- bound by `_recorder` ---------------------------------------------------------------- */
 static PyObject *g_current;    /* ContextVar: the innermost open region */
 static PyObject *g_no_step;    /* (None, None) */
@@ -446,20 +448,6 @@ recorder_in_force(PyObject **out)
  * events, device time, several attributes or a value of another type) stays an object in
  * `buf`, with a SLOT_SIDE slot where it falls in the order. `strings` is bounded
  * (MAX_STRINGS): past it, records with new strings go that way too. */
-#define SLOT_SIDE 0
-#define SLOT_REGION 1
-#define F_PARENT 1
-#define F_STEP_N 2
-#define F_STEP_SEQ 4
-enum { A_NONE, A_INT, A_FLOAT, A_TRUE, A_FALSE, A_STR };
-#define MAX_STRINGS 4096
-
-typedef struct Slot {
-    uint8_t tag, flags, attr, unused;
-    uint32_t name, key, unused2;
-    int64_t seq, parent, step_n, step_seq, t0, t1;
-    union { int64_t i; double f; } value;
-} Slot;
 
 /* An exact int's value; 0 if `o` is anything else or does not fit. */
 static int
@@ -622,85 +610,7 @@ pack_record(RecorderObject *rec, PyObject *record)
     return pack_region(rec, f[1], seq, f[3] != Py_None ? &parent : NULL, f[4], t0, t1, f[7], f[8], f[9]);
 }
 
-/* The step reference of the slot unpacked last, which the next one usually shares. */
-typedef struct {
-    PyObject *ref;  /* (step_n, step_seq), or NULL before the first slot */
-    int64_t n, seq;
-    uint8_t flags;
-} LastStep;
 
-/* One slot back as the tuple it was packed from (`strings` by index). */
-static PyObject *
-unpack_slot(const Slot *slot, PyObject *strings, LastStep *last)
-{
-    Py_ssize_t n_strings = PyList_GET_SIZE(strings);
-    if (slot->name >= n_strings || ((slot->attr != A_NONE) && slot->key >= n_strings) ||
-        (slot->attr == A_STR && (slot->value.i < 0 || slot->value.i >= n_strings))) {
-        PyErr_SetString(PyExc_ValueError, "a packed record refers to a string the table does not have");
-        return NULL;
-    }
-    uint8_t step_flags = slot->flags & (F_STEP_N | F_STEP_SEQ);
-    if (last->ref == NULL || step_flags != last->flags || slot->step_n != last->n || slot->step_seq != last->seq) {
-        PyObject *n = step_flags & F_STEP_N ? PyLong_FromLongLong(slot->step_n) : Py_NewRef(Py_None);
-        PyObject *s = step_flags & F_STEP_SEQ ? PyLong_FromLongLong(slot->step_seq) : Py_NewRef(Py_None);
-        PyObject *ref = n != NULL && s != NULL ? PyTuple_Pack(2, n, s) : NULL;
-        Py_XDECREF(n);
-        Py_XDECREF(s);
-        if (ref == NULL)
-            return NULL;
-        Py_XSETREF(last->ref, ref);
-        last->flags = step_flags;
-        last->n = slot->step_n;
-        last->seq = slot->step_seq;
-    }
-    PyObject *attrs = Py_None;
-    if (slot->attr != A_NONE) {
-        PyObject *value;
-        switch (slot->attr) {
-        case A_INT: value = PyLong_FromLongLong(slot->value.i); break;
-        case A_FLOAT: value = PyFloat_FromDouble(slot->value.f); break;
-        case A_TRUE: value = Py_NewRef(Py_True); break;
-        case A_FALSE: value = Py_NewRef(Py_False); break;
-        default: value = Py_NewRef(PyList_GET_ITEM(strings, slot->value.i)); break;
-        }
-        if (value == NULL || (attrs = PyDict_New()) == NULL) {
-            Py_XDECREF(value);
-            return NULL;
-        }
-        int err = PyDict_SetItem(attrs, PyList_GET_ITEM(strings, slot->key), value);
-        Py_DECREF(value);
-        if (err < 0) {
-            Py_DECREF(attrs);
-            return NULL;
-        }
-    }
-    else
-        Py_INCREF(attrs);
-    PyObject *record = PyTuple_New(10);
-    PyObject *seq = PyLong_FromLongLong(slot->seq), *t0 = PyLong_FromLongLong(slot->t0);
-    PyObject *t1 = PyLong_FromLongLong(slot->t1);
-    PyObject *parent = slot->flags & F_PARENT ? PyLong_FromLongLong(slot->parent) : Py_NewRef(Py_None);
-    if (record == NULL || seq == NULL || t0 == NULL || t1 == NULL || parent == NULL) {
-        Py_XDECREF(record);
-        Py_XDECREF(seq);
-        Py_XDECREF(t0);
-        Py_XDECREF(t1);
-        Py_XDECREF(parent);
-        Py_DECREF(attrs);
-        return NULL;
-    }
-    PyTuple_SET_ITEM(record, 0, Py_NewRef(g_kind_span));
-    PyTuple_SET_ITEM(record, 1, Py_NewRef(PyList_GET_ITEM(strings, slot->name)));
-    PyTuple_SET_ITEM(record, 2, seq);
-    PyTuple_SET_ITEM(record, 3, parent);
-    PyTuple_SET_ITEM(record, 4, Py_NewRef(last->ref));
-    PyTuple_SET_ITEM(record, 5, t0);
-    PyTuple_SET_ITEM(record, 6, t1);
-    PyTuple_SET_ITEM(record, 7, attrs);
-    PyTuple_SET_ITEM(record, 8, Py_NewRef(Py_None));
-    PyTuple_SET_ITEM(record, 9, Py_NewRef(Py_None));
-    return record;
-}
 
 /* Append `record` (a reference stolen) to the recorder's buffer as the object it is; a full
  * one drops its oldest, counted in `dropped`. Packing, it goes in `buf` as a side record. */
@@ -869,7 +779,7 @@ rec_drain(RecorderObject *self, PyObject *arg)
                 goto fail_ref;
             continue;
         }
-        PyObject *record = unpack_slot(&slot, self->strings, &last);
+        PyObject *record = unpack_slot(&slot, self->strings, &last, g_kind_span);
         if (record == NULL || PyList_Append(out, record) < 0) {
             Py_XDECREF(record);
             goto fail_ref;
@@ -972,7 +882,7 @@ mod_unpack(PyObject *module, PyObject *args)
             record = Py_NewRef(PyList_GET_ITEM(side, next_side));
             next_side++;
         }
-        else if ((record = unpack_slot(&slot, strings, &last)) == NULL)
+        else if ((record = unpack_slot(&slot, strings, &last, g_kind_span)) == NULL)
             goto fail;
         if (is_wire != run_wire) {
             PyObject *fresh = PyList_New(0);
@@ -1984,7 +1894,8 @@ PyInit__hotpath(void)
         PyModule_AddObjectRef(m, "Region", (PyObject *)&RegionType) < 0 ||
         PyModule_AddObjectRef(m, "Step", (PyObject *)&StepType) < 0 ||
         PyModule_AddObjectRef(m, "After", (PyObject *)&AfterType) < 0 ||
-        PyModule_AddIntConstant(m, "MAX_STRINGS", MAX_STRINGS) < 0) {
+        PyModule_AddIntConstant(m, "MAX_STRINGS", MAX_STRINGS) < 0 ||
+        PyModule_AddIntConstant(m, "SLOT_SIZE", (long)sizeof(Slot)) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -88,6 +88,17 @@ class ExportPipeline:
         if export:
             self._export_pending(None)
 
+    def feed_packed(self, slots: bytes, side: list[Any], strings: list[str], offset: int,
+                    dropped: Mapping[str, int]) -> bool:
+        """`feed` for a packed drain, encoded where the slots lie (no export here:
+        `export_pending` does that); False, having done nothing, where the assembler has no C
+        fast path (the caller unpacks the drain and feeds that)."""
+        if not self.assembler.can_feed_packed():
+            return False
+        self.received += self.assembler.feed_packed(slots, side, strings, offset)
+        self.metrics.set_dropped({**dropped, "export_failed": self.failed})
+        return True
+
     def export_pending(self) -> None:
         self._export_pending(None)
 

@@ -195,6 +195,29 @@ class SpanAssembler:
             self.spans_built += len(out)
             self.emit(out)
 
+    def can_feed_packed(self) -> bool:
+        """Whether `feed_packed` can take a packed drain (the C fast path is built and on)."""
+        return self.fast and self.c_encode and _encode is not None
+
+    def feed_packed(self, slots: bytes, side: list[Any], strings: list[str], offset: int) -> int:
+        """`feed_raw` for a packed drain (`RecorderBase.drain_packed`'s slots and side records,
+        `strings` the recorder's string table so far) with no tuple made for a usual region:
+        `_encode.packed_regions` encodes those where they lie. Only where `can_feed_packed()`.
+        Returns the number of records the drain held."""
+        out: list[Any] = []
+        rest: list[tuple[Any, ...]] = []
+        durations: dict[str, list[int]] = {}
+        with self.metrics.lock if self.metrics is not None else _NO_LOCK:
+            count: int = _encode.packed_regions(slots, side, strings, offset, self.salt, self._fast_bodies,
+                                                self._fast_steps, self._fast_body, self._fast_step, durations, out, rest)
+            self._observe_all(durations)
+            for record in rest:
+                self._dispatch(to_wire(record, offset), out)
+        if out:
+            self.spans_built += len(out)
+            self.emit(out)
+        return count
+
     def flush(self) -> None:
         """Emit every held step (at shutdown, or when a caller must see everything now)."""
         out: list[ReadableSpan] = []
@@ -229,9 +252,12 @@ class SpanAssembler:
         loop = _encode.regions if _encode is not None and self.c_encode else self._fast_regions_python
         loop(records, offset, self.salt, self._fast_bodies, self._fast_steps, self._fast_body, self._fast_step,
              durations, out, rest)
+        self._observe_all(durations)
+        return rest
+
+    def _observe_all(self, durations: dict[str, list[int]]) -> None:
         for name, spans in durations.items():
             self._observe_regions(name, spans)
-        return rest
 
     @staticmethod
     def _fast_regions_python(records: Iterable[tuple[Any, ...]], offset: int, salt: int, bodies: dict[Any, bytes],

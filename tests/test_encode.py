@@ -120,3 +120,102 @@ def test_bad_arguments_raise_instead_of_crashing() -> None:
         _encode.regions([], 0, 0, [], {}, None, None, {}, [], [])
     with pytest.raises(TypeError):
         _encode.regions(None, 0, 0, {}, {}, None, None, {}, [], [])
+
+
+# --- packed drains --------------------------------------------------------------------------
+def _packed(records: list) -> tuple[int, bytes, list, list]:
+    """`records` through a packing recorder, as the exporter process gets them: the drain's
+    slots and side records, and the string table."""
+    recorder = _recorder.Recorder(len(records) + 1)
+    recorder.packing = True
+    for record in records:
+        recorder.append(record)
+    count, slots, side = recorder.drain_packed(len(records) + 1)
+    assert count == len(records) and len(side) < count  # some slots, some side records
+    return count, slots, side, list(recorder.strings)
+
+
+def _fed(records: list, packed: bool, rank: int, step_sample: int) -> tuple[list, object, int, int]:
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from otel_train._metrics import TrainMetrics
+
+    reader = InMemoryMetricReader()
+    metrics = TrainMetrics(Resource(RESOURCE), None, 60_000, [reader], "1.2", time_ns=lambda: 5)
+    out: list = []
+    assembler = SpanAssembler(RunInfo(run_id="r", rank=rank), 0xDEADBEEF12345678, Resource(RESOURCE),
+                              AttributeCleaner(16), out.extend, step_sample=step_sample, metrics=metrics,
+                              encoder=LeanEncoder(RESOURCE, "otel_train", "1.2"))
+    assert assembler.can_feed_packed()
+    if packed:
+        count, slots, side, strings = _packed(records)
+        assert assembler.feed_packed(slots, side, strings, 10**18) == count
+    else:
+        count = len(records)
+        assembler.feed_raw(records, 10**18)
+    assembler.flush()
+    return out, reader.get_metrics_data(), assembler.spans_built, count
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+@pytest.mark.parametrize("step_sample", [1, 2])
+def test_a_packed_drain_is_encoded_as_its_records_would_be(rank: int, step_sample: int) -> None:
+    """Slots encoded where they lie, side records and slots the fast path does not take (a
+    sibling span, an unusual value) through the general path: the same spans in the same order,
+    the same metrics, as the records the drain would unpack into."""
+    records = mixed_records() + _edge_records()
+    packed = _fed(records, True, rank, step_sample)
+    assert packed == _fed(records, False, rank, step_sample)
+    assert sum(type(s) is bytes for s in packed[0]) > len(packed[0]) // 2  # mostly the fast path
+
+
+def test_many_bodies_in_one_drain_are_each_their_own() -> None:
+    """More distinct name and attribute pairs than the loop keeps at hand, interleaved."""
+    clock = FakeClock()
+    recorder = _recorder.Recorder(4096, clock)
+    _recorder.install(recorder)
+    try:
+        for n in range(40):
+            with _recorder._Step(n, None):
+                for i in range(23):
+                    value = [i, float(i) / 4, i % 2 == 0, f"v{i % 5}", None][i % 5]
+                    with _recorder._Region(f"r{(i * 7 + n) % 19}", **({} if value is None else {f"k{i % 3}": value})):
+                        clock.advance(i + 1)
+    finally:
+        _recorder.install(None)
+    records = list(recorder.buf)
+    assert _fed(records, True, 0, 1) == _fed(records, False, 0, 1)
+
+
+def test_packed_regions_refuses_what_a_recorder_cannot_have_packed() -> None:
+    count, slots, side, strings = _packed(mixed_records())
+    assembler = SpanAssembler(RunInfo(run_id="r"), 1, Resource(RESOURCE), AttributeCleaner(16), lambda spans: None,
+                              encoder=LeanEncoder(RESOURCE, "otel_train", "1.2"))
+    with pytest.raises(ValueError, match="whole number"):
+        assembler.feed_packed(slots[:-1], side, strings, 0)
+    with pytest.raises(ValueError, match="more side slots"):
+        assembler.feed_packed(slots, side[:-1], strings, 0)
+    with pytest.raises(ValueError, match="more side records"):
+        assembler.feed_packed(slots, side + [side[0]], strings, 0)
+    with pytest.raises(ValueError, match="cannot have packed"):
+        assembler.feed_packed(slots, side, strings[:1], 0)
+    with pytest.raises(TypeError):
+        _encode.packed_regions(slots, side, strings, 0, 0, {}, {}, None, None, {}, [])  # eleven
+    assert _encode.SLOT_SIZE == _recorder._hotpath.SLOT_SIZE  # one layout, in `_slots.h`
+
+
+def test_packed_regions_leaks_nothing() -> None:
+    count, slots, side, strings = _packed(mixed_records())
+    assembler = SpanAssembler(RunInfo(run_id="r"), 1, Resource(RESOURCE), AttributeCleaner(16), lambda spans: None,
+                              encoder=LeanEncoder(RESOURCE, "otel_train", "1.2"))
+
+    def once() -> None:  # the C loop alone, as `test_no_leak` runs the tuple one
+        _encode.packed_regions(slots, side, strings, 10**18, 1, assembler._fast_bodies, assembler._fast_steps,
+                               assembler._fast_body, assembler._fast_step, {}, [], [])
+
+    for _ in range(50):
+        once()
+    before = sys.getallocatedblocks()
+    for _ in range(2_000):
+        once()
+    assert sys.getallocatedblocks() - before < 500
