@@ -144,6 +144,9 @@ def step_span_id(run_id: str, step: int, rank: int, restart: int = 0) -> int:
     return _id_int(_digest(_step_hasher(run_id), f"{step}/{rank}/{restart}"))
 
 
+_ZERO16, _ZERO8 = bytes(16), bytes(8)
+
+
 class StepIds:
     """`trace_id_for` and `step_span_id` of one run and rank, as the big-endian bytes of the
     ids (what the OTLP fields hold): the exporter needs both for every step, and the run's
@@ -162,6 +165,17 @@ class StepIds:
     def step_span(self, step: int) -> bytes | None:
         digest = _digest(self._step, f"{step}{self._suffix}")
         return digest if any(digest) else None
+
+    def both(self, step: int) -> tuple[bytes | None, bytes | None]:
+        """`(trace(step), step_span(step))`, the step's text made once (the exporter needs both
+        for every step)."""
+        text = str(step)
+        trace = self._trace.copy()
+        trace.update(text.encode())
+        span = self._step.copy()
+        span.update((text + self._suffix).encode())
+        trace_id, span_id = trace.digest(), span.digest()
+        return (trace_id if trace_id != _ZERO16 else None, span_id if span_id != _ZERO8 else None)
 
 
 def region_wire_id(salt: int, seq: int) -> int:

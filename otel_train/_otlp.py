@@ -53,6 +53,10 @@ REGION_HEAD_PARENT = struct.Struct("<18s2sQ2sQ2sBQBQ")
 def _varint_slow(value: int) -> bytes:
     if value < 0:
         value += 1 << 64  # int64 negatives are 10-byte two's complement varints
+    if 1 << 14 <= value < 1 << 28:  # a step number, mostly: 3 or 4 bytes without the loop
+        if value < 1 << 21:
+            return bytes((value & 0x7F | 0x80, value >> 7 & 0x7F | 0x80, value >> 14))
+        return bytes((value & 0x7F | 0x80, value >> 7 & 0x7F | 0x80, value >> 14 & 0x7F | 0x80, value >> 21))
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)

@@ -364,13 +364,12 @@ class SpanAssembler:
             found: tuple[bytes, int | None, bytes, bool, int | None] = (
                 LeanEncoder.trace_field(self._trace_id(None)), None, b"", True, None)
         else:
-            root = self._root_step_id(step_n)
+            root = None if self.run.rank == 0 else self._root_step_id(step_n)
             root_wire = wire_id(root) if root else None
-            trace = self._ids.trace(step_n) if type(step_n) is int else None
-            span = self._ids.step_span(step_n) if trace is not None else None
-            if span is not None:  # the usual step: the ids' bytes as they go on the wire
-                found = (b"\x0a\x10" + trace, int.from_bytes(span, "little"),  # type: ignore[operator]
-                         self._step_number(step_n), self._sampled(step_n), root_wire)
+            trace, span = self._ids.both(step_n) if type(step_n) is int else (None, None)
+            if trace is not None and span is not None:  # the usual step: the ids' bytes as they go on the wire
+                found = (b"\x0a\x10" + trace, int.from_bytes(span, "little"), self._step_number(step_n),
+                         self.step_sample == 1 or step_n % self.step_sample == 0, root_wire)
             else:
                 found = (LeanEncoder.trace_field(self._trace_id(step_n)), wire_id(self._step_span_id(step_n)),
                          self._step_number(step_n), self._sampled(step_n), root_wire)

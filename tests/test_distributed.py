@@ -58,6 +58,7 @@ def test_the_exporters_step_ids_are_the_same_ids_as_bytes() -> None:
     for step in (0, 1, 5, 10**12):
         assert ids.trace(step) == trace_id_for("run-a", step).to_bytes(16, "big")
         assert ids.step_span(step) == step_span_id("run-a", step, 3, 2).to_bytes(8, "big")
+        assert ids.both(step) == (ids.trace(step), ids.step_span(step))
 
 
 def test_region_span_ids_are_unique_and_nonzero() -> None:

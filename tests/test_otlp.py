@@ -179,3 +179,16 @@ def test_fast_path_encodes_exactly_what_the_general_path_does(rank: int, c_encod
     assert next(kv.value.string_value for kv in forward.attributes if kv.key == "x.s") == "é" * 16  # capped
     step = next(s for s in fast_spans if s.name == "train.step")
     assert bool(step.parent_span_id) == (rank == 1) and bool(step.flags & 0x200) == (rank == 1)
+
+
+def test_int_values_round_trip_through_protobuf_at_every_varint_length() -> None:
+    """Every varint length the encoder writes (1-10 bytes, the 3- and 4-byte shortcuts included),
+    negatives as 10-byte two's complement, read back by the official message."""
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+    from otel_train._otlp import _any_value
+
+    values = [0, 1, 127, 128, 16383] + [(1 << k) + d for k in range(14, 63) for d in (-1, 0, 1)]
+    values += [-1, -128, -(1 << 31), -(1 << 63), (1 << 63) - 1]
+    for value in values:
+        assert AnyValue.FromString(_any_value(value)).int_value == value, value
