@@ -440,7 +440,8 @@ static PyObject *packed_regions(PyObject *module, PyObject *const *args, Py_ssiz
         return NULL;
     }
     Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+    Py_ssize_t count, next_side = 0, n_strings = PyList_GET_SIZE(strings);
+    if (slots_open(args[0], &view, &count, "packed_regions") < 0) {
         return NULL;
     }
     Memo memo[MEMO];
@@ -448,20 +449,12 @@ static PyObject *packed_regions(PyObject *module, PyObject *const *args, Py_ssiz
     int next_memo = 0;
     LastStep last = {NULL, 0, 0, 0};
     PyObject *result = NULL;
-    Py_ssize_t next_side = 0, n_strings = PyList_GET_SIZE(strings), count = view.len / (Py_ssize_t)sizeof(Slot);
-    if (view.len % (Py_ssize_t)sizeof(Slot)) {
-        PyErr_SetString(PyExc_ValueError, "packed_regions: not a whole number of slots");
-        goto done;
-    }
     for (Py_ssize_t i = 0; i < count; i++) {
         Slot slot;
-        memcpy(&slot, (const char *)view.buf + i * (Py_ssize_t)sizeof(Slot), sizeof slot);
+        slot_at(&view, i, &slot);
         if (slot.tag == SLOT_SIDE) { /* an object, as the tuple loop takes it */
-            if (next_side >= PyList_GET_SIZE(side)) {
-                PyErr_SetString(PyExc_ValueError, "packed_regions: more side slots than side records");
-                goto done;
-            }
-            if (take_record(&c, PyList_GET_ITEM(side, next_side++)) < 0) {
+            PyObject *record = side_record(side, &next_side, "packed_regions");
+            if (record == NULL || take_record(&c, record) < 0) {
                 goto done;
             }
             continue;
@@ -495,8 +488,7 @@ static PyObject *packed_regions(PyObject *module, PyObject *const *args, Py_ssiz
             goto done;
         }
     }
-    if (next_side != PyList_GET_SIZE(side)) {
-        PyErr_SetString(PyExc_ValueError, "packed_regions: more side records than side slots");
+    if (sides_done(side, next_side, "packed_regions") < 0) {
         goto done;
     }
     result = PyLong_FromSsize_t(count);

@@ -243,15 +243,23 @@ static PyTypeObject RecorderType = {
     .tp_members = rec_members,
 };
 
+#ifdef __linux__
+/* time.perf_counter_ns() without the call: CLOCK_MONOTONIC, which is what it reads on Linux. */
+static int64_t
+monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+#endif
+
 static PyObject *
 rec_now(RecorderObject *r)
 {
 #ifdef __linux__
-    if (r->fast_clock) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return PyLong_FromLongLong((long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
-    }
+    if (r->fast_clock)
+        return PyLong_FromLongLong(monotonic_ns());
 #endif
     return PyObject_CallNoArgs(r->now);
 }
@@ -262,9 +270,7 @@ rec_now_ns(RecorderObject *r, int64_t *out)
 {
 #ifdef __linux__
     if (r->fast_clock) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        *out = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+        *out = monotonic_ns();
         return 0;
     }
 #endif
@@ -852,35 +858,27 @@ mod_unpack(PyObject *module, PyObject *args)
         return NULL;
     }
     Py_buffer view;
-    if (PyObject_GetBuffer(slots_obj, &view, PyBUF_SIMPLE) < 0)
+    Py_ssize_t n, next_side = 0;
+    if (slots_open(slots_obj, &view, &n, "unpack") < 0)
         return NULL;
     PyObject *segments = PyList_New(0), *run = NULL;
     int run_wire = -1;
     LastStep last = {NULL, 0, 0, 0};
-    Py_ssize_t next_side = 0, n = view.len / (Py_ssize_t)sizeof(Slot);
     if (segments == NULL)
         goto fail;
-    if (view.len % (Py_ssize_t)sizeof(Slot)) {
-        PyErr_SetString(PyExc_ValueError, "unpack: not a whole number of slots");
-        goto fail;
-    }
     for (Py_ssize_t i = 0; i < n; i++) {
         Slot slot;
-        memcpy(&slot, (const char *)view.buf + i * (Py_ssize_t)sizeof(Slot), sizeof slot);
+        slot_at(&view, i, &slot);
         PyObject *record;
         int is_wire = 0;
         if (slot.tag == SLOT_SIDE) {
-            if (next_side >= PyList_GET_SIZE(side)) {
-                PyErr_SetString(PyExc_ValueError, "unpack: more side slots than side records");
+            Py_ssize_t at = next_side;
+            PyObject *found = side_record(side, &next_side, "unpack");
+            if (found == NULL)
                 goto fail;
-            }
-            if (wire != Py_None) {
-                is_wire = PyObject_IsTrue(PyList_GET_ITEM(wire, next_side));
-                if (is_wire < 0)
-                    goto fail;
-            }
-            record = Py_NewRef(PyList_GET_ITEM(side, next_side));
-            next_side++;
+            if (wire != Py_None && (is_wire = PyObject_IsTrue(PyList_GET_ITEM(wire, at))) < 0)
+                goto fail;
+            record = Py_NewRef(found);
         }
         else if ((record = unpack_slot(&slot, strings, &last, g_kind_span)) == NULL)
             goto fail;
@@ -902,10 +900,8 @@ mod_unpack(PyObject *module, PyObject *args)
         if (err < 0)
             goto fail;
     }
-    if (next_side != PyList_GET_SIZE(side)) {
-        PyErr_SetString(PyExc_ValueError, "unpack: more side records than side slots");
+    if (sides_done(side, next_side, "unpack") < 0)
         goto fail;
-    }
     PyBuffer_Release(&view);
     Py_XDECREF(run);
     Py_XDECREF(last.ref);
@@ -1174,29 +1170,11 @@ region_exit(RegionObject *self, PyObject *const *args, Py_ssize_t nargs)
                 Py_RETURN_NONE;
             }
         }
-        PyObject *seq = has_times ? PyLong_FromLongLong(self->seq) : Py_NewRef(Py_None);
-        PyObject *t0 = has_times ? PyLong_FromLongLong(self->t0) : Py_NewRef(Py_None);
-        PyObject *t1 = PyLong_FromLongLong(self->t1);
-        PyObject *pseq = parent_seq != NULL ? PyLong_FromLongLong(*parent_seq) : Py_NewRef(Py_None);
-        record = seq && t0 && t1 && pseq ? PyTuple_New(10) : NULL;
-        if (record == NULL) {
-            Py_XDECREF(seq);
-            Py_XDECREF(t0);
-            Py_XDECREF(t1);
-            Py_XDECREF(pseq);
-            Py_DECREF(step_ref);
+        record = region_record(g_kind_span, self->name, has_times ? &self->seq : NULL, parent_seq, step_ref,
+                               has_times ? &self->t0 : NULL, self->t1, attrs, args[0], events);
+        Py_DECREF(step_ref);
+        if (record == NULL)
             return NULL;
-        }
-        PyTuple_SET_ITEM(record, 0, Py_NewRef(g_kind_span));
-        PyTuple_SET_ITEM(record, 1, Py_NewRef(self->name));
-        PyTuple_SET_ITEM(record, 2, seq);
-        PyTuple_SET_ITEM(record, 3, pseq);
-        PyTuple_SET_ITEM(record, 4, step_ref);
-        PyTuple_SET_ITEM(record, 5, t0);
-        PyTuple_SET_ITEM(record, 6, t1);
-        PyTuple_SET_ITEM(record, 7, Py_NewRef(attrs));
-        PyTuple_SET_ITEM(record, 8, Py_NewRef(args[0]));
-        PyTuple_SET_ITEM(record, 9, Py_NewRef(events));
         untrack_if_atomic(record);
     }
     else {

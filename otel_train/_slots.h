@@ -7,6 +7,7 @@
 
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 #define SLOT_SIDE 0
 #define SLOT_REGION 1
@@ -29,6 +30,38 @@ typedef struct {
     int64_t n, seq;
     uint8_t flags;
 } LastStep;
+
+/* A region's record tuple (`_recorder`'s KIND_SPAN layout) from its numbers, NULL for None
+ * (`seq`, `parent_seq`, `t0`); the objects are borrowed. The C region's exit and `unpack_slot`
+ * both make it. */
+static PyObject *
+region_record(PyObject *kind_span, PyObject *name, const int64_t *seq, const int64_t *parent_seq, PyObject *step_ref,
+              const int64_t *t0, int64_t t1, PyObject *attrs, PyObject *exc, PyObject *events)
+{
+    PyObject *numbers[4] = {
+        seq != NULL ? PyLong_FromLongLong(*seq) : Py_NewRef(Py_None),
+        parent_seq != NULL ? PyLong_FromLongLong(*parent_seq) : Py_NewRef(Py_None),
+        t0 != NULL ? PyLong_FromLongLong(*t0) : Py_NewRef(Py_None),
+        PyLong_FromLongLong(t1),
+    };
+    PyObject *record = numbers[0] && numbers[1] && numbers[2] && numbers[3] ? PyTuple_New(10) : NULL;
+    if (record == NULL) {
+        for (int i = 0; i < 4; i++)
+            Py_XDECREF(numbers[i]);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(record, 0, Py_NewRef(kind_span));
+    PyTuple_SET_ITEM(record, 1, Py_NewRef(name));
+    PyTuple_SET_ITEM(record, 2, numbers[0]);
+    PyTuple_SET_ITEM(record, 3, numbers[1]);
+    PyTuple_SET_ITEM(record, 4, Py_NewRef(step_ref));
+    PyTuple_SET_ITEM(record, 5, numbers[2]);
+    PyTuple_SET_ITEM(record, 6, numbers[3]);
+    PyTuple_SET_ITEM(record, 7, Py_NewRef(attrs));
+    PyTuple_SET_ITEM(record, 8, Py_NewRef(exc));
+    PyTuple_SET_ITEM(record, 9, Py_NewRef(events));
+    return record;
+}
 
 /* One slot back as the tuple it was packed from (`strings` by index). */
 static PyObject *
@@ -77,30 +110,56 @@ unpack_slot(const Slot *slot, PyObject *strings, LastStep *last, PyObject *kind_
     }
     else
         Py_INCREF(attrs);
-    PyObject *record = PyTuple_New(10);
-    PyObject *seq = PyLong_FromLongLong(slot->seq), *t0 = PyLong_FromLongLong(slot->t0);
-    PyObject *t1 = PyLong_FromLongLong(slot->t1);
-    PyObject *parent = slot->flags & F_PARENT ? PyLong_FromLongLong(slot->parent) : Py_NewRef(Py_None);
-    if (record == NULL || seq == NULL || t0 == NULL || t1 == NULL || parent == NULL) {
-        Py_XDECREF(record);
-        Py_XDECREF(seq);
-        Py_XDECREF(t0);
-        Py_XDECREF(t1);
-        Py_XDECREF(parent);
-        Py_DECREF(attrs);
+    PyObject *record = region_record(kind_span, PyList_GET_ITEM(strings, slot->name), &slot->seq,
+                                     slot->flags & F_PARENT ? &slot->parent : NULL, last->ref, &slot->t0, slot->t1,
+                                     attrs, Py_None, Py_None);
+    Py_DECREF(attrs);
+    return record;
+}
+
+/* `obj`'s bytes as slots: 0 with `view` held and `*count` set, or -1 with an error (`who`, the
+ * caller's name, begins its message). */
+static int
+slots_open(PyObject *obj, Py_buffer *view, Py_ssize_t *count, const char *who)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (view->len % (Py_ssize_t)sizeof(Slot)) {
+        PyErr_Format(PyExc_ValueError, "%s: not a whole number of slots", who);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    *count = view->len / (Py_ssize_t)sizeof(Slot);
+    return 0;
+}
+
+/* Slot `i` of `view`, copied out (a bytes object's data need not be aligned for one). */
+static void
+slot_at(const Py_buffer *view, Py_ssize_t i, Slot *slot)
+{
+    memcpy(slot, (const char *)view->buf + i * (Py_ssize_t)sizeof(Slot), sizeof *slot);
+}
+
+/* The side record the next SIDE slot stands for (borrowed; `*next` moves on), or NULL with an
+ * error when `side` has no more. */
+static PyObject *
+side_record(PyObject *side, Py_ssize_t *next, const char *who)
+{
+    if (*next >= PyList_GET_SIZE(side)) {
+        PyErr_Format(PyExc_ValueError, "%s: more side slots than side records", who);
         return NULL;
     }
-    PyTuple_SET_ITEM(record, 0, Py_NewRef(kind_span));
-    PyTuple_SET_ITEM(record, 1, Py_NewRef(PyList_GET_ITEM(strings, slot->name)));
-    PyTuple_SET_ITEM(record, 2, seq);
-    PyTuple_SET_ITEM(record, 3, parent);
-    PyTuple_SET_ITEM(record, 4, Py_NewRef(last->ref));
-    PyTuple_SET_ITEM(record, 5, t0);
-    PyTuple_SET_ITEM(record, 6, t1);
-    PyTuple_SET_ITEM(record, 7, attrs);
-    PyTuple_SET_ITEM(record, 8, Py_NewRef(Py_None));
-    PyTuple_SET_ITEM(record, 9, Py_NewRef(Py_None));
-    return record;
+    return PyList_GET_ITEM(side, (*next)++);
+}
+
+/* 0 when the slots took every side record, else -1 with an error. */
+static int
+sides_done(PyObject *side, Py_ssize_t next, const char *who)
+{
+    if (next == PyList_GET_SIZE(side))
+        return 0;
+    PyErr_Format(PyExc_ValueError, "%s: more side records than side slots", who);
+    return -1;
 }
 
 #endif

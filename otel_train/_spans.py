@@ -180,9 +180,7 @@ class SpanAssembler:
         out: list[Any] = []
         for wire in records:
             self._dispatch(wire, out)
-        if out:
-            self.spans_built += len(out)
-            self.emit(out)
+        self._emit_all(out)
 
     def feed_raw(self, records: Iterable[tuple[Any, ...]], offset: int) -> None:
         """Hot-path tuples as the recorder appended them, with the perf-to-wall `offset`."""
@@ -191,9 +189,7 @@ class SpanAssembler:
         with self.metrics.lock if self.metrics is not None else _NO_LOCK:
             for record in self._fast_regions(records, offset, out) if self.fast else records:
                 self._dispatch(to_wire(record, offset), out)
-        if out:
-            self.spans_built += len(out)
-            self.emit(out)
+        self._emit_all(out)
 
     def can_feed_packed(self) -> bool:
         """Whether `feed_packed` can take a packed drain (the C fast path is built and on)."""
@@ -213,9 +209,7 @@ class SpanAssembler:
             self._observe_all(durations)
             for record in rest:
                 self._dispatch(to_wire(record, offset), out)
-        if out:
-            self.spans_built += len(out)
-            self.emit(out)
+        self._emit_all(out)
         return count
 
     def flush(self) -> None:
@@ -223,6 +217,9 @@ class SpanAssembler:
         out: list[ReadableSpan] = []
         for seq in sorted(self._held):
             self._emit_step(self._held.pop(seq), out)
+        self._emit_all(out)
+
+    def _emit_all(self, out: list[Any]) -> None:
         if out:
             self.spans_built += len(out)
             self.emit(out)
