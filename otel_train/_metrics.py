@@ -230,6 +230,11 @@ class TrainMetrics:
                         gauge.set(count / duration_s, self._time_ns())
             self._observe_device(semconv.SPAN_STEP, attrs)
 
+    def observe_step_time(self, duration_s: float) -> None:
+        """A step span's own time alone: `observe_step` for a step with no throughput or device attribute."""
+        with self.lock:
+            self.step_duration.record(duration_s)
+
     def observe(self, name: str, duration_s: float, attrs: Mapping[str, Any]) -> None:
         if name == semconv.SPAN_STEP:
             self.observe_step(duration_s, attrs)

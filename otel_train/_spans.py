@@ -128,13 +128,18 @@ def _describe(value: Any) -> str:
 
 
 class _HeldStep:
-    __slots__ = ("wire", "tags", "events", "time_s")
+    """A step waiting for the next one (`SpanAssembler._on_step`). `lean`: the encoded
+    `train.epoch` / `train.micro_batches` fields of a usual step (`SpanAssembler._lean_step`),
+    which is emitted without cleaning or re-encoding those while nothing is added to it."""
 
-    def __init__(self, wire: tuple[Any, ...], time_s: float) -> None:
+    __slots__ = ("wire", "tags", "events", "time_s", "lean")
+
+    def __init__(self, wire: tuple[Any, ...], time_s: float, lean: bytes | None = None) -> None:
         self.wire = wire
         self.tags: list[str] = list(wire[W_ATTRS].pop(semconv.TRAIN_STEP_TAGS, ()))
         self.events: list[tuple[str, int, Any]] = list(wire[W_EVENTS] or ())
         self.time_s = time_s
+        self.lean = lean
 
 
 class SpanAssembler:
@@ -161,10 +166,12 @@ class SpanAssembler:
         self.encoder = encoder  # if set: plain tuples (or bytes) for it, not ReadableSpans
         self.fast = encoder is not None  # `feed_raw` may encode usual records directly (tests turn it off)
         self.c_encode = True  # `_fast_regions` in C where `_encode` was built (tests compare it with Python)
+        self.lean_steps = True  # usual step records by `_lean_step` in fast mode (tests turn it off)
         self._windows: dict[str, tuple[Sequence[float], list[Any]]] = {}
         self._attr_kvs: dict[tuple[str, Any, type, Any], bytes] = {}
         self._fast_bodies: dict[Any, bytes] = {}  # `_fast_body`'s: name field + user attribute fields
         self._fast_steps: dict[int | None, tuple[bytes, int | None, bytes, bool, int | None]] = {}
+        self._lean_kvs: dict[tuple[int | None, int], bytes] = {}  # `_lean_step`'s, by (epoch, micro-batches)
         self._held: dict[int, _HeldStep] = {}
         self._orphans: dict[int, list[tuple[int, Any]]] = {}
         self._siblings: deque[tuple[int, int]] = deque(maxlen=256)
@@ -187,8 +194,7 @@ class SpanAssembler:
         out: list[Any] = []
         # One lock for the batch: the fast path adds to metric windows itself.
         with self.metrics.lock if self.metrics is not None else _NO_LOCK:
-            for record in self._fast_regions(records, offset, out) if self.fast else records:
-                self._dispatch(to_wire(record, offset), out)
+            self._dispatch_records(self._fast_regions(records, offset, out) if self.fast else records, offset, out)
         self._emit_all(out)
 
     def can_feed_packed(self) -> bool:
@@ -207,8 +213,7 @@ class SpanAssembler:
             count: int = _encode.packed_regions(slots, side, strings, offset, self.salt, self._fast_bodies,
                                                 self._fast_steps, self._fast_body, self._fast_step, durations, out, rest)
             self._observe_all(durations)
-            for record in rest:
-                self._dispatch(to_wire(record, offset), out)
+            self._dispatch_records(rest, offset, out)
         self._emit_all(out)
         return count
 
@@ -225,6 +230,13 @@ class SpanAssembler:
             self.emit(out)
 
     # -- records -----------------------------------------------------------------------
+    def _dispatch_records(self, records: Iterable[Any], offset: int, out: list[Any]) -> None:
+        """Hot-path records the fast regions left: a usual step record the lean way, the rest as wire tuples."""
+        lean = self.fast and self.lean_steps
+        for record in records:
+            if not (lean and type(record) is tuple and record[0] == KIND_STEP and self._lean_step(record, offset, out)):
+                self._dispatch(to_wire(record, offset), out)
+
     def _dispatch(self, wire: tuple[Any, ...], out: list[Any]) -> None:
         kind = wire[0]
         if kind == KIND_SPAN:
@@ -458,6 +470,53 @@ class SpanAssembler:
         out.append(self._build(name, self._trace_id(step_n), region_span_id(self.salt, wire[W_SEQ]),
                                parent_id, False, wire, attrs, wire[W_EVENTS], None))
 
+    def _lean_step(self, record: tuple[Any, ...], offset: int, out: list[Any]) -> bool:
+        """`_on_step` for a usual step record as the recorder appended it (`_recorder`'s KIND_STEP
+        tuple): no user attributes, tags, events, links or exception, and int step number, epoch
+        and micro-batch count. It is held with its epoch and micro-batch fields encoded
+        already, and no wire tuple's dict is cleaned at its emission (`_emit_lean_step`). False,
+        with nothing done: not such a record (or notes arrived before it), the general way."""
+        _, seq, n, t0, t1, attrs, epoch, micro_batches, tags, events, links, exc = record
+        if (attrs or tags or events or links or exc is not None or type(n) is not int
+                or type(micro_batches) is not int or (epoch is not None and type(epoch) is not int)
+                or seq in self._orphans):
+            return False
+        key = (epoch, micro_batches)
+        lean = self._lean_kvs.get(key)
+        if lean is None:
+            lean = self._lean_fields(epoch, micro_batches)
+            if lean is None:
+                return False
+        t0 += offset
+        t1 += offset
+        prev = self._prev_step_end
+        start = prev if prev is not None and prev < t1 else t0
+        own_ns = (t1 - start) - (self._sibling_ns(start, t1) if self._siblings else 0)
+        self._prev_step_end = t1
+        held = self._held
+        if held:
+            for earlier in [s for s in held if s < seq]:
+                self._emit_step(held.pop(earlier), out)
+        wire_attrs: dict[str, Any] = {} if epoch is None else {semconv.TRAIN_EPOCH: epoch}
+        if micro_batches:
+            wire_attrs[semconv.TRAIN_MICRO_BATCHES] = micro_batches
+        held[seq] = _HeldStep((KIND_STEP, semconv.SPAN_STEP, seq, None, n, seq, t0, t1, wire_attrs, None, None,
+                               None, False, None), max(own_ns, 0) / 1e9, lean)
+        return True
+
+    def _lean_fields(self, epoch: int | None, micro_batches: int) -> bytes | None:
+        """The encoded epoch and micro-batch fields `_lean_step` holds a step with (cached), None
+        where the cleaner would change a value (past 64 bits)."""
+        attrs: dict[str, Any] = {} if epoch is None else {semconv.TRAIN_EPOCH: epoch}
+        if micro_batches:
+            attrs[semconv.TRAIN_MICRO_BATCHES] = micro_batches
+        if any(not -(1 << 63) <= value < (1 << 63) for value in attrs.values()):
+            return None
+        if len(self._lean_kvs) >= _CACHE_MAX:
+            self._lean_kvs.clear()
+        lean = self._lean_kvs[(epoch, micro_batches)] = self.encoder.attributes(attrs)  # type: ignore[union-attr]
+        return lean
+
     def _on_step(self, wire: tuple[Any, ...], out: list[ReadableSpan]) -> None:
         t0, t1 = wire[W_T0], wire[W_T1]
         # The step's boundary is when the device finished its last work (its end event, mapped
@@ -503,6 +562,9 @@ class SpanAssembler:
         self._orphans.setdefault(step_seq, []).append((kind, payload))
 
     def _emit_step(self, held: _HeldStep, out: list[ReadableSpan]) -> None:
+        if held.lean is not None and not held.tags and not held.events:
+            self._emit_lean_step(held, out)
+            return
         wire = held.wire
         step_n = wire[W_STEP]
         attrs = self.cleaner.clean(semconv.SPAN_STEP, wire[W_ATTRS])
@@ -524,6 +586,22 @@ class SpanAssembler:
         parent = self._root_step_id(step_n)
         out.append(self._build(semconv.SPAN_STEP, self._trace_id(step_n), self._step_span_id(step_n), parent,
                                parent is not None, wire, attrs, held.events, wire[W_LINKS]))
+
+    def _emit_lean_step(self, held: _HeldStep, out: list[Any]) -> None:
+        """`_emit_step` for a step `_lean_step` held that nothing was added to since: the same
+        metric and the same bytes, from its encoded fields."""
+        wire = held.wire
+        step_n, time_s = wire[W_STEP], held.time_s
+        if self.metrics is not None:
+            self.metrics.observe_step_time(time_s)
+        if not (self.step_sample == 1 or step_n % self.step_sample == 0):
+            return
+        trace_field, step_wire, step_kv, _, root_wire = self._fast_steps.get(step_n) or self._fast_step(step_n)
+        encoder = self.encoder
+        out.append(encoder.region(semconv.SPAN_STEP, trace_field, step_wire, root_wire,  # type: ignore[union-attr]
+                                  wire[W_T0], wire[W_T1],
+                                  held.lean + step_kv + encoder.float_attribute(semconv.TRAIN_STEP_TIME_S, time_s),  # type: ignore[union-attr,operator]
+                                  remote=root_wire is not None))
 
     # -- helpers -----------------------------------------------------------------------
     def _sampled(self, step_n: int | None) -> bool:

@@ -93,7 +93,8 @@ def test_batches_fill_each_request_greedily_and_a_huge_span_goes_alone() -> None
         assert encoder.batches(spans, 12, exact)[0].count == min(2, len(spans))
 
 
-def _assemble(records: list, offset: int, fast: bool, rank: int, c_encode: bool = True) -> tuple[list, object, int]:
+def _assemble(records: list, offset: int, fast: bool, rank: int, c_encode: bool = True, lean_steps: bool = True,
+              step_sample: int = 1) -> tuple[list, object, int]:
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from otel_train._distributed import RunInfo
@@ -105,9 +106,10 @@ def _assemble(records: list, offset: int, fast: bool, rank: int, c_encode: bool 
     metrics = TrainMetrics(Resource(RESOURCE), None, 60_000, [reader], "1.2", time_ns=lambda: 5)
     out: list = []
     assembler = SpanAssembler(RunInfo(run_id="r", rank=rank), 12345, Resource(RESOURCE), AttributeCleaner(16), out.extend,
-                              metrics=metrics, version="1.2", encoder=encoder)
+                              step_sample=step_sample, metrics=metrics, version="1.2", encoder=encoder)
     assembler.fast = fast
     assembler.c_encode = c_encode
+    assembler.lean_steps = lean_steps
     assembler.feed_raw(records, offset)
     assembler.flush()
     (batch,) = encoder.batches(out, len(out), 1 << 30)
@@ -179,6 +181,78 @@ def test_fast_path_encodes_exactly_what_the_general_path_does(rank: int, c_encod
     assert next(kv.value.string_value for kv in forward.attributes if kv.key == "x.s") == "é" * 16  # capped
     step = next(s for s in fast_spans if s.name == "train.step")
     assert bool(step.parent_span_id) == (rank == 1) and bool(step.flags & 0x200) == (rank == 1)
+
+
+def step_records() -> list:
+    """Steps as automatic detection records them (epoch, micro-batches) between usual regions,
+    and each way a step leaves the lean path: a tag during it, a tag after it, user attributes,
+    a GC pause in it, an epoch beyond int64, a tag record that arrives before its step's record
+    (an orphan); a checkpoint inside a lean step's time, a step number beyond int64, and a step
+    that ends the batch (held until the flush)."""
+    from otel_train import _recorder
+    from otel_train._clock import FakeClock
+
+    clock = FakeClock()
+    recorder = _recorder.Recorder(1024, clock)
+    _recorder.install(recorder)
+    try:
+        for n, epoch in ((0, None), (1, 0), (2, 0), (3, 1), (4, 1), (2**70, 1), (6, 2**70), (7, 2), (8, 2), (9, 2)):
+            step = _recorder.begin_step(n, epoch, {"x.user": 1} if n == 4 else None, clock.now_ns)
+            assert step is not None
+            for mb in range(2 if n % 2 else 1):
+                with _recorder._Region("train.forward", **{"train.micro_batch": mb}):
+                    clock.advance(1_000 + n % 97)
+                step.micro_batches = mb + 1
+            if n == 2:
+                _recorder.tag("during")
+            if n == 8:
+                _recorder.record("train.gc", None, clock.now_ns - 500, clock.now_ns - 100)
+            clock.advance(300)
+            _recorder.end_step()
+            if n == 3:
+                _recorder.tag("after")
+            if n == 8:  # a checkpoint after step 8: inside step 9's time, which leaves it out
+                _recorder.record("train.checkpoint", None, clock.now_ns + 10, clock.now_ns + 40)
+            clock.advance(50)
+    finally:
+        _recorder.install(None)
+    records = list(recorder.buf)
+    step_at = next(i for i, r in enumerate(records) if r[0] == _recorder.KIND_STEP and r[2] == 7)
+    seq = records[step_at][1]
+    records.insert(step_at - 1, (_recorder.KIND_TAG, (7, seq), "early"))  # before its step record
+    return records
+
+
+@pytest.mark.parametrize("step_sample", [1, 2])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_lean_steps_encode_exactly_what_the_general_path_does(rank: int, step_sample: int,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A usual step record is held and emitted without a wire tuple's attributes cleaned and
+    encoded again (`SpanAssembler._lean_step`); the bytes and metrics must be the same as the
+    general path's, and every step that cannot go that way must leave it."""
+    from otel_train._spans import SpanAssembler
+
+    lean_steps: list[int] = []
+    emit_lean = SpanAssembler._emit_lean_step
+
+    def counting(self, held, out) -> None:  # type: ignore[no-untyped-def]
+        lean_steps.append(held.wire[4])
+        emit_lean(self, held, out)
+
+    monkeypatch.setattr(SpanAssembler, "_emit_lean_step", counting)
+    records = step_records()
+    lean, lean_metrics, _ = _assemble(records, 10**18, fast=True, rank=rank, lean_steps=True, step_sample=step_sample)
+    general, general_metrics, _ = _assemble(records, 10**18, fast=True, rank=rank, lean_steps=False,
+                                            step_sample=step_sample)
+    assert lean == general
+    assert lean_metrics == general_metrics
+    # 2 tagged during, 3 tagged after, 4 with user attributes, 6 an epoch beyond int64, 7 an orphan,
+    # 8 tagged by its GC pause; a step number beyond int64 goes as a string either way
+    assert sorted(lean_steps) == [0, 1, 9, 2**70]
+    numbers = sorted((int(v.string_value) if v.HasField("string_value") else v.int_value)
+                     for s in lean if s.name == "train.step"
+                     for v in [next(kv.value for kv in s.attributes if kv.key == "train.step")])
+    assert numbers == [n for n in (0, 1, 2, 3, 4, 6, 7, 8, 9, 2**70) if n % step_sample == 0]
 
 
 def test_int_values_round_trip_through_protobuf_at_every_varint_length() -> None:
