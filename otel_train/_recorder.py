@@ -471,8 +471,8 @@ def _error(exc: Any) -> tuple[str | None, bool]:
     return exc.__name__, False
 
 
-def _step_wire(seq: int, n: int, t0: int, t1: int, attrs: Any, epoch: Any, micro_batches: int, tags: Any,
-               events: Any, links: Any, exc: Any, dev: Any, offset: int) -> tuple[Any, ...]:
+def step_wire_attrs(attrs: Any, epoch: Any, micro_batches: int, tags: Any = None) -> dict[str, Any]:
+    """A step's wire attributes: its user attributes, then epoch, micro-batch count and tags."""
     out = dict(attrs) if attrs else {}
     if epoch is not None:
         out[semconv.TRAIN_EPOCH] = epoch
@@ -480,6 +480,12 @@ def _step_wire(seq: int, n: int, t0: int, t1: int, attrs: Any, epoch: Any, micro
         out[semconv.TRAIN_MICRO_BATCHES] = micro_batches
     if tags:
         out[semconv.TRAIN_STEP_TAGS] = [*tags]
+    return out
+
+
+def _step_wire(seq: int, n: int, t0: int, t1: int, attrs: Any, epoch: Any, micro_batches: int, tags: Any,
+               events: Any, links: Any, exc: Any, dev: Any, offset: int) -> tuple[Any, ...]:
+    out = step_wire_attrs(attrs, epoch, micro_batches, tags)
     error, truncated = _error(exc)
     return (KIND_STEP, semconv.SPAN_STEP, seq, None, n, seq, t0 + offset, t1 + offset, out,
             _events(events, offset), [dict(c) if isinstance(c, Mapping) else c for c in links] if links else None,

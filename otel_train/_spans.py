@@ -32,7 +32,7 @@ from otel_train._otlp import (KIND_INTERNAL, REGION_HEAD, REGION_HEAD_PARENT, RE
                               TAIL_LOCAL, LeanEncoder, region_prefix)
 from otel_train._recorder import (KIND_EVENT, KIND_SPAN, KIND_STEP, KIND_TAG, W_ATTRS, W_DEV, W_ERROR,
                                   W_EVENTS, W_LINKS, W_NAME, W_PARENT, W_SEQ, W_STEP, W_STEP_SEQ, W_T0,
-                                  W_T1, W_TRUNC, to_wire)
+                                  W_T1, W_TRUNC, step_wire_attrs, to_wire)
 
 try:  # the fast path in C (`_encode.c`); `SpanAssembler._fast_regions_python` is the fallback
     from otel_train import _encode
@@ -473,43 +473,27 @@ class SpanAssembler:
     def _lean_step(self, record: tuple[Any, ...], offset: int, out: list[Any]) -> bool:
         """`_on_step` for a usual step record as the recorder appended it (`_recorder`'s KIND_STEP
         tuple): no user attributes, tags, events, links or exception, and int step number, epoch
-        and micro-batch count. It is held with its epoch and micro-batch fields encoded
-        already, and no wire tuple's dict is cleaned at its emission (`_emit_lean_step`). False,
-        with nothing done: not such a record (or notes arrived before it), the general way."""
+        and micro-batch count. It is held (`_hold`) with its epoch and micro-batch fields encoded
+        already, and emitted from them unless a note joins it (`_emit_step`). False, with
+        nothing done: not such a record, the general way."""
         _, seq, n, t0, t1, attrs, epoch, micro_batches, tags, events, links, exc = record
         if (attrs or tags or events or links or exc is not None or type(n) is not int
-                or type(micro_batches) is not int or (epoch is not None and type(epoch) is not int)
-                or seq in self._orphans):
+                or type(micro_batches) is not int or (epoch is not None and type(epoch) is not int)):
             return False
-        key = (epoch, micro_batches)
-        lean = self._lean_kvs.get(key)
+        wire_attrs = step_wire_attrs(None, epoch, micro_batches)
+        lean = self._lean_kvs.get((epoch, micro_batches))
         if lean is None:
-            lean = self._lean_fields(epoch, micro_batches)
+            lean = self._lean_fields(epoch, micro_batches, wire_attrs)
             if lean is None:
                 return False
-        t0 += offset
         t1 += offset
-        prev = self._prev_step_end
-        start = prev if prev is not None and prev < t1 else t0
-        own_ns = (t1 - start) - (self._sibling_ns(start, t1) if self._siblings else 0)
-        self._prev_step_end = t1
-        held = self._held
-        if held:
-            for earlier in [s for s in held if s < seq]:
-                self._emit_step(held.pop(earlier), out)
-        wire_attrs: dict[str, Any] = {} if epoch is None else {semconv.TRAIN_EPOCH: epoch}
-        if micro_batches:
-            wire_attrs[semconv.TRAIN_MICRO_BATCHES] = micro_batches
-        held[seq] = _HeldStep((KIND_STEP, semconv.SPAN_STEP, seq, None, n, seq, t0, t1, wire_attrs, None, None,
-                               None, False, None), max(own_ns, 0) / 1e9, lean)
+        self._hold((KIND_STEP, semconv.SPAN_STEP, seq, None, n, seq, t0 + offset, t1, wire_attrs, None, None, None,
+                    False, None), t1, out, lean)
         return True
 
-    def _lean_fields(self, epoch: int | None, micro_batches: int) -> bytes | None:
-        """The encoded epoch and micro-batch fields `_lean_step` holds a step with (cached), None
-        where the cleaner would change a value (past 64 bits)."""
-        attrs: dict[str, Any] = {} if epoch is None else {semconv.TRAIN_EPOCH: epoch}
-        if micro_batches:
-            attrs[semconv.TRAIN_MICRO_BATCHES] = micro_batches
+    def _lean_fields(self, epoch: int | None, micro_batches: int, attrs: dict[str, Any]) -> bytes | None:
+        """The encoded epoch and micro-batch fields (`attrs`) `_lean_step` holds a step with
+        (cached), None where the cleaner would change a value (past 64 bits)."""
         if any(not -(1 << 63) <= value < (1 << 63) for value in attrs.values()):
             return None
         if len(self._lean_kvs) >= _CACHE_MAX:
@@ -518,23 +502,30 @@ class SpanAssembler:
         return lean
 
     def _on_step(self, wire: tuple[Any, ...], out: list[ReadableSpan]) -> None:
-        t0, t1 = wire[W_T0], wire[W_T1]
+        t1 = wire[W_T1]
         # The step's boundary is when the device finished its last work (its end event, mapped
         # to the host clock), not when the host finished dispatching it: under asynchronous
         # dispatch the host runs ahead (MaxText #4270). Without device time (CPU, or no event
         # to spare), the host end is the boundary, which on CPU is the same thing.
         dev = wire[W_DEV]
-        end = t1 + dev[semconv.WIRE_DEV_END_NS] if dev and semconv.WIRE_DEV_END_NS in dev else t1
+        self._hold(wire, t1 + dev[semconv.WIRE_DEV_END_NS] if dev and semconv.WIRE_DEV_END_NS in dev else t1, out)
+
+    def _hold(self, wire: tuple[Any, ...], end: int, out: list[Any], lean: bytes | None = None) -> None:
+        """Hold step `wire`, whose boundary is `end`, until the next step: its own time runs from
+        the previous step's boundary, less its siblings' time; the notes that came before it
+        join it; the steps held before it are emitted."""
         prev = self._prev_step_end
-        start = prev if prev is not None and prev < end else t0
+        start = prev if prev is not None and prev < end else wire[W_T0]
         own_ns = (end - start) - self._sibling_ns(start, end)
         self._prev_step_end = end
-        held = _HeldStep(wire, max(own_ns, 0) / 1e9)
-        for kind, payload in self._orphans.pop(wire[W_SEQ], ()):
+        held = _HeldStep(wire, max(own_ns, 0) / 1e9, lean)
+        seq = wire[W_SEQ]
+        for kind, payload in self._orphans.pop(seq, ()):
             (held.tags if kind == KIND_TAG else held.events).append(payload)
-        for seq in [s for s in self._held if s < wire[W_SEQ]]:
-            self._emit_step(self._held.pop(seq), out)
-        self._held[wire[W_SEQ]] = held
+        if self._held:
+            for earlier in [s for s in self._held if s < seq]:
+                self._emit_step(self._held.pop(earlier), out)
+        self._held[seq] = held
 
     def _on_step_note(self, wire: tuple[Any, ...]) -> None:
         if wire[0] == KIND_TAG:
@@ -594,7 +585,7 @@ class SpanAssembler:
         step_n, time_s = wire[W_STEP], held.time_s
         if self.metrics is not None:
             self.metrics.observe_step_time(time_s)
-        if not (self.step_sample == 1 or step_n % self.step_sample == 0):
+        if not self._sampled(step_n):
             return
         trace_field, step_wire, step_kv, _, root_wire = self._fast_steps.get(step_n) or self._fast_step(step_n)
         encoder = self.encoder
@@ -612,7 +603,9 @@ class SpanAssembler:
         ended by `start` is forgotten: steps arrive in order, so no later step can overlap it
         (kept, a long run's 256 of them were summed again at every step)."""
         siblings = self._siblings
-        if siblings and siblings[0][1] <= start:
+        if not siblings:
+            return 0
+        if siblings[0][1] <= start:
             live = [(s0, s1) for s0, s1 in siblings if s1 > start]
             siblings.clear()
             siblings.extend(live)
