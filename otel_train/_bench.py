@@ -20,7 +20,10 @@ rounds of each round's own ratio (its blocks ran back to back, in alternating or
 distribution-free 95 % confidence interval for that median (`*_ci95_lo`, `*_ci95_hi`): a
 target is shown met only when the interval's upper end is within it. `--targets-only` runs just
 the blocks the step targets are judged on (more rounds in the same time). `step_noise_pct*` is
-the baseline's spread between rounds (IQR / median), the machine's noise. Output: one
+the baseline's spread between rounds (IQR / median), the machine's noise. `--design groups`
+measures the step targets alone another way, precise enough for this host
+(`bench_steps_grouped`): plain and instrumented steps alternate one by one, the records wait
+in the buffer, and each group of ~200 steps is caught up and exported as one. Output: one
 `name: value` line per figure.
 """
 
@@ -411,6 +414,136 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
     return out
 
 
+#: Untimed steps that begin each automatic block of the grouped design (the first detection
+#: decisions of a fresh install).
+_AUTO_WARM_UP = 2
+#: Plain steps on each side of a group's catch-up that give the plain rate it is charged against.
+_REFERENCE_STEPS = 10
+
+
+def bench_steps_grouped(work: _Workload, groups: int, block_steps: int, group_steps: int,
+                        auto: bool = False, auto_block_steps: int | None = None) -> dict[str, Any]:
+    """Plain against instrumented (and automatic) steps in short blocks, judged by group.
+
+    This host's speed wanders by tens of percent within tenths of a second, at every time
+    scale: one plain step against the next differs by ~10 % (IQR of their ratio), two blocks
+    of 320 steps by ~15 %. Pairs of long blocks are therefore hardly closer than pairs of
+    single steps, and there are far fewer of them: over a minute of plain small steps, the
+    median of the pairs' ratios is known to ±0.12 % from single steps and to ±3.3 % from
+    320-step blocks. So a group is `group_steps // block_steps` rounds of a plain and an
+    instrumented block (`block_steps` 1: the two alternate step by step), or with `auto`,
+    every other group, of a plain and an automatic block of `auto_block_steps` (each one a
+    fresh install that begins with `_AUTO_WARM_UP` untimed steps; their share of the group's
+    records is taken off its catch-up's cost). Rounds run in alternating order, with the
+    worker held off: the records wait in the buffer. At the group's end they are drained,
+    assembled, encoded and exported (`Worker.flush`, one export call) on a helper thread while
+    plain steps run, and what that cost those steps beyond the plain rate just before and just
+    after it is the group's. So a variant's background work competes with training as in a
+    run, at a run's rate of export calls: a group holds about as many steps as a run of the
+    small step makes between two calls (a full request of 2,048 spans) and as the ~20 ms step
+    makes in the 5 s between them; one drain a group is more often than a run's one every 2 s.
+    The overhead is the median over groups of each group's ratio, with `_paired_ci95_pct`'s
+    interval; `in_step_pct` is that median without the catch-up (the training thread's own
+    share), `noise_pct` the spread of a group's plain rate, `pair_noise_pct` that of one
+    plain block against the next."""
+    from otel_train import _runtime
+    from otel_train.instrumentation import TorchTrainingInstrumentor
+
+    worker = _runtime.state().worker  # type: ignore[union-attr]
+    exporter_cpu = getattr(worker.sink, "cpu_ns", lambda: 0)
+    for _ in range(3):
+        work.plain()
+        work.instrumented()
+    worker.flush()
+    instrumentor = TorchTrainingInstrumentor()
+    ratios: dict[str, list[float]] = {"instrumented": [], "auto": []}
+    per_step: dict[str, list[float]] = {"instrumented": [], "auto": []}
+    in_step: dict[str, list[float]] = {"instrumented": [], "auto": []}  # ratios without the catch-up
+    group_plain: list[float] = []
+    pair_plain: list[float] = []
+    worker_cpu = child_cpu = variant_steps = 0
+    for g in range(groups):
+        variant = "auto" if auto and g % 2 else "instrumented"
+        steps_per_block = (auto_block_steps or block_steps) if variant == "auto" else block_steps
+        rounds = max(1, group_steps // steps_per_block)
+        plain_ns = variant_ns = 0
+        timed_records = other_records = 0
+        recent_plain: list[float] = []  # ms per step of the group's plain blocks, latest last
+        w0, c0 = worker.cpu_ns(), exporter_cpu()
+        with worker.held():
+            for r in range(rounds):
+                for kind in ("plain", variant) if r % 2 == 0 else (variant, "plain"):
+                    if kind == "plain":
+                        block = _timed_block(work.plain, steps_per_block)
+                        plain_ns += block.elapsed_ns
+                        recent_plain.append(block.plain_ms_per_step())
+                        pair_plain.append(recent_plain[-1])
+                        continue
+                    if kind == "instrumented":
+                        before = worker.pending()
+                        block = _timed_block(work.instrumented, steps_per_block)
+                    else:
+                        instrumentor.instrument()
+                        r0 = worker.pending()
+                        for _ in range(_AUTO_WARM_UP):
+                            work.plain()
+                        before = worker.pending()
+                        block = _timed_block(work.plain, steps_per_block, then=instrumentor.uninstrument)
+                        other_records += before - r0
+                    timed_records += worker.pending() - before
+                    variant_ns += block.elapsed_ns
+        catch_ns, catch_steps, helper_cpu = _catch_up(worker.flush, work.plain)
+        # The plain rate around the catch-up: the last _REFERENCE_STEPS plain steps before it
+        # and as many after it.
+        reference = -(-_REFERENCE_STEPS // steps_per_block)
+        before_ms = statistics.fmean(recent_plain[-reference:])
+        after_ms = _timed_block(work.plain, reference * steps_per_block).plain_ms_per_step()
+        in_step[variant].append(100 * (variant_ns / plain_ns - 1))
+        variant_ns += _group_charge_ns(catch_ns, catch_steps, (before_ms + after_ms) / 2,
+                                       timed_records, other_records)
+        worker_cpu += worker.cpu_ns() - w0 + helper_cpu
+        child_cpu += exporter_cpu() - c0
+        steps = rounds * steps_per_block
+        variant_steps += steps
+        group_plain.append(plain_ns / steps / 1e6)
+        per_step[variant].append(variant_ns / steps / 1e6)
+        ratios[variant].append(100 * (variant_ns / plain_ns - 1))
+    out: dict[str, Any] = {"plain": statistics.median(group_plain), "noise_pct": _noise_pct(group_plain),
+                           "pair_noise_pct": _pair_noise_pct(pair_plain),
+                           "worker_cpu_us_per_step": worker_cpu / variant_steps / 1e3,
+                           "exporter_cpu_us_per_step": child_cpu / variant_steps / 1e3,
+                           "catch_up_steps": 0.0, "groups": len(ratios["instrumented"])}
+    out["instrumented"] = statistics.median(per_step["instrumented"])
+    out["overhead_pct"] = statistics.median(ratios["instrumented"])
+    out["overhead_ci95_pct"] = _ci95_of(ratios["instrumented"])
+    out["in_step_pct"] = statistics.median(in_step["instrumented"])
+    if ratios["auto"]:
+        out["auto_in_step_pct"] = statistics.median(in_step["auto"])
+        out["auto"] = statistics.median(per_step["auto"])
+        out["auto_overhead_pct"] = statistics.median(ratios["auto"])
+        out["auto_ci95_pct"] = _ci95_of(ratios["auto"])
+        out["auto_groups"] = len(ratios["auto"])
+    return out
+
+
+def _group_charge_ns(catch_ns: int, catch_steps: int, plain_ms: float, timed_records: int,
+                     other_records: int) -> float:
+    """What a group's catch-up cost its plain steps beyond `plain_ms` each (the plain rate just
+    before and after it), the share of it that the timed blocks' records make of all the
+    group's records (an automatic block's untimed first steps record too)."""
+    extra = catch_ns - catch_steps * plain_ms * 1e6
+    return extra * timed_records / max(1, timed_records + other_records)
+
+
+def _pair_noise_pct(plain: list[float]) -> float:
+    """Spread of one round's plain block against the next one's (IQR of their ratio, %)."""
+    ratios = [100 * (b / a - 1) for a, b in zip(plain[0::2], plain[1::2])]
+    if len(ratios) < 2:
+        return 0.0
+    q = statistics.quantiles(ratios, n=4)
+    return q[2] - q[0]
+
+
 def _paired_overhead_pct(plain: list[float], other: list[float]) -> float:
     """Median over rounds of (other / plain - 1): each round's blocks ran back to back, so a
     slow patch of the machine hits both sides of a pair instead of one side of the medians."""
@@ -429,7 +562,12 @@ def _paired_ci95_pct(plain: list[float], other: list[float]) -> tuple[float, flo
     """A distribution-free 95 % confidence interval for the median of the rounds' ratios (in %):
     the order statistics that the binomial distribution puts around the median. It assumes
     only that rounds are independent; with fewer than 6 rounds it is the whole range."""
-    ratios = sorted(100 * (o / p - 1) for p, o in zip(plain, other))
+    return _ci95_of([100 * (o / p - 1) for p, o in zip(plain, other)])
+
+
+def _ci95_of(values: list[float]) -> tuple[float, float]:
+    """`_paired_ci95_pct`'s interval for the median of `values` themselves."""
+    ratios = sorted(values)
     n = len(ratios)
     j = 0  # the most order statistics to leave out on each side: P(Binomial(n, 1/2) < j) <= 2.5 %
     while j < n // 2 and sum(math.comb(n, i) for i in range(j + 1)) / 2 ** n <= 0.025:
@@ -582,6 +720,52 @@ def bench_spare_core(rounds: int, block_steps: int) -> dict[str, Any] | None:
         torch.set_num_threads(threads)
 
 
+#: The grouped design: explicit blocks of one step (plain and instrumented steps alternate),
+#: automatic blocks of 5 steps of the ~20 ms step and 20 of the small one (each is a fresh
+#: install), and the timed steps of a variant per group, about what a run makes between two
+#: export calls at either step rate.
+_GROUP_BLOCK, _GROUP_AUTO_BLOCK, _GROUP_STEPS = 1, 5, 200
+
+
+def _run_grouped(modes: tuple[str, ...], groups: int, steps: tuple[str, ...], auto_block: int) -> int:
+    """The step overheads by `bench_steps_grouped`, the exporter exporting only when asked (at
+    each group's end, or a full request of 8,192 spans: one group's, both variants)."""
+    import otel_train
+    from otel_train import _runtime
+
+    receiver = _Receiver()
+    try:
+        _print("design", "groups")
+        _print("load_avg_1m", os.getloadavg()[0])
+        _print("group_steps", _GROUP_STEPS)
+        _print("block_steps", _GROUP_BLOCK)
+        _print("block_steps_auto", auto_block)
+        _print("block_steps_auto_small", auto_block * 4)
+        _print("groups", groups)
+        for index, mode in enumerate(modes):
+            suffix = "" if index == 0 else f"_{mode}"
+            otel_train.init(endpoint=receiver.endpoint, protocol="grpc",
+                            export_mode="thread" if mode == "thread" else "process",
+                            exporter_priority="idle" if mode == "idle" else "low",
+                            run_id=f"bench-{os.getpid()}-{mode}", metric_interval_ms=60000,
+                            export_delay_ms=3_600_000, export_batch_size=8192)
+            for size, label, auto_steps in (("large", "", auto_block), ("small", "_small", auto_block * 4)):
+                if size in steps:
+                    res = bench_steps_grouped(_Workload(size), groups, _GROUP_BLOCK, _GROUP_STEPS,
+                                              auto=index == 0, auto_block_steps=auto_steps)
+                    _print_steps(f"{label}{suffix}", res)
+                    _print(f"step_pair_noise_pct{label}{suffix}", res["pair_noise_pct"])
+                    _print(f"step_overhead_pct{label}{suffix}_in_step", res["in_step_pct"])
+                    if "auto_in_step_pct" in res:
+                        _print(f"step_overhead_pct_auto{label}{suffix}_in_step", res["auto_in_step_pct"])
+            otel_train.shutdown()
+        _print("receiver_spans", receiver.spans())
+    finally:
+        receiver.close()
+        _runtime.shutdown()
+    return 0
+
+
 def _print_steps(label: str, res: dict[str, Any]) -> None:
     """`bench_steps`' figures, each name ending in `label`."""
     _print(f"step_ms_plain{label}", res["plain"])
@@ -609,10 +793,13 @@ def _print_steps(label: str, res: dict[str, Any]) -> None:
 
 def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thread"), rounds: int = 15,
                  steps: tuple[str, ...] = ("large", "small"), targets_only: bool = False,
-                 block_steps: int | None = None) -> int:
+                 block_steps: int | None = None, design: str = "blocks") -> int:
     """Every figure (module docstring), or with `targets_only` only the step overheads the
     targets are judged on: plain against instrumented and automatic blocks, nothing else
-    between them, so more rounds fit in a run."""
+    between them, so more rounds fit in a run. With `design` "groups", the step overheads
+    alone, by `bench_steps_grouped` (`rounds` groups each)."""
+    if design == "groups":
+        return _run_grouped(modes, 2 if quick else rounds, steps, block_steps or _GROUP_AUTO_BLOCK)
     import torch
 
     import otel_train

@@ -45,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
                                "step's blocks are 6 times as many steps). Shorter blocks pair more closely "
                                "in time on a noisy machine; each still pays one export call when it is "
                                "caught up")
+    overhead.add_argument("--design", choices=("blocks", "groups"), default="blocks",
+                          help="blocks (default): every figure, steps in long blocks paired by round; "
+                               "groups: the step overheads alone, in short blocks (--block-steps, "
+                               "default 5 and 20) judged by group of ~200 steps (--rounds groups)")
     device = bench_sub.add_parser("device", help="device timing: synchronisations and device durations")
     device.add_argument("--steps", type=int, default=50, help="training steps per variant (default 50)")
     return parser
@@ -70,7 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         modes = ("process", "idle", "thread") if args.mode == "all" else (args.mode,)
         steps = ("large", "small") if args.step == "both" else (args.step,)
         return run_overhead(quick=args.quick, modes=modes, rounds=args.rounds, steps=steps,
-                            targets_only=args.targets_only, block_steps=args.block_steps)
+                            targets_only=args.targets_only, block_steps=args.block_steps,
+                            design=args.design)
     if args.command == "bench" and args.bench == "device":
         if args.steps < 1:
             parser.error("--steps must be a positive integer")

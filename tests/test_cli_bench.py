@@ -104,6 +104,7 @@ def test_automatic_blocks_share_the_rounds_of_the_plain_and_instrumented_ones(tm
     (["bench", "overhead", "--step", "medium"], "invalid choice"),
     (["bench", "overhead", "--block-steps", "4"], "--block-steps must be an integer >= 5"),
     (["bench", "overhead", "--block-steps", "x"], "invalid int value"),
+    (["bench", "overhead", "--design", "pairs"], "invalid choice"),
     (["frobnicate"], "invalid choice"),
 ])
 def test_bad_cli_arguments_get_one_clear_message(argv: list[str], message: str) -> None:
@@ -164,3 +165,68 @@ def test_a_blocks_leftover_work_is_caught_up_while_plain_steps_run_and_charged_b
     block.catch_ns, block.catch_steps = 7_000_000, 5  # then 5 plain steps took 7 ms, not 5
     assert block.ms_per_step(plain_ms=1.0) == pytest.approx(1.2)  # the 2 ms beyond them are the block's
     assert _Block(10, 10_000_000).ms_per_step(plain_ms=1.0) == pytest.approx(1.0)
+
+
+def test_grouped_design_holds_records_for_one_catch_up_a_group_and_alternates_variants(tmp_path) -> None:
+    """`--design groups`: each group is rounds of a plain and one variant's block (explicit,
+    then automatic, by turns), in alternating order, with the worker held off, so every record
+    of the group is still in the buffer at its end; then one catch-up (drained and exported
+    while plain steps run), and a plain block after it."""
+    proc = run_python(f"""
+        import itertools, json
+        import otel_train
+        from otel_train import _bench, _detect, _runtime
+        otel_train.init(run_id="groups", output_dir={str(tmp_path)!r})
+        worker = _runtime.state().worker
+        log = []
+        class Work:
+            def plain(self):
+                log.append(("A" if _detect.installed() else "p", worker.pending()))
+            def instrumented(self, span=None):
+                with otel_train.step():
+                    with otel_train.span("train.forward"):
+                        pass
+                log.append(("i", worker.pending()))
+        res = _bench.bench_steps_grouped(Work(), 4, 5, 10, auto=True)
+        print(json.dumps({{"log": log, "res": {{k: v for k, v in res.items() if k.endswith("groups")}},
+                          "installed": _detect.installed()}}))
+        otel_train.shutdown()
+    """)
+    found = json.loads(proc.stdout.splitlines()[-1])
+    log = found["log"][6:]  # after 3 warm-up steps of each
+    kinds = "".join(kind for kind, _ in log)
+    # Group 0 (explicit): plain, explicit, then reversed; its catch-up (plain steps until the
+    # drain and export are done) and a plain block. Group 1 (automatic): 2 untimed steps and 5
+    # timed ones under the hooks a block. Then group 2 explicit, group 3 automatic again.
+    catch_and_after = r"p{6,}"
+    explicit = r"p{5}i{5}i{5}p{5}" + catch_and_after
+    automatic = r"p{5}A{7}A{7}p{5}" + catch_and_after
+    assert re.fullmatch(explicit + automatic + explicit + automatic, kinds), kinds
+    # Held off: an explicit group's 10 steps (two records each) are all pending at its end.
+    first_group = [pending for kind, pending in log[:20] if kind == "i"]
+    assert first_group == sorted(first_group) and first_group[-1] - first_group[0] == 9 * 2
+    assert found["res"] == {"groups": 2, "auto_groups": 2}
+    assert found["installed"] is False
+
+
+def test_grouped_design_prints_the_step_targets_from_a_live_receiver() -> None:
+    proc = run_python("from otel_train.cli import main; raise SystemExit(main())",
+                      args=["bench", "overhead", "--quick", "--mode", "process", "--step", "small",
+                            "--design", "groups"], timeout=300)
+    figures = dict(line.split(": ") for line in proc.stdout.splitlines())
+    assert (figures["design"], figures["groups"], figures["block_steps"], figures["block_steps_auto_small"]) == (
+        "groups", "2", "1", "20")
+    for name in ("step_overhead_pct_small", "step_overhead_pct_small_ci95_hi", "step_overhead_pct_auto_small",
+                 "step_noise_pct_small", "step_pair_noise_pct_small", "exporter_cpu_us_per_step_small"):
+        float(figures[name])
+    assert "step_overhead_pct" not in figures and int(figures["receiver_spans"]) > 0
+    assert "none dropped" in proc.stderr
+
+
+def test_a_groups_catch_up_is_charged_beyond_the_plain_rate_around_it_for_its_timed_records() -> None:
+    from otel_train._bench import _group_charge_ns
+
+    # 10 catch-up steps took 14 ms where plain steps took 1.2 ms: 2 ms beyond them.
+    assert _group_charge_ns(14_000_000, 10, 1.2, 100, 0) == pytest.approx(2_000_000)
+    # A quarter of the group's records came from untimed steps: a quarter of it is not charged.
+    assert _group_charge_ns(14_000_000, 10, 1.2, 75, 25) == pytest.approx(1_500_000)
