@@ -181,12 +181,12 @@ def test_grouped_design_holds_records_for_one_catch_up_a_group_and_alternates_va
         log = []
         class Work:
             def plain(self):
-                log.append(("A" if _detect.installed() else "p", worker.pending()))
+                log.append(("A" if _detect.installed() else "p", worker.pending(), worker.held().locked()))
             def instrumented(self, span=None):
                 with otel_train.step():
                     with otel_train.span("train.forward"):
                         pass
-                log.append(("i", worker.pending()))
+                log.append(("i", worker.pending(), worker.held().locked()))
         res = _bench.bench_steps_grouped(Work(), 4, 5, 10, auto=True)
         print(json.dumps({{"log": log, "res": {{k: v for k, v in res.items() if k.endswith("groups")}},
                           "installed": _detect.installed()}}))
@@ -194,7 +194,7 @@ def test_grouped_design_holds_records_for_one_catch_up_a_group_and_alternates_va
     """)
     found = json.loads(proc.stdout.splitlines()[-1])
     log = found["log"][6:]  # after 3 warm-up steps of each
-    kinds = "".join(kind for kind, _ in log)
+    kinds = "".join(kind for kind, _, _ in log)
     # Group 0 (explicit): plain, explicit, then reversed; its catch-up (plain steps until the
     # drain and export are done) and a plain block. Group 1 (automatic): 2 untimed steps and 5
     # timed ones under the hooks a block. Then group 2 explicit, group 3 automatic again.
@@ -203,8 +203,11 @@ def test_grouped_design_holds_records_for_one_catch_up_a_group_and_alternates_va
     automatic = r"p{5}A{7}A{7}p{5}" + catch_and_after
     assert re.fullmatch(explicit + automatic + explicit + automatic, kinds), kinds
     # Held off: an explicit group's 10 steps (two records each) are all pending at its end.
-    first_group = [pending for kind, pending in log[:20] if kind == "i"]
+    first_group = [pending for kind, pending, _ in log[:20] if kind == "i"]
     assert first_group == sorted(first_group) and first_group[-1] - first_group[0] == 9 * 2
+    # The worker could not drain during any timed step, only in the catch-ups.
+    assert all(held for kind, _, held in log if kind in "iA")
+    assert not all(held for kind, _, held in log if kind == "p")
     assert found["res"] == {"groups": 2, "auto_groups": 2}
     assert found["installed"] is False
 
