@@ -461,6 +461,7 @@ def bench_steps_grouped(work: _Workload, groups: int, block_steps: int, group_st
     in_step: dict[str, list[float]] = {"instrumented": [], "auto": []}  # ratios without the catch-up
     group_plain: list[float] = []
     pair_plain: list[float] = []
+    catch_ups: list[int] = []
     worker_cpu = child_cpu = variant_steps = 0
     for g in range(groups):
         variant = "auto" if auto and g % 2 else "instrumented"
@@ -493,6 +494,7 @@ def bench_steps_grouped(work: _Workload, groups: int, block_steps: int, group_st
                     timed_records += worker.pending() - before
                     variant_ns += block.elapsed_ns
         catch_ns, catch_steps, helper_cpu = _catch_up(worker.flush, work.plain)
+        catch_ups.append(catch_steps)
         # The plain rate around the catch-up: the last _REFERENCE_STEPS plain steps before it
         # and as many after it.
         reference = -(-_REFERENCE_STEPS // steps_per_block)
@@ -512,7 +514,7 @@ def bench_steps_grouped(work: _Workload, groups: int, block_steps: int, group_st
                            "pair_noise_pct": _pair_noise_pct(pair_plain),
                            "worker_cpu_us_per_step": worker_cpu / variant_steps / 1e3,
                            "exporter_cpu_us_per_step": child_cpu / variant_steps / 1e3,
-                           "catch_up_steps": 0.0, "groups": len(ratios["instrumented"])}
+                           "catch_up_steps": statistics.median(catch_ups), "groups": len(ratios["instrumented"])}
     out["instrumented"] = statistics.median(per_step["instrumented"])
     out["overhead_pct"] = statistics.median(ratios["instrumented"])
     out["overhead_ci95_pct"] = _ci95_of(ratios["instrumented"])
@@ -720,6 +722,17 @@ def bench_spare_core(rounds: int, block_steps: int) -> dict[str, Any] | None:
         torch.set_num_threads(threads)
 
 
+def _init_mode(receiver: _Receiver, mode: str, **overrides: Any) -> None:
+    """`otel_train.init` for one export mode of the benchmark (process, idle or thread),
+    exporting to `receiver` over gRPC; `overrides` on top."""
+    import otel_train
+
+    otel_train.init(endpoint=receiver.endpoint, protocol="grpc",
+                    export_mode="thread" if mode == "thread" else "process",
+                    exporter_priority="idle" if mode == "idle" else "low",
+                    run_id=f"bench-{os.getpid()}-{mode}", metric_interval_ms=60000, **overrides)
+
+
 #: The grouped design: explicit blocks of one step (plain and instrumented steps alternate),
 #: automatic blocks of 5 steps of the ~20 ms step and 20 of the small one (each is a fresh
 #: install), and the timed steps of a variant per group, about what a run makes between two
@@ -728,8 +741,8 @@ _GROUP_BLOCK, _GROUP_AUTO_BLOCK, _GROUP_STEPS = 1, 5, 200
 
 
 def _run_grouped(modes: tuple[str, ...], groups: int, steps: tuple[str, ...], auto_block: int) -> int:
-    """The step overheads by `bench_steps_grouped`, the exporter exporting only when asked (at
-    each group's end, or a full request of 8,192 spans: one group's, both variants)."""
+    """The step overheads by `bench_steps_grouped`, the exporter exporting only when asked: at
+    each group's end, in one request (8,192 spans hold a group's)."""
     import otel_train
     from otel_train import _runtime
 
@@ -744,11 +757,7 @@ def _run_grouped(modes: tuple[str, ...], groups: int, steps: tuple[str, ...], au
         _print("groups", groups)
         for index, mode in enumerate(modes):
             suffix = "" if index == 0 else f"_{mode}"
-            otel_train.init(endpoint=receiver.endpoint, protocol="grpc",
-                            export_mode="thread" if mode == "thread" else "process",
-                            exporter_priority="idle" if mode == "idle" else "low",
-                            run_id=f"bench-{os.getpid()}-{mode}", metric_interval_ms=60000,
-                            export_delay_ms=3_600_000, export_batch_size=8192)
+            _init_mode(receiver, mode, export_delay_ms=3_600_000, export_batch_size=8192)
             for size, label, auto_steps in (("large", "", auto_block), ("small", "_small", auto_block * 4)):
                 if size in steps:
                     res = bench_steps_grouped(_Workload(size), groups, _GROUP_BLOCK, _GROUP_STEPS,
@@ -822,10 +831,7 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
         _print("block_steps_small", block * 6)
         for index, mode in enumerate(modes):
             suffix = "" if index == 0 else f"_{mode}"
-            otel_train.init(endpoint=receiver.endpoint, protocol="grpc",
-                            export_mode="thread" if mode == "thread" else "process",
-                            exporter_priority="idle" if mode == "idle" else "low",
-                            run_id=f"bench-{os.getpid()}-{mode}", metric_interval_ms=60000)
+            _init_mode(receiver, mode)
             if index == 0 and not targets_only:
                 cfg = _runtime.state().cfg  # type: ignore[union-attr]
                 _print("flush_interval_ms", cfg.flush_interval_ms)

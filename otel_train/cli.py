@@ -47,8 +47,10 @@ def _parser() -> argparse.ArgumentParser:
                                "caught up")
     overhead.add_argument("--design", choices=("blocks", "groups"), default="blocks",
                           help="blocks (default): every figure, steps in long blocks paired by round; "
-                               "groups: the step overheads alone, in short blocks (--block-steps, "
-                               "default 5 and 20) judged by group of ~200 steps (--rounds groups)")
+                               "groups: the step overheads alone, plain and instrumented steps "
+                               "alternating one by one, automatic blocks of --block-steps (default 5; "
+                               "the small step's 4 times as many), judged by group of ~200 steps "
+                               "(--rounds groups)")
     device = bench_sub.add_parser("device", help="device timing: synchronisations and device durations")
     device.add_argument("--steps", type=int, default=50, help="training steps per variant (default 50)")
     return parser
