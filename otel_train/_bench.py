@@ -414,15 +414,17 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
     return out
 
 
-#: Untimed steps that begin each automatic block of the grouped design (the first detection
-#: decisions of a fresh install).
-_AUTO_WARM_UP = 2
+#: Untimed steps that begin each automatic group of the grouped design: the steps a fresh install
+#: discovers its root modules in (under global module hooks), and the one whose first forward
+#: settles the hooks onto those roots. A run pays this once (and again for as long every
+#: `_Roots.REDISCOVER_EVERY` steps, which the timed steps do pay when their count gets there).
+_AUTO_WARM_UP = 3
 #: Plain steps on each side of a group's catch-up that give the plain rate it is charged against.
 _REFERENCE_STEPS = 10
 
 
 def bench_steps_grouped(work: _Workload, groups: int, block_steps: int, group_steps: int,
-                        auto: bool = False, auto_block_steps: int | None = None) -> dict[str, Any]:
+                        auto: bool = False) -> dict[str, Any]:
     """Plain against instrumented (and automatic) steps in short blocks, judged by group.
 
     This host's speed wanders by tens of percent within tenths of a second, at every time
@@ -432,9 +434,11 @@ def bench_steps_grouped(work: _Workload, groups: int, block_steps: int, group_st
     median of the pairs' ratios is known to ±0.12 % from single steps and to ±3.3 % from
     320-step blocks. So a group is `group_steps // block_steps` rounds of a plain and an
     instrumented block (`block_steps` 1: the two alternate step by step), or with `auto`,
-    every other group, of a plain and an automatic block of `auto_block_steps` (each one a
-    fresh install that begins with `_AUTO_WARM_UP` untimed steps; their share of the group's
-    records is taken off its catch-up's cost). Rounds run in alternating order, with the
+    every other group, of a plain and an automatic block. An automatic group installs
+    automatic instrumentation once and begins with `_AUTO_WARM_UP` untimed steps (their share
+    of the group's records is taken off its catch-up's cost); its plain blocks run with every
+    hook and patch removed (`_detect.paused()`, untimed), so the automatic steps run as in a
+    run: on the roots discovery found, each closing the step before it. Rounds run in alternating order, with the
     worker held off: the records wait in the buffer. At the group's end they are drained,
     assembled, encoded and exported (`Worker.flush`, one export call) on a helper thread while
     plain steps run, and what that cost those steps beyond the plain rate just before and just
@@ -446,7 +450,7 @@ def bench_steps_grouped(work: _Workload, groups: int, block_steps: int, group_st
     interval; `in_step_pct` is that median without the catch-up (the training thread's own
     share), `noise_pct` the spread of a group's plain rate, `pair_noise_pct` that of one
     plain block against the next."""
-    from otel_train import _runtime
+    from otel_train import _detect, _runtime
     from otel_train.instrumentation import TorchTrainingInstrumentor
 
     worker = _runtime.state().worker  # type: ignore[union-attr]
@@ -465,47 +469,49 @@ def bench_steps_grouped(work: _Workload, groups: int, block_steps: int, group_st
     worker_cpu = child_cpu = variant_steps = 0
     for g in range(groups):
         variant = "auto" if auto and g % 2 else "instrumented"
-        steps_per_block = (auto_block_steps or block_steps) if variant == "auto" else block_steps
-        rounds = max(1, group_steps // steps_per_block)
+        rounds = max(1, group_steps // block_steps)
         plain_ns = variant_ns = 0
         timed_records = other_records = 0
         recent_plain: list[float] = []  # ms per step of the group's plain blocks, latest last
         w0, c0 = worker.cpu_ns(), exporter_cpu()
         with worker.held():
+            if variant == "auto":
+                instrumentor.instrument()
+                r0 = worker.pending()
+                for _ in range(_AUTO_WARM_UP):
+                    work.plain()
+                other_records += worker.pending() - r0
             for r in range(rounds):
                 for kind in ("plain", variant) if r % 2 == 0 else (variant, "plain"):
                     if kind == "plain":
-                        block = _timed_block(work.plain, steps_per_block)
+                        with _detect.paused():  # nothing to pause in an explicit group
+                            block = _timed_block(work.plain, block_steps)
                         plain_ns += block.elapsed_ns
                         recent_plain.append(block.plain_ms_per_step())
                         pair_plain.append(recent_plain[-1])
                         continue
-                    if kind == "instrumented":
-                        before = worker.pending()
-                        block = _timed_block(work.instrumented, steps_per_block)
-                    else:
-                        instrumentor.instrument()
-                        r0 = worker.pending()
-                        for _ in range(_AUTO_WARM_UP):
-                            work.plain()
-                        before = worker.pending()
-                        block = _timed_block(work.plain, steps_per_block, then=instrumentor.uninstrument)
-                        other_records += before - r0
+                    before = worker.pending()
+                    block = _timed_block(work.instrumented if kind == "instrumented" else work.plain, block_steps)
                     timed_records += worker.pending() - before
                     variant_ns += block.elapsed_ns
+            if variant == "auto":
+                # The last step's record: the first timed step recorded the last warm-up step's.
+                r0 = worker.pending()
+                instrumentor.uninstrument()
+                other_records += worker.pending() - r0
         catch_ns, catch_steps, helper_cpu = _catch_up(worker.flush, work.plain)
         catch_ups.append(catch_steps)
         # The plain rate around the catch-up: the last _REFERENCE_STEPS plain steps before it
         # and as many after it.
-        reference = -(-_REFERENCE_STEPS // steps_per_block)
+        reference = -(-_REFERENCE_STEPS // block_steps)
         before_ms = statistics.fmean(recent_plain[-reference:])
-        after_ms = _timed_block(work.plain, reference * steps_per_block).plain_ms_per_step()
+        after_ms = _timed_block(work.plain, reference * block_steps).plain_ms_per_step()
         in_step[variant].append(100 * (variant_ns / plain_ns - 1))
         variant_ns += _group_charge_ns(catch_ns, catch_steps, (before_ms + after_ms) / 2,
                                        timed_records, other_records)
         worker_cpu += worker.cpu_ns() - w0 + helper_cpu
         child_cpu += exporter_cpu() - c0
-        steps = rounds * steps_per_block
+        steps = rounds * block_steps
         variant_steps += steps
         group_plain.append(plain_ns / steps / 1e6)
         per_step[variant].append(variant_ns / steps / 1e6)
@@ -733,14 +739,13 @@ def _init_mode(receiver: _Receiver, mode: str, **overrides: Any) -> None:
                     run_id=f"bench-{os.getpid()}-{mode}", metric_interval_ms=60000, **overrides)
 
 
-#: The grouped design: explicit blocks of one step (plain and instrumented steps alternate),
-#: automatic blocks of 5 steps of the ~20 ms step and 20 of the small one (each is a fresh
-#: install), and the timed steps of a variant per group, about what a run makes between two
-#: export calls at either step rate.
-_GROUP_BLOCK, _GROUP_AUTO_BLOCK, _GROUP_STEPS = 1, 5, 200
+#: The grouped design: blocks of one step (plain steps alternate with instrumented or automatic
+#: ones), and the timed steps of a variant per group, about what a run makes between two export
+#: calls at either step rate.
+_GROUP_BLOCK, _GROUP_STEPS = 1, 200
 
 
-def _run_grouped(modes: tuple[str, ...], groups: int, steps: tuple[str, ...], auto_block: int) -> int:
+def _run_grouped(modes: tuple[str, ...], groups: int, steps: tuple[str, ...]) -> int:
     """The step overheads by `bench_steps_grouped`, the exporter exporting only when asked: at
     each group's end, in one request (8,192 spans hold a group's)."""
     import otel_train
@@ -752,16 +757,14 @@ def _run_grouped(modes: tuple[str, ...], groups: int, steps: tuple[str, ...], au
         _print("load_avg_1m", os.getloadavg()[0])
         _print("group_steps", _GROUP_STEPS)
         _print("block_steps", _GROUP_BLOCK)
-        _print("block_steps_auto", auto_block)
-        _print("block_steps_auto_small", auto_block * 4)
+        _print("auto_warm_up_steps", _AUTO_WARM_UP)
         _print("groups", groups)
         for index, mode in enumerate(modes):
             suffix = "" if index == 0 else f"_{mode}"
             _init_mode(receiver, mode, export_delay_ms=3_600_000, export_batch_size=8192)
-            for size, label, auto_steps in (("large", "", auto_block), ("small", "_small", auto_block * 4)):
+            for size, label in (("large", ""), ("small", "_small")):
                 if size in steps:
-                    res = bench_steps_grouped(_Workload(size), groups, _GROUP_BLOCK, _GROUP_STEPS,
-                                              auto=index == 0, auto_block_steps=auto_steps)
+                    res = bench_steps_grouped(_Workload(size), groups, _GROUP_BLOCK, _GROUP_STEPS, auto=index == 0)
                     _print_steps(f"{label}{suffix}", res)
                     _print(f"step_pair_noise_pct{label}{suffix}", res["pair_noise_pct"])
                     _print(f"step_overhead_pct{label}{suffix}_in_step", res["in_step_pct"])
@@ -808,7 +811,7 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
     between them, so more rounds fit in a run. With `design` "groups", the step overheads
     alone, by `bench_steps_grouped` (`rounds` groups each)."""
     if design == "groups":
-        return _run_grouped(modes, 2 if quick else rounds, steps, block_steps or _GROUP_AUTO_BLOCK)
+        return _run_grouped(modes, 2 if quick else rounds, steps)
     import torch
 
     import otel_train

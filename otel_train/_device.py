@@ -192,6 +192,7 @@ class DeviceTiming:
         self.built: bool | None = None  # this torch build has an accelerator (known at the first probe)
         self.region_probes = _REGION_PROBES
         self.dropped: deque[DeviceEvent] = deque()  # events of abandoned regions (training thread)
+        self.recorder: _recorder.Recorder | None = None  # whose `step_end` this is (`install`)
 
     @property
     def skipped(self) -> int:
@@ -526,9 +527,12 @@ def _publish() -> None:
     """Point `otel_train.span` (and decorated functions) at the region class now in force.
 
     `_DeviceRegion` while a device is timed or the first regions may still find one; the
-    plain `_Region` otherwise, so a CPU-only run pays nothing for device timing.
+    plain `_Region` otherwise, so a CPU-only run pays nothing for device timing. Likewise the
+    recorder's `step_end` hook: none once no device can be timed (a Python call a step saved).
     """
     timing = _timing
+    if timing is not None and timing.recorder is not None:
+        timing.recorder.step_end = timing.on_step_end if timing.pool is not None or not timing.settled else None
     wanted = timing is not None and (timing.pool is not None or
                                      (not timing.settled and timing.region_probes > 0))
     cls: type[_Region] = _DeviceRegion if wanted else _Region
@@ -557,6 +561,7 @@ def install(recorder: _recorder.Recorder, pool_size: int = _POOL_SIZE, max_parke
     global _timing, _pool
     timing = DeviceTiming(pool_size)
     _timing, _pool = timing, None
+    timing.recorder = recorder
     recorder.step_end = timing.on_step_end
     if not timing.probe():
         _publish()

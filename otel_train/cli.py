@@ -47,10 +47,9 @@ def _parser() -> argparse.ArgumentParser:
                                "caught up")
     overhead.add_argument("--design", choices=("blocks", "groups"), default="blocks",
                           help="blocks (default): every figure, steps in long blocks paired by round; "
-                               "groups: the step overheads alone, plain and instrumented steps "
-                               "alternating one by one, automatic blocks of --block-steps (default 5; "
-                               "the small step's 4 times as many), judged by group of ~200 steps "
-                               "(--rounds groups)")
+                               "groups: the step overheads alone, plain steps alternating one by "
+                               "one with instrumented ones (or, every other group, automatic ones), "
+                               "judged by group of 200 steps (--rounds groups; no --block-steps)")
     device = bench_sub.add_parser("device", help="device timing: synchronisations and device durations")
     device.add_argument("--steps", type=int, default=50, help="training steps per variant (default 50)")
     return parser
@@ -73,6 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("--rounds must be an integer >= 3")
         if args.block_steps is not None and args.block_steps < 5:
             parser.error("--block-steps must be an integer >= 5")
+        if args.block_steps is not None and args.design == "groups":
+            parser.error("--block-steps is for --design blocks; the grouped design's blocks are one step")
         modes = ("process", "idle", "thread") if args.mode == "all" else (args.mode,)
         steps = ("large", "small") if args.step == "both" else (args.step,)
         return run_overhead(quick=args.quick, modes=modes, rounds=args.rounds, steps=steps,

@@ -105,6 +105,7 @@ def test_automatic_blocks_share_the_rounds_of_the_plain_and_instrumented_ones(tm
     (["bench", "overhead", "--block-steps", "4"], "--block-steps must be an integer >= 5"),
     (["bench", "overhead", "--block-steps", "x"], "invalid int value"),
     (["bench", "overhead", "--design", "pairs"], "invalid choice"),
+    (["bench", "overhead", "--design", "groups", "--block-steps", "40"], "--block-steps is for --design blocks"),
     (["frobnicate"], "invalid choice"),
 ])
 def test_bad_cli_arguments_get_one_clear_message(argv: list[str], message: str) -> None:
@@ -171,7 +172,8 @@ def test_grouped_design_holds_records_for_one_catch_up_a_group_and_alternates_va
     """`--design groups`: each group is rounds of a plain and one variant's block (explicit,
     then automatic, by turns), in alternating order, with the worker held off, so every record
     of the group is still in the buffer at its end; then one catch-up (drained and exported
-    while plain steps run), and a plain block after it."""
+    while plain steps run), and a plain block after it. An automatic group installs once, and
+    its plain steps run with detection paused."""
     proc = run_python(f"""
         import itertools, json
         import otel_train
@@ -181,7 +183,8 @@ def test_grouped_design_holds_records_for_one_catch_up_a_group_and_alternates_va
         log = []
         class Work:
             def plain(self):
-                log.append(("A" if _detect.installed() else "p", worker.pending(), worker.held().locked()))
+                kind = "p" if not _detect.installed() else "q" if not _detect._handles else "A"
+                log.append((kind, worker.pending(), worker.held().locked()))
             def instrumented(self, span=None):
                 with otel_train.step():
                     with otel_train.span("train.forward"):
@@ -196,11 +199,12 @@ def test_grouped_design_holds_records_for_one_catch_up_a_group_and_alternates_va
     log = found["log"][6:]  # after 3 warm-up steps of each
     kinds = "".join(kind for kind, _, _ in log)
     # Group 0 (explicit): plain, explicit, then reversed; its catch-up (plain steps until the
-    # drain and export are done) and a plain block. Group 1 (automatic): 2 untimed steps and 5
-    # timed ones under the hooks a block. Then group 2 explicit, group 3 automatic again.
+    # drain and export are done) and a plain block. Group 1 (automatic): one install, 3
+    # untimed steps, then its rounds, the plain blocks paused. Then group 2 explicit, group 3
+    # automatic again.
     catch_and_after = r"p{6,}"
     explicit = r"p{5}i{5}i{5}p{5}" + catch_and_after
-    automatic = r"p{5}A{7}A{7}p{5}" + catch_and_after
+    automatic = r"A{3}q{5}A{5}A{5}q{5}" + catch_and_after
     assert re.fullmatch(explicit + automatic + explicit + automatic, kinds), kinds
     # Held off: an explicit group's 10 steps (two records each) are all pending at its end.
     first_group = [pending for kind, pending, _ in log[:20] if kind == "i"]
@@ -217,8 +221,8 @@ def test_grouped_design_prints_the_step_targets_from_a_live_receiver() -> None:
                       args=["bench", "overhead", "--quick", "--mode", "process", "--step", "small",
                             "--design", "groups"], timeout=300)
     figures = dict(line.split(": ") for line in proc.stdout.splitlines())
-    assert (figures["design"], figures["groups"], figures["block_steps"], figures["block_steps_auto_small"]) == (
-        "groups", "2", "1", "20")
+    assert (figures["design"], figures["groups"], figures["block_steps"], figures["auto_warm_up_steps"]) == (
+        "groups", "2", "1", "3")
     for name in ("step_overhead_pct_small", "step_overhead_pct_small_ci95_hi", "step_overhead_pct_auto_small",
                  "step_noise_pct_small", "step_pair_noise_pct_small", "exporter_cpu_us_per_step_small"):
         float(figures[name])

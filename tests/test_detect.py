@@ -498,6 +498,38 @@ def test_uninstrument_restores_everything_and_instrumenting_twice_is_harmless() 
     assert not _detect.installed()
 
 
+def _hooks_in(registries: dict[str, Any]) -> dict[str, Any]:
+    """The registries' hook functions, without the handle ids a re-registration renumbers."""
+    return {k: list(v.values()) if isinstance(v, dict) else v for k, v in registries.items()}
+
+
+def test_paused_detection_is_plain_torch_inside_and_goes_on_where_it_left_off(run: Run) -> None:
+    """`_detect.paused()` (the benchmark's plain steps between automatic ones): no hook or
+    patch inside; afterwards the same ones are back, on the roots already found."""
+    _detect.uninstall()
+    plain_reg, plain_fn = _registries(), _functions()
+    _detect.install()
+    hooks = ("forward_pre", "forward", "forward_always", "optimizer_pre", "optimizer_post", "gc")
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _train_steps(model, opt, 3)  # discovery is over: the hooks sit on the model alone
+    installed_reg, installed_fn = _registries(), _functions()
+    assert model._forward_pre_hooks and installed_fn != plain_fn
+    for _ in range(4):
+        with _detect.paused():
+            assert {k: _registries()[k] for k in hooks} == {k: plain_reg[k] for k in hooks}
+            assert _functions() == plain_fn
+            assert not model._forward_pre_hooks and not model._forward_hooks
+            _train_steps(model, opt, 1)  # unseen
+        assert _hooks_in(_registries()) == _hooks_in(installed_reg) and _functions() == installed_fn
+        assert len(model._forward_pre_hooks) == len(model._forward_hooks) == 1
+        _train_steps(model, opt, 1)
+    t = run.finish()
+    steps = [s.attributes[semconv.TRAIN_STEP] for s in run.exporter.get_finished_spans() if s.name == semconv.SPAN_STEP]
+    forwards = [s for s in run.exporter.get_finished_spans() if s.name == semconv.SPAN_FORWARD]
+    assert sorted(steps) == list(range(7)) and len(forwards) == 7 and len(t.steps) == 7
+
+
 def test_sdk_disabled_installs_no_hook_at_all(monkeypatch: pytest.MonkeyPatch) -> None:
     from otel_train.instrumentation import TorchTrainingInstrumentor
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
