@@ -498,10 +498,7 @@ def _forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
             s.opt_region = None
             s.opt_closure = True
         step = _train_activity(r, s, t, _PH_FWD, module)
-        region = _recorder.region_factory(_FORWARD)  # `_region(_FORWARD, _mb_attrs(s.mb))`, written out
-        mb = s.mb
-        region.attrs = _MB_ATTRS[mb] if mb < 256 else {semconv.TRAIN_MICRO_BATCH: mb}
-        s.fwd_region = region.__enter__()
+        s.fwd_region = _region(_FORWARD, _mb_attrs(s.mb)).__enter__()
         s.mb_fwd = True
         if step is not None and step is s.step:
             step.micro_batches = s.mb + 1
@@ -554,10 +551,7 @@ def _backward_patch(original: Callable[..., Any]) -> Callable[..., Any]:
         if r is None and (r := _active()) is None:
             return original(*args, **kwargs)
         step = _train_activity(r, s, r.now(), _PH_BWD)
-        region = _recorder.region_factory(_BACKWARD)  # `_region(_BACKWARD, _mb_attrs(s.mb))`
-        mb = s.mb
-        region.attrs = _MB_ATTRS[mb] if mb < 256 else {semconv.TRAIN_MICRO_BATCH: mb}
-        region.__enter__()
+        region = _region(_BACKWARD, _mb_attrs(s.mb)).__enter__()
         s.bwd_depth = 1
         try:
             out = original(*args, **kwargs)
@@ -603,7 +597,7 @@ def _optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
         # batch fetch no longer marks a step; the next forward after an update does.
         s.data_driven = False
         _log.debug("otel_train: several optimizer steps per batch; steps now end at the next forward")
-    s.opt_region = _recorder.region_factory(_OPTIMIZER).__enter__()
+    s.opt_region = _region(_OPTIMIZER).__enter__()
     s.opt_owner = optimizer
     s.opt_closure = False
     s.opt_depth = 1
@@ -668,21 +662,15 @@ def _optimizer_aux_patch(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(*args, **kwargs)
         if s.step is not None and r.step is s.step:  # `_ours`
             s.aux_depth = 1
-            region = _recorder.region_factory(_OPTIMIZER).__enter__()
             try:
-                out = original(*args, **kwargs)
-            except BaseException as err:
-                region.__exit__(type(err), err, None)
-                raise
-            else:
-                region.__exit__(None, None, None)
+                with _region(_OPTIMIZER) as region:
+                    return original(*args, **kwargs)
             finally:
                 s.aux_depth = 0
                 if region.rec is not None:
                     s.last_end = region.t1
                     if s.opt_end is not None:
                         s.opt_end = region.t1  # step(); zero_grad(): the update ends after it
-            return out
         pending = s.pending
         if not isinstance(r.step, _Step) and pending and pending[-1][_P_NAME] is _DATA:
             # A batch is waiting: the step it starts will own this.
