@@ -1176,7 +1176,10 @@ def _our_code() -> list[CodeType]:
             members = vars(obj).values() if isinstance(obj, type) else (obj,)
             for member in members:
                 for fn in (member, getattr(member, "fget", None), getattr(member, "__func__", None)):
-                    if isinstance(fn, FunctionType):
+                    # Only code written in that module: a decorated function's is often the
+                    # decorator's, shared by every function it decorates (`contextmanager`'s
+                    # `helper` for `paused`), which must stay Dynamo's to judge.
+                    if isinstance(fn, FunctionType) and fn.__code__.co_filename == module.__file__:
                         add(fn.__code__)
     return list(found)
 

@@ -667,3 +667,19 @@ def test_a_model_first_used_later_is_found_by_rediscovery(run: Run, monkeypatch:
     assert late._forward_pre_hooks == {} and first._forward_pre_hooks == {}  # all removed at the end
     assert forwards[:3] == [0, 1, 2]
     assert max(forwards) == 8  # the late model's forwards are seen again once rediscovered
+
+
+def test_only_our_own_code_is_hidden_from_dynamo() -> None:
+    # Dynamo is told to skip the frames of our hooks; a decorated function's code is often the
+    # decorator's (contextmanager's `helper` for `paused`), shared by every function it decorates,
+    # and skipping that would change how Dynamo treats user code (a cold compile then counted one
+    # frame fewer than without us).
+    import contextlib
+    import os
+
+    codes = _detect._our_code()
+    ours = {os.path.dirname(_detect.__file__)}
+    assert codes and {os.path.dirname(code.co_filename) for code in codes} == ours
+    helper = contextlib.contextmanager(lambda: iter(())).__code__
+    assert helper not in codes
+    assert _detect._forward_pre_hook.__code__ in codes
