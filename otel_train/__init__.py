@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from otel_train import _recorder, _runtime
+from otel_train import _runtime
+from otel_train.record import recorder as _recorder
 from otel_train._distributed import RunInfo, format_traceparent, region_span_id, step_span_id, trace_id_for
 
 __all__ = ["init", "span", "step", "tag", "event", "inject", "link", "shutdown", "RunInfo"]

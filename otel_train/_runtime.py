@@ -17,11 +17,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from otel_train import _recorder, semconv
-from otel_train._clock import Clock
+from otel_train import semconv
+from otel_train.record import recorder as _recorder
+from otel_train.record.clock import Clock
 from otel_train._config import Config
 from otel_train._distributed import RunInfo, detect_run_info, new_salt
-from otel_train._worker import ENV_CHILD, LocalSink, ProcessSink, Worker
+from otel_train.export.worker import ENV_CHILD, LocalSink, ProcessSink, Worker
 
 _log = logging.getLogger("otel_train")
 _lock = threading.RLock()
@@ -88,15 +89,15 @@ def init(span_processors: Sequence[Any] = (), metric_readers: Sequence[Any] = ()
         run = detect_run_info(cfg.run_id, cfg.role)
         recorder = _recorder.Recorder(cfg.buffer_size, clock)
         salt = new_salt()
-        from otel_train._pipeline import ExportPipeline, make_setup
-        from otel_train._sinks import describe_destination
+        from otel_train.export.pipeline import ExportPipeline, make_setup
+        from otel_train.export.exporters import describe_destination
         setup = make_setup(cfg, run, build_resource(cfg, run), salt, _version())
 
         def local() -> LocalSink:
             return LocalSink(ExportPipeline(setup, span_processors, metric_readers))
 
         sink: Any
-        from otel_train._sinks import effective_exporter
+        from otel_train.export.exporters import effective_exporter
         # The console exporter prints on stdout, which in process mode is the child's progress pipe.
         console = "console" in (effective_exporter(cfg.traces_exporter, cfg.endpoint),
                                 effective_exporter(cfg.metrics_exporter, cfg.metrics_endpoint or cfg.endpoint))
@@ -112,7 +113,7 @@ def init(span_processors: Sequence[Any] = (), metric_readers: Sequence[Any] = ()
             recorder.packing = True  # plain regions as slots: the worker moves them as bytes
         resolve = None
         if cfg.device_timing == "auto":
-            from otel_train import _device
+            from otel_train.record import device as _device
             resolve = _device.install(recorder)  # chooses the device lazily; torch is never imported here
         worker = Worker(recorder, sink, cfg.flush_interval_ms / 1000.0, resolve=resolve)
         _state = _State(cfg, run, worker, describe_destination(cfg, run))
@@ -174,7 +175,7 @@ def shutdown(timeout_s: float | None = None) -> None:
             _truncate_open(recorder)
             stats = st.worker.stop(deadline)
             if st.device is not None:
-                from otel_train import _device
+                from otel_train.record import device as _device
                 _device.uninstall()
             _report(st, recorder, stats, bound)
         except Exception as err:  # noqa: BLE001 - shutdown runs at exit and in signal handlers
@@ -265,7 +266,7 @@ def _after_fork_in_child() -> None:
     # The child keeps the parent's pipe to the exporter open but never writes to it: its
     # worker thread did not survive the fork and its recorder is gone.
     _recorder.install(None)
-    device = sys.modules.get("otel_train._device")
+    device = sys.modules.get("otel_train.record.device")
     if device is not None:
         device.uninstall()  # the parent's device events are not the child's to touch
     _state = None

@@ -90,12 +90,12 @@ class TorchTrainingInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         _imports.cancel(self._install_torch)
         _imports.cancel(_attach_lightning)
         _imports.cancel(_attach_transformers)
-        detect = sys.modules.get("otel_train._detect")  # imported only once torch was
+        detect = sys.modules.get("otel_train.detect.hooks")  # imported only once torch was
         if detect is not None:
             detect.uninstall()
 
     def _install_torch(self, module: ModuleType) -> None:
-        from otel_train import _detect
+        from otel_train.detect import hooks as _detect
         _detect.install(lazy=getattr(self, "_lazy", False))
 
 
@@ -109,10 +109,10 @@ def _in_multiprocessing_child() -> bool:
 
 
 def _attach_lightning(module: ModuleType) -> None:
-    from otel_train import lightning  # its patches live in _detect's registry: uninstall undoes them
+    from otel_train.detect.integrations import lightning  # its patches live in detection's registry: uninstall undoes them
     lightning._attach()
 
 
 def _attach_transformers(module: ModuleType) -> None:
-    from otel_train import hf
+    from otel_train.detect.integrations import hf
     hf._attach()

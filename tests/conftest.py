@@ -58,7 +58,7 @@ class Harness:
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
         import otel_train
-        from otel_train._clock import FakeClock
+        from otel_train.record.clock import FakeClock
 
         class KeepingReader(InMemoryMetricReader):
             """Keeps what it held at shutdown, so tests can read metrics after `finish()`."""

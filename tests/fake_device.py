@@ -18,7 +18,7 @@ import struct
 import threading
 from collections import Counter
 
-from otel_train._clock import FakeClock
+from otel_train.record.clock import FakeClock
 
 MS = 1_000_000
 NEVER = float("inf")

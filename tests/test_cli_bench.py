@@ -74,7 +74,8 @@ def test_automatic_blocks_share_the_rounds_of_the_plain_and_instrumented_ones(tm
     proc = run_python(f"""
         import itertools, json
         import otel_train
-        from otel_train import _bench, _detect
+        from otel_train.bench import overhead as _bench
+        from otel_train.detect import hooks as _detect
         otel_train.init(run_id="auto-rounds", output_dir={str(tmp_path)!r})
         log = []
         class Work:
@@ -116,7 +117,7 @@ def test_bad_cli_arguments_get_one_clear_message(argv: list[str], message: str) 
 def test_quickstart_example_leaves_traces_on_the_embedded_default(tmp_path) -> None:
     from pathlib import Path
 
-    from otel_train._sinks import read_spans
+    from otel_train.export.exporters import read_spans
 
     example = Path(__file__).resolve().parent.parent / "examples" / "quickstart.py"
     proc = run_python(script=example, args=["--steps", "20"], cwd=tmp_path, env={"OTEL_TRAIN_RUN_ID": "qs"})
@@ -129,7 +130,7 @@ def test_quickstart_example_leaves_traces_on_the_embedded_default(tmp_path) -> N
 
 
 def test_overhead_interval_is_the_binomial_order_statistics_around_the_median() -> None:
-    from otel_train._bench import _paired_ci95_pct, _run_alternating
+    from otel_train.bench.overhead import _paired_ci95_pct, _run_alternating
 
     # Ratios 0 %, 1 %, ... in shuffled rounds: the interval is read off the sorted ratios.
     plain = [2.0] * 15
@@ -148,7 +149,7 @@ def test_overhead_interval_is_the_binomial_order_statistics_around_the_median() 
 def test_a_blocks_leftover_work_is_caught_up_while_plain_steps_run_and_charged_beyond_them() -> None:
     import threading
 
-    from otel_train._bench import _Block, _catch_up
+    from otel_train.bench.overhead import _Block, _catch_up
 
     finished = threading.Event()
     ran: list[int] = []
@@ -177,7 +178,9 @@ def test_grouped_design_holds_records_for_one_catch_up_a_group_and_alternates_va
     proc = run_python(f"""
         import itertools, json
         import otel_train
-        from otel_train import _bench, _detect, _runtime
+        from otel_train import _runtime
+        from otel_train.bench import overhead as _bench
+        from otel_train.detect import hooks as _detect
         otel_train.init(run_id="groups", output_dir={str(tmp_path)!r})
         worker = _runtime.state().worker
         log = []
@@ -231,7 +234,7 @@ def test_grouped_design_prints_the_step_targets_from_a_live_receiver() -> None:
 
 
 def test_a_groups_catch_up_is_charged_beyond_the_plain_rate_around_it_for_its_timed_records() -> None:
-    from otel_train._bench import _group_charge_ns
+    from otel_train.bench.overhead import _group_charge_ns
 
     # 10 catch-up steps took 14 ms where plain steps took 1.2 ms: 2 ms beyond them.
     assert _group_charge_ns(14_000_000, 10, 1.2, 100, 0) == pytest.approx(2_000_000)

@@ -1,4 +1,4 @@
-"""Step and phase detection (otel_train._detect), driven in-process by real torch loops.
+"""Step and phase detection (otel_train.detect.hooks), driven in-process by real torch loops.
 
 Spans go to an in-memory exporter; time comes from a FakeClock that the data, the model and
 the optimizer advance by hand, so step boundaries can be asserted to the nanosecond.
@@ -23,8 +23,9 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import otel_train  # noqa: E402
-from otel_train import _detect, _imports, _runtime, semconv  # noqa: E402
-from otel_train._clock import FakeClock  # noqa: E402
+from otel_train import _imports, _runtime, semconv  # noqa: E402
+from otel_train.detect import hooks as _detect  # noqa: E402
+from otel_train.record.clock import FakeClock  # noqa: E402
 
 DATA, FWD, BWD, OPT = "data", "forward", "backward", "optimizer"
 
@@ -677,8 +678,10 @@ def test_only_our_own_code_is_hidden_from_dynamo() -> None:
     import contextlib
     import os
 
+    from otel_train.record import recorder
+
     codes = _detect._our_code()
-    ours = {os.path.dirname(_detect.__file__)}
+    ours = {os.path.dirname(_detect.__file__), os.path.dirname(recorder.__file__)}  # detect/ and record/
     assert codes and {os.path.dirname(code.co_filename) for code in codes} == ours
     helper = contextlib.contextmanager(lambda: iter(())).__code__
     assert helper not in codes

@@ -1,4 +1,4 @@
-"""Device timing (`otel_train._device`) against a fake asynchronous device: scripted completion
+"""Device timing (`otel_train.record.device`) against a fake asynchronous device: scripted completion
 times, a FakeClock, and a log of every event call and every synchronisation."""
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ from conftest import Harness, by_name
 from fake_device import MS, FakeDevice
 
 import otel_train
-from otel_train import _device, _recorder, _runtime, semconv
-from otel_train._clock import FakeClock
-from otel_train._recorder import Recorder
-from otel_train._worker import Worker
+from otel_train import _runtime, semconv
+from otel_train.record import device as _device
+from otel_train.record import recorder as _recorder
+from otel_train.record.clock import FakeClock
+from otel_train.record.recorder import Recorder
+from otel_train.export.worker import Worker
 
 DUR, LAG, TYPE = semconv.DEVICE_DURATION_S, semconv.DEVICE_LAG_S, semconv.DEVICE_TYPE
 

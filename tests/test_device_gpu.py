@@ -19,8 +19,9 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 import otel_train  # noqa: E402
-from otel_train import _device, _runtime, semconv  # noqa: E402
-from otel_train._bench_device import SyncCounter, train_instrumented  # noqa: E402
+from otel_train import _runtime, semconv  # noqa: E402
+from otel_train.record import device as _device  # noqa: E402
+from otel_train.bench.device import SyncCounter, train_instrumented  # noqa: E402
 
 PHASES = (semconv.SPAN_FORWARD, semconv.SPAN_BACKWARD, semconv.SPAN_OPTIMIZER)
 

@@ -8,13 +8,14 @@ import sys
 import pytest
 from opentelemetry.sdk.resources import Resource
 
-from otel_train import _recorder, _spans
-from otel_train._clock import FakeClock
+from otel_train.record import recorder as _recorder
+from otel_train.export import spans as _spans
+from otel_train.record.clock import FakeClock
 from otel_train._distributed import RunInfo
-from otel_train._otlp import LeanEncoder
-from otel_train._spans import AttributeCleaner, SpanAssembler
+from otel_train.export.otlp import LeanEncoder
+from otel_train.export.spans import AttributeCleaner, SpanAssembler
 
-_encode = pytest.importorskip("otel_train._encode")
+_encode = pytest.importorskip("otel_train.export._encode")
 sys.path.insert(0, "tests")
 from test_otlp import RESOURCE, mixed_records  # noqa: E402
 
@@ -138,7 +139,7 @@ def _packed(records: list) -> tuple[int, bytes, list, list]:
 def _fed(records: list, packed: bool, rank: int, step_sample: int) -> tuple[list, object, int, int]:
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from otel_train._metrics import TrainMetrics
+    from otel_train.export.metrics import TrainMetrics
 
     reader = InMemoryMetricReader()
     metrics = TrainMetrics(Resource(RESOURCE), None, 60_000, [reader], "1.2", time_ns=lambda: 5)

@@ -21,14 +21,19 @@ from typing import Any
 
 import pytest
 
-from otel_train import _recorder
-from otel_train._clock import FakeClock
+from otel_train.record import recorder as _recorder
+from otel_train.record.clock import FakeClock
 
 _REPO = Path(__file__).resolve().parent.parent
 
+try:
+    import tomllib
+except ImportError:  # Python 3.10: the build checks below are skipped
+    tomllib = None  # type: ignore[assignment]
+
 
 def _c_region() -> type:
-    hotpath = pytest.importorskip("otel_train._hotpath")
+    hotpath = pytest.importorskip("otel_train.record._hotpath")
     assert _recorder._Region is hotpath.Region
     return hotpath.Region
 
@@ -188,7 +193,7 @@ def _packing_recorder(capacity: int = 256) -> Any:
 
 
 def test_attribute_values_pack_by_type_and_come_back_the_same_type() -> None:
-    hotpath = pytest.importorskip("otel_train._hotpath")
+    hotpath = pytest.importorskip("otel_train.record._hotpath")
     rec = _packing_recorder()
     values: list[Any] = [1, -5, 2**63 - 1, -(2**63), 0.5, 1.0, True, False, "s", ""]
     aside: list[Any] = [2**63, 2**70, None, [1, 2], (1,), b"x"]  # no slot for these
@@ -211,7 +216,7 @@ def test_attribute_values_pack_by_type_and_come_back_the_same_type() -> None:
 
 
 def test_the_string_table_is_bounded_and_records_past_it_go_aside() -> None:
-    hotpath = pytest.importorskip("otel_train._hotpath")
+    hotpath = pytest.importorskip("otel_train.record._hotpath")
     rec = _packing_recorder(hotpath.MAX_STRINGS + 100)
     _recorder.install(rec)
     try:
@@ -230,7 +235,7 @@ def test_the_string_table_is_bounded_and_records_past_it_go_aside() -> None:
 def test_a_string_id_follows_the_string_not_the_address_it_had() -> None:
     """Names made at run time and freed at once: the next one usually takes the same memory. An
     id cached by address alone would give the new name the old one's id."""
-    hotpath = pytest.importorskip("otel_train._hotpath")
+    hotpath = pytest.importorskip("otel_train.record._hotpath")
     rec = _packing_recorder(1000)
     _recorder.install(rec)
     try:
@@ -310,7 +315,7 @@ def test_packing_switches_only_while_the_buffer_is_empty() -> None:
 def test_unpack_refuses_what_drain_packed_cannot_have_made() -> None:
     """The exporter process unpacks what comes through its pipe: a mismatch is an error, never
     a crash or a record made of someone else's memory."""
-    hotpath = pytest.importorskip("otel_train._hotpath")
+    hotpath = pytest.importorskip("otel_train.record._hotpath")
     rec = _packing_recorder()
     _recorder.install(rec)
     try:
@@ -371,8 +376,8 @@ def test_an_abandoned_c_region_is_no_longer_current() -> None:
 def test_the_whole_script_records_the_same_without_the_c_module() -> None:
     """Steps, tags, links and events too: the pure-Python classes in a process without `_hotpath`."""
     c_region = _c_region()
-    code = ("import sys; sys.modules['otel_train._hotpath'] = None; sys.path.insert(0, 'tests')\n"
-            "from otel_train import _recorder\n"
+    code = ("import sys; sys.modules['otel_train.record._hotpath'] = None; sys.path.insert(0, 'tests')\n"
+            "from otel_train.record import recorder as _recorder\n"
             "assert _recorder._Step is _recorder._PyStep\n"
             "from test_hotpath import _script\n"
             "print(repr(_script(_recorder._Region)))\n")
@@ -386,8 +391,8 @@ def test_an_event_loop_started_after_the_first_regions_is_still_seen() -> None:
     loop's tasks, each nesting in its own task's regions."""
     _c_region()
     code = ("import sys\n"
-            "from otel_train import _recorder\n"
-            "from otel_train._clock import FakeClock\n"
+            "from otel_train.record import recorder as _recorder\n"
+            "from otel_train.record.clock import FakeClock\n"
             "assert 'asyncio' not in sys.modules\n"
             "rec = _recorder.Recorder(64, FakeClock()); _recorder.install(rec)\n"
             "with _recorder._Region('before.asyncio'): pass\n"
@@ -497,24 +502,33 @@ def test_the_c_hot_path_leaks_nothing(packing: bool) -> None:
     assert grown < 2_000, f"{grown} blocks more after 20,000 iterations: something leaks"
 
 
-@pytest.mark.parametrize("name", ["_hotpath", "_encode"])
+def _extensions() -> dict[str, list[str]]:
+    """Each C extension pyproject.toml builds: its sources and the headers it depends on."""
+    if tomllib is None:
+        return {}
+    config = tomllib.loads((_REPO / "pyproject.toml").read_text())
+    return {ext["name"]: ext["sources"] + ext.get("depends", [])
+            for ext in config["tool"]["setuptools"]["ext-modules"]}
+
+
+@pytest.mark.parametrize("name", sorted(_extensions()))
 def test_the_c_module_is_built_where_a_compiler_is(name: str) -> None:
     """The extensions are optional at install, so a broken build would pass silently: not here."""
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None:
         pytest.skip(f"no C compiler ({compiler}): the pure-Python fallbacks are in use")
-    module = importlib.import_module(f"otel_train.{name}")
-
-    source = Path(_recorder.__file__).with_name(f"{name}.c")
-    if source.exists():  # an editable install: the built module must not predate its source
-        assert Path(module.__file__).stat().st_mtime >= source.stat().st_mtime, \
-            f"otel_train/{name}.c changed since the extension was built: pip install -e . again"
+    module = importlib.import_module(name)
+    for source in _extensions()[name]:
+        path = _REPO / source
+        if path.exists():  # an editable install: the built module must not predate its sources
+            assert Path(module.__file__).stat().st_mtime >= path.stat().st_mtime, \
+                f"{source} changed since {name} was built: pip install -e . again"
 
 
 def test_the_recorder_tests_pass_with_the_python_fallback() -> None:
     """No compiler at install time means no `_hotpath`: the package must work the same without it."""
-    code = ("import sys; sys.modules['otel_train._hotpath'] = None\n"
-            "from otel_train import _recorder\n"
+    code = ("import sys; sys.modules['otel_train.record._hotpath'] = None\n"
+            "from otel_train.record import recorder as _recorder\n"
             "assert _recorder._Region is _recorder._PyRegion, _recorder._Region\n"
             "import pytest\n"
             "raise SystemExit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/test_recorder.py',"

@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
 
-from otel_train._otlp import LeanEncoder, LeanSpanBatch, _len_field
+from otel_train.export.otlp import LeanEncoder, LeanSpanBatch, _len_field
 
 RESOURCE = {"service.name": "svc", "ml.rank": 3, "ml.run.id": "r", "x.ratio": 0.5, "x.flag": True}
 FLAGS = TraceFlags(TraceFlags.SAMPLED)
@@ -98,8 +98,8 @@ def _assemble(records: list, offset: int, fast: bool, rank: int, c_encode: bool 
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from otel_train._distributed import RunInfo
-    from otel_train._metrics import TrainMetrics
-    from otel_train._spans import AttributeCleaner, SpanAssembler
+    from otel_train.export.metrics import TrainMetrics
+    from otel_train.export.spans import AttributeCleaner, SpanAssembler
 
     encoder = LeanEncoder(RESOURCE, "otel_train", "1.2")
     reader = InMemoryMetricReader()
@@ -121,8 +121,8 @@ def _assemble(records: list, offset: int, fast: bool, rank: int, c_encode: bool 
 def mixed_records() -> list:
     """Three steps of usual regions and of every kind the fast path hands to the general one (an
     exception, an event, a list or unusual attribute, a checkpoint sibling), on a fake clock."""
-    from otel_train import _recorder
-    from otel_train._clock import FakeClock
+    from otel_train.record import recorder as _recorder
+    from otel_train.record.clock import FakeClock
 
     class Odd:
         def __str__(self) -> str:
@@ -189,8 +189,8 @@ def step_records() -> list:
     a GC pause in it, an epoch beyond int64, a tag record that arrives before its step's record
     (an orphan); a checkpoint inside a lean step's time, a step number beyond int64, and a step
     that ends the batch (held until the flush)."""
-    from otel_train import _recorder
-    from otel_train._clock import FakeClock
+    from otel_train.record import recorder as _recorder
+    from otel_train.record.clock import FakeClock
 
     clock = FakeClock()
     recorder = _recorder.Recorder(1024, clock)
@@ -230,7 +230,7 @@ def test_lean_steps_encode_exactly_what_the_general_path_does(rank: int, step_sa
     """A usual step record is held and emitted without a wire tuple's attributes cleaned and
     encoded again (`SpanAssembler._lean_step`); the bytes and metrics must be the same as the
     general path's, and every step that cannot go that way must leave it."""
-    from otel_train._spans import SpanAssembler
+    from otel_train.export.spans import SpanAssembler
 
     lean_steps: list[int] = []
     emit_lean = SpanAssembler._emit_lean_step
@@ -260,7 +260,7 @@ def test_int_values_round_trip_through_protobuf_at_every_varint_length() -> None
     negatives as 10-byte two's complement, read back by the official message."""
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-    from otel_train._otlp import _any_value
+    from otel_train.export.otlp import _any_value
 
     values = [0, 1, 127, 128, 16383] + [(1 << k) + d for k in range(14, 63) for d in (-1, 0, 1)]
     values += [-1, -128, -(1 << 31), -(1 << 63), (1 << 63) - 1]

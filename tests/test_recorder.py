@@ -10,7 +10,8 @@ import pytest
 from conftest import Harness, by_name
 
 import otel_train
-from otel_train import _recorder, semconv
+from otel_train import semconv
+from otel_train.record import recorder as _recorder
 from otel_train._distributed import parse_traceparent, step_span_id, trace_id_for
 
 

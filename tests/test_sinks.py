@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
 
-from otel_train._sinks import FileSpanExporter, parse_headers, read_spans, spans_to_otlp_json
+from otel_train.export.exporters import FileSpanExporter, parse_headers, read_spans, spans_to_otlp_json
 
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
 
@@ -102,8 +102,8 @@ def test_records_cross_to_the_exporter_process_as_plain_values() -> None:
 
     import torch
 
-    from otel_train import _recorder
-    from otel_train._worker import FORMAT_MARSHAL, FORMAT_PICKLE, _dumps, loads
+    from otel_train.record import recorder as _recorder
+    from otel_train.export.worker import FORMAT_MARSHAL, FORMAT_PICKLE, _dumps, loads
 
     class Level(enum.IntEnum):
         HIGH = 3
@@ -140,7 +140,7 @@ def test_records_cross_to_the_exporter_process_as_plain_values() -> None:
 
 
 def test_worker_drains_sooner_only_when_records_would_fill_a_quarter_of_the_buffer_first() -> None:
-    from otel_train._worker import _MIN_WAIT_S, next_wait
+    from otel_train.export.worker import _MIN_WAIT_S, next_wait
 
     # 2 s interval, 65,536-record buffer: a quarter is 16,384 records.
     assert next_wait(2.0, 8_000, 2.0, 65_536) == 2.0  # 4,000/s fills a quarter in 4.1 s
@@ -152,9 +152,9 @@ def test_worker_drains_sooner_only_when_records_would_fill_a_quarter_of_the_buff
 
 
 def test_the_drain_pacer_counts_what_a_full_buffer_dropped_as_arrived() -> None:
-    from otel_train._clock import SystemClock
-    from otel_train._recorder import Recorder
-    from otel_train._worker import _FIRST_WAIT_S, _MIN_WAIT_S, DrainPacer
+    from otel_train.record.clock import SystemClock
+    from otel_train.record.recorder import Recorder
+    from otel_train.export.worker import _FIRST_WAIT_S, _MIN_WAIT_S, DrainPacer
 
     recorder = Recorder(4_096, SystemClock())
     pacer = DrainPacer(2.0, recorder.cap, now=100.0, dropped=recorder.dropped)
@@ -178,9 +178,9 @@ def test_the_drain_pacer_counts_what_a_full_buffer_dropped_as_arrived() -> None:
 
 
 def test_a_drain_takes_what_the_buffer_held_when_it_began() -> None:
-    from otel_train._clock import SystemClock
-    from otel_train._recorder import Recorder
-    from otel_train._worker import _SLICE, Worker
+    from otel_train.record.clock import SystemClock
+    from otel_train.record.recorder import Recorder
+    from otel_train.export.worker import _SLICE, Worker
 
     recorder = Recorder(1 << 16, SystemClock())
 
@@ -211,7 +211,8 @@ def test_thread_mode_makes_one_export_call_per_drain_not_per_slice(monkeypatch: 
     from opentelemetry.sdk.trace.export import SpanExportResult
 
     import otel_train
-    from otel_train import _pipeline, _runtime, semconv
+    from otel_train import _runtime, semconv
+    from otel_train.export import pipeline as _pipeline
 
     calls: list[int] = []
 
@@ -245,7 +246,7 @@ def test_the_pipe_to_the_exporter_process_holds_a_whole_drain(tmp_path, monkeypa
         pytest.skip("no Linux pipe resizing to 1 MiB here")
     import otel_train
     from otel_train import _runtime
-    from otel_train._worker import ProcessSink
+    from otel_train.export.worker import ProcessSink
 
     monkeypatch.chdir(tmp_path)
     otel_train.init(run_id="pipe", export_mode="process")
@@ -257,8 +258,8 @@ def test_the_pipe_to_the_exporter_process_holds_a_whole_drain(tmp_path, monkeypa
 
 def _packing_recorder_with_a_step() -> Any:
     """A packing recorder holding one step: 9 regions (slots) and the step's record (a side object)."""
-    from otel_train import _recorder
-    from otel_train._clock import FakeClock
+    from otel_train.record import recorder as _recorder
+    from otel_train.record.clock import FakeClock
 
     if _recorder._hotpath is None:
         pytest.skip("packing needs the C hot path")
@@ -292,7 +293,7 @@ class _RecordingSink:
 
 
 def test_a_packing_recorder_moves_its_records_to_the_sink_as_slots() -> None:
-    from otel_train._worker import Worker, unpack
+    from otel_train.export.worker import Worker, unpack
 
     recorder = _packing_recorder_with_a_step()
     sink = _RecordingSink()
@@ -323,7 +324,7 @@ def test_a_packing_recorder_moves_its_records_to_the_sink_as_slots() -> None:
 def test_records_a_device_was_chosen_for_during_a_drain_wait_for_their_events() -> None:
     """Slots move as they lie only while device timing has nothing to resolve; if it chooses a
     device between the check and the drain, what was drained goes through the resolver."""
-    from otel_train._worker import Worker
+    from otel_train.export.worker import Worker
 
     recorder = _packing_recorder_with_a_step()
 
@@ -347,7 +348,8 @@ def test_records_a_device_was_chosen_for_during_a_drain_wait_for_their_events() 
 
 def test_the_exporter_process_gets_slots_and_a_thread_exporter_records(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     import otel_train
-    from otel_train import _recorder, _runtime
+    from otel_train import _runtime
+    from otel_train.record import recorder as _recorder
 
     if _recorder._hotpath is None:
         pytest.skip("packing needs the C hot path")

@@ -19,7 +19,8 @@ from conftest import Harness, by_name
 from fake_device import MS, FakeDevice
 
 import otel_train
-from otel_train import _device, _runtime, semconv
+from otel_train import _runtime, semconv
+from otel_train.record import device as _device
 
 PHASES = (semconv.SPAN_FORWARD, semconv.SPAN_BACKWARD, semconv.SPAN_OPTIMIZER)
 DISPATCH_MS = 1  # host time to dispatch one phase

@@ -69,9 +69,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from otel_train import _recorder, semconv
-from otel_train._clock import Clock
-from otel_train._recorder import _Region, _Step
+from otel_train import semconv
+from otel_train.record import recorder as _recorder
+from otel_train.record.clock import Clock
+from otel_train.record.recorder import _Region, _Step
 
 _log = logging.getLogger("otel_train")
 

@@ -71,8 +71,9 @@ import wrapt
 from torch.compiler import is_compiling
 from torch.nn.modules.loss import _Loss
 
-from otel_train import _imports, _recorder, _runtime, semconv
-from otel_train._recorder import _Region, _Step
+from otel_train import _imports, _runtime, semconv
+from otel_train.record import recorder as _recorder
+from otel_train.record.recorder import _Region, _Step
 
 _log = logging.getLogger("otel_train")
 
@@ -1159,7 +1160,7 @@ def _patch_dcp(module: ModuleType) -> None:
 
 def _our_code() -> list[CodeType]:
     """The code of every function and method of the hot-path modules, nested ones included."""
-    from otel_train import _device
+    from otel_train.record import device as _device
 
     found: dict[CodeType, None] = {}
 

@@ -23,8 +23,8 @@ import threading
 import time
 from typing import Any
 
-from otel_train._worker import loads as _worker_loads
-from otel_train._worker import unpack
+from otel_train.export.worker import loads as _worker_loads
+from otel_train.export.worker import unpack
 
 _FRAME = struct.Struct("<I")
 _NICE = 10
@@ -104,7 +104,7 @@ def main() -> int:
         return 1
     setup = first[1]
     lower_priority(setup["config"].get("exporter_priority", "low"))
-    from otel_train._pipeline import ExportPipeline
+    from otel_train.export.pipeline import ExportPipeline
 
     timeout_s = float(setup["config"]["shutdown_timeout_s"])
     threading.Thread(target=_watch_parent, args=(timeout_s,), daemon=True).start()

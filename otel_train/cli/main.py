@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_main(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "bench" and args.bench == "overhead":
-        from otel_train._bench import run_overhead
+        from otel_train.bench.overhead import run_overhead
         if args.rounds < 3:
             parser.error("--rounds must be an integer >= 3")
         if args.block_steps is not None and args.block_steps < 5:
@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "bench" and args.bench == "device":
         if args.steps < 1:
             parser.error("--steps must be a positive integer")
-        from otel_train._bench_device import run_device_bench
+        from otel_train.bench.device import run_device_bench
         for name, value in run_device_bench(args.steps).items():
             print(f"{name}: {value:.3f}" if isinstance(value, float) else f"{name}: {value}")
         return 0

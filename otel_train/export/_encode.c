@@ -14,7 +14,7 @@
 #include <Python.h>
 #include <string.h>
 
-#include "_slots.h"
+#include "../wire/slots.h"
 
 /* Field layout, as `_otlp.REGION_HEAD` / `REGION_HEAD_PARENT` pack it: the trace id field
  * (tag, length, 16 bytes), span_id (tag 0x12, length 8, fixed64), optionally parent_span_id
@@ -518,7 +518,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "otel_train._encode",
+    PyModuleDef_HEAD_INIT, "otel_train.export._encode",
     "The exporter's fast path in C: usual regions straight to OTLP bytes (see _encode.c).", -1, methods,
 };
 

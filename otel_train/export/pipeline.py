@@ -20,10 +20,10 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from otel_train import semconv
 from otel_train._config import Config
 from otel_train._distributed import RunInfo
-from otel_train._metrics import TrainMetrics
-from otel_train._otlp import LeanEncoder
-from otel_train._sinks import build_metric_exporter, build_span_exporter
-from otel_train._spans import AttributeCleaner, SpanAssembler
+from otel_train.export.metrics import TrainMetrics
+from otel_train.export.otlp import LeanEncoder
+from otel_train.export.exporters import build_metric_exporter, build_span_exporter
+from otel_train.export.spans import AttributeCleaner, SpanAssembler
 
 _log = logging.getLogger("otel_train")
 #: Pre-encoded OTLP/gRPC requests are cut here: a collector's gRPC receiver takes 4 MiB by default.

@@ -48,7 +48,7 @@ _CLIP_SPAN = "bench.clip_grad_norm"  # a user span: the ninth region of the smal
 # --- the live receiver ------------------------------------------------------------------
 class _Receiver:
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "otel_train._bench_receiver"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "otel_train.bench.receiver"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.port = int(self.proc.stdout.readline())  # type: ignore[union-attr]
         self.endpoint = f"http://127.0.0.1:{self.port}"
@@ -97,7 +97,7 @@ def _regions(factory: Callable[..., Any]) -> Callable[[int], None]:
 def _region_factories(sdk_tracer: Any) -> dict[str, Callable[..., Any]]:
     """What each region figure times, by the name's ending: `region_ns_<name>`."""
     import otel_train
-    from otel_train import _recorder
+    from otel_train.record import recorder as _recorder
 
     factories = {"otel_train": otel_train._span, "otel_sdk": sdk_tracer.start_as_current_span,
                  "disabled": _recorder.noop_span}
@@ -334,7 +334,8 @@ def bench_steps(work: _Workload, rounds: int, block_steps: int, sdk_tracer: Any 
     them), in the same rounds: explicit and automatic are judged against the same plain blocks,
     at the same moments (measured in a later pass of its own, the automatic figure read a
     busier or quieter machine than the explicit one)."""
-    from otel_train import _recorder, _runtime
+    from otel_train import _runtime
+    from otel_train.record import recorder as _recorder
     from otel_train.instrumentation import TorchTrainingInstrumentor
 
     worker = _runtime.state().worker  # type: ignore[union-attr]
@@ -450,7 +451,8 @@ def bench_steps_grouped(work: _Workload, groups: int, block_steps: int, group_st
     interval; `in_step_pct` is that median without the catch-up (the training thread's own
     share), `noise_pct` the spread of a group's plain rate, `pair_noise_pct` that of one
     plain block against the next."""
-    from otel_train import _detect, _runtime
+    from otel_train import _runtime
+    from otel_train.detect import hooks as _detect
     from otel_train.instrumentation import TorchTrainingInstrumentor
 
     worker = _runtime.state().worker  # type: ignore[union-attr]
@@ -593,8 +595,8 @@ def _noise_pct(plain: list[float]) -> float:
 def _small_step_records(steps: int) -> list[Any]:
     """The hot-path tuples of `steps` small-benchmark steps (9 regions each), recorded by a
     private recorder with empty region bodies."""
-    from otel_train import _recorder
-    from otel_train._clock import SystemClock
+    from otel_train.record import recorder as _recorder
+    from otel_train.record.clock import SystemClock
 
     recorder = _recorder.Recorder(steps * 16, SystemClock())
     previous = _recorder.active()
@@ -624,7 +626,7 @@ def bench_export_cpu(steps: int, rounds: int) -> dict[str, float]:
     with training and pays about twice this (`exporter_cpu_us_per_step*`)."""
     import gc
 
-    from otel_train._clock import SystemClock, wall_offset
+    from otel_train.record.clock import SystemClock, wall_offset
 
     records = _small_step_records(steps)
     offset = wall_offset(SystemClock())
@@ -643,10 +645,10 @@ def _export_cpu(records: list[Any], offset: int, rounds: int) -> dict[str, float
     from opentelemetry.sdk.resources import Resource
 
     from otel_train._distributed import RunInfo
-    from otel_train._metrics import TrainMetrics
-    from otel_train._otlp import LeanEncoder
-    from otel_train._spans import AttributeCleaner, SpanAssembler
-    from otel_train._worker import _SLICE, _dumps, loads
+    from otel_train.export.metrics import TrainMetrics
+    from otel_train.export.otlp import LeanEncoder
+    from otel_train.export.spans import AttributeCleaner, SpanAssembler
+    from otel_train.export.worker import _SLICE, _dumps, loads
 
     resource = {"service.name": "bench", "ml.run.id": "bench", "ml.rank": 0}
     cpu = time.process_time_ns
@@ -660,7 +662,7 @@ def _export_cpu(records: list[Any], offset: int, rounds: int) -> dict[str, float
         payloads = [_dumps(("batch", [(False, records[i:i + _SLICE])], offset, {}))
                     for i in range(0, len(records), _SLICE)]
         keep("export_pickle_us_per_span", cpu() - t0, len(records))
-        from otel_train._spans import _encode
+        from otel_train.export.spans import _encode
         variants = [("fast", True, True)] + ([("fast_python", True, False)] if _encode is not None else []) \
             + [("general", False, False)]
         for label, fast, c_encode in variants:
@@ -815,7 +817,9 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
     import torch
 
     import otel_train
-    from otel_train import _recorder, _runtime, _spans
+    from otel_train import _runtime
+    from otel_train.record import recorder as _recorder
+    from otel_train.export import spans as _spans
 
     # Blocks of about two and a half seconds (large step) and two (small), at the default drain
     # and export intervals: what the export pipeline holds at the end of an instrumented block

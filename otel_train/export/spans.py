@@ -27,15 +27,15 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from otel_train import semconv
 from otel_train._distributed import (MASK64, REGION_ID_MULTIPLIER, RunInfo, StepIds, parse_traceparent,
                                      region_span_id, step_span_id, trace_id_for, wire_id)
-from otel_train._metrics import TrainMetrics
-from otel_train._otlp import (KIND_INTERNAL, REGION_HEAD, REGION_HEAD_PARENT, REGION_PREFIXES, REGION_PREFIXES_MAX,
+from otel_train.export.metrics import TrainMetrics
+from otel_train.export.otlp import (KIND_INTERNAL, REGION_HEAD, REGION_HEAD_PARENT, REGION_PREFIXES, REGION_PREFIXES_MAX,
                               TAIL_LOCAL, LeanEncoder, region_prefix)
-from otel_train._recorder import (KIND_EVENT, KIND_SPAN, KIND_STEP, KIND_TAG, W_ATTRS, W_DEV, W_ERROR,
+from otel_train.record.recorder import (KIND_EVENT, KIND_SPAN, KIND_STEP, KIND_TAG, W_ATTRS, W_DEV, W_ERROR,
                                   W_EVENTS, W_LINKS, W_NAME, W_PARENT, W_SEQ, W_STEP, W_STEP_SEQ, W_T0,
                                   W_T1, W_TRUNC, step_wire_attrs, to_wire)
 
 try:  # the fast path in C (`_encode.c`); `SpanAssembler._fast_regions_python` is the fallback
-    from otel_train import _encode
+    from otel_train.export import _encode
     _encode.bind(KIND_SPAN)
 except ImportError:
     _encode = None  # type: ignore[assignment]

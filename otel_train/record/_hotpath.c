@@ -18,7 +18,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "_slots.h"
+#include "../wire/slots.h"
 
 /* --- bound by `_recorder` ---------------------------------------------------------------- */
 static PyObject *g_current;    /* ContextVar: the innermost open region */
@@ -231,7 +231,7 @@ static PyMemberDef rec_members[] = {
 
 static PyTypeObject RecorderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "otel_train._hotpath.RecorderBase",
+    .tp_name = "otel_train.record._hotpath.RecorderBase",
     .tp_doc = "The recorder fields the C region reads: buf, cap, dropped, step, now.",
     .tp_basicsize = sizeof(RecorderObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
@@ -1272,7 +1272,7 @@ selfdescr_dealloc(SelfDescrObject *descr)
 
 static PyTypeObject SelfDescrType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "otel_train._hotpath.SelfDescr",
+    .tp_name = "otel_train.record._hotpath.SelfDescr",
     .tp_doc = "A class attribute whose binding to an instance is the instance itself.",
     .tp_basicsize = sizeof(SelfDescrObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -1355,7 +1355,7 @@ static PyGetSetDef region_getset[] = {
 
 static PyTypeObject RegionType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "otel_train._hotpath.Region",
+    .tp_name = "otel_train.record._hotpath.Region",
     .tp_doc = "One timed region (otel_train.span): a context manager or a decorator.",
     .tp_basicsize = sizeof(RegionObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
@@ -1623,7 +1623,7 @@ static PyMemberDef step_members[] = {
 
 static PyTypeObject StepType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "otel_train._hotpath.Step",
+    .tp_name = "otel_train.record._hotpath.Step",
     .tp_doc = "One training step (otel_train.step): Step(n=None, epoch=None, attrs=None).",
     .tp_basicsize = sizeof(StepObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
@@ -1667,7 +1667,7 @@ static PyMemberDef after_members[] = {
 /* Not tracked by the collector: it holds the step, which never refers back to it. */
 static PyTypeObject AfterType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "otel_train._hotpath.After",
+    .tp_name = "otel_train.record._hotpath.After",
     .tp_doc = "Between steps, after `step`: spans here join that step's trace as siblings.",
     .tp_basicsize = sizeof(AfterObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -1738,7 +1738,7 @@ seq_next(PyObject *self)
 
 static PyTypeObject SeqType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "otel_train._hotpath.Seq",
+    .tp_name = "otel_train.record._hotpath.Seq",
     .tp_doc = "The numbers that name span ids, shared by the C and Python regions and steps.",
     .tp_basicsize = sizeof(PyObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -1827,7 +1827,7 @@ static PyMethodDef mod_methods[] = {
 };
 
 static struct PyModuleDef hotpath_module = {
-    PyModuleDef_HEAD_INIT, "otel_train._hotpath", "The region type and recorder fields in C.", -1, mod_methods,
+    PyModuleDef_HEAD_INIT, "otel_train.record._hotpath", "The region type and recorder fields in C.", -1, mod_methods,
 };
 
 PyMODINIT_FUNC

@@ -1,6 +1,6 @@
 """A minimal live OTLP gRPC receiver for `otel-train bench`: accepts and counts, nothing more.
 
-Run as `python -m otel_train._bench_receiver`; prints its port on the first line of stdout
+Run as `python -m otel_train.bench.receiver`; prints its port on the first line of stdout
 and the span count on every later line it is asked for (one line on stdin -> one count).
 
 It stands in for a collector on another machine, so what it costs this machine should be as

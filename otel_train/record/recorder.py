@@ -40,7 +40,7 @@ from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from otel_train import semconv
-from otel_train._clock import Clock, SystemClock
+from otel_train.record.clock import Clock, SystemClock
 
 _log = logging.getLogger("otel_train")
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -56,7 +56,7 @@ _current: ContextVar[_Region | None] = ContextVar("otel_train_region", default=N
 
 
 try:  # the hot path in C (`_hotpath.c`); the pure-Python classes below are the fallback
-    from otel_train import _hotpath
+    from otel_train.record import _hotpath
 except ImportError:  # built without a compiler, or an interpreter it was not built for
     _hotpath = None  # type: ignore[assignment]
 

@@ -112,7 +112,7 @@ def _lean_grpc_exporter_class() -> type[SpanExporter]:
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-    from otel_train._otlp import LeanSpanBatch
+    from otel_train.export.otlp import LeanSpanBatch
 
     def serialize(request: Any) -> bytes:
         return request if isinstance(request, bytes) else request.SerializeToString()

@@ -45,8 +45,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from otel_train._clock import wall_offset
-from otel_train._recorder import Recorder, _hotpath, to_wire
+from otel_train.record.clock import wall_offset
+from otel_train.record.recorder import Recorder, _hotpath, to_wire
 
 _log = logging.getLogger("otel_train")
 _SLICE = 256
@@ -158,7 +158,7 @@ class ProcessSink:
         self._reported = threading.Condition()  # notified at each progress report and at EOF
         self._eof = False
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "otel_train._exporter_process"],
+            [sys.executable, "-m", "otel_train.export.exporter_process"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_child_env(), close_fds=True)
         _widen_pipe(self.proc.stdin)
         self._reader = threading.Thread(target=self._read_progress, name="otel_train-exporter-reader",
@@ -314,7 +314,7 @@ class _WirePickler(pickle.Pickler):
             return float, (float(obj),)
         if isinstance(obj, (tuple, list)):  # torch.Size, a namedtuple: the exporter has neither
             return tuple, (tuple(obj),)
-        from otel_train._spans import _describe  # only when such a value appears
+        from otel_train.export.spans import _describe  # only when such a value appears
         return str, (_describe(obj),)
 
 

@@ -1,0 +1,1 @@
+"""Framework integrations: Lightning and Hugging Face callbacks on top of automatic detection."""
