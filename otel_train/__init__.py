@@ -46,7 +46,7 @@ def init(**overrides: Any) -> RunInfo | None:
 #: resolved off-thread into `device.duration_s` / `device.lag_s`), `False` never does; by default
 #: only `semconv.DEVICE_TIMED_SPANS` do (forward, backward, optimizer, collective, checkpoint, eval).
 #: While device timing is on and a device is (or may yet be) in use, `span` is `_device._DeviceRegion`.
-_span = _recorder._Region
+_span = _recorder.Region
 span = _span
 
 
@@ -78,7 +78,7 @@ def inject() -> dict[str, str]:
         step_n, _ = _recorder._step_ref(region.step)
         return {"traceparent": format_traceparent(trace_id_for(run.run_id, step_n),
                                                   region_span_id(st.salt, region.seq))}
-    if rec is not None and isinstance(rec.step, _recorder._Step):
+    if rec is not None and isinstance(rec.step, _recorder.Step):
         n = rec.step.n
         return {"traceparent": format_traceparent(trace_id_for(run.run_id, n),
                                                   step_span_id(run.run_id, n, run.rank, run.restart))}

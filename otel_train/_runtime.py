@@ -204,8 +204,8 @@ def _truncate_open(recorder: _recorder.Recorder) -> None:
     for record in recorder.open_records():
         record.t1 = now
         record.exc = _recorder.Truncated
-        if isinstance(record, _recorder._Step):
-            recorder.step = _recorder._After(record)
+        if isinstance(record, _recorder.Step):
+            recorder.step = _recorder.After(record)
         recorder.append(record)
 
 

@@ -187,7 +187,7 @@ def test_cpu_run_has_no_device_attributes_and_host_step_time(harness: Harness) -
                 clock.advance(10 * MS)
         clock.advance(5 * MS)
     assert _device.active().pool is None
-    assert otel_train.span is _recorder._Region  # no accelerator: nothing left to pay for
+    assert otel_train.span is _recorder.Region  # no accelerator: nothing left to pay for
     resolver = _runtime.state().worker.resolve
     batch = _recorder.active().drain(1 << 20)
     assert len(batch) >= 2 and resolver(batch) is batch  # handed on as drained: no per-record look
@@ -206,7 +206,7 @@ def test_device_timing_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _device.active() is None
     assert _runtime.state().worker.resolve is None
     assert _runtime.state().worker.recorder.step_end is None
-    assert otel_train.span is _recorder._Region
+    assert otel_train.span is _recorder.Region
     with otel_train.step():
         with otel_train.span(semconv.SPAN_FORWARD, device_time=True):
             harness.clock.advance(MS)
@@ -227,7 +227,7 @@ def test_use_device_picks_the_model_device(harness: Harness) -> None:
     _device.use_device(Module())
     timing = _device.active()
     assert timing.settled and timing.pool is None  # CPU: host time is the truth
-    assert otel_train.span is _recorder._Region
+    assert otel_train.span is _recorder.Region
     harness.finish()
 
 
@@ -355,7 +355,7 @@ def bare() -> Any:
 
 
 def _step(clock: FakeClock, fake: FakeDevice) -> None:
-    with _recorder._Step(None, None):
+    with _recorder.Step(None, None):
         with _device._DeviceRegion(semconv.SPAN_FORWARD):
             fake.launch(10 * MS)
             clock.advance(1 * MS)

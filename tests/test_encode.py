@@ -27,18 +27,18 @@ def _edge_records() -> list:
     recorder = _recorder.Recorder(1024, clock)
     _recorder.install(recorder)
     try:
-        with _recorder._Region("before.any.step", **{"x.nan": float("nan")}):
+        with _recorder.Region("before.any.step", **{"x.nan": float("nan")}):
             clock.advance(3)
         for n in (5, 6, 2**70, 8):
-            with _recorder._Step(n, None):
-                with _recorder._Region("train.forward", **{"x.list": [1, 2]}):  # unhashable: general path
+            with _recorder.Step(n, None):
+                with _recorder.Region("train.forward", **{"x.list": [1, 2]}):  # unhashable: general path
                     clock.advance(11)
-                with _recorder._Region("train.optimizer"):
-                    with _recorder._Region("clip", **{"x.big": 2**70}):
+                with _recorder.Region("train.optimizer"):
+                    with _recorder.Region("clip", **{"x.big": 2**70}):
                         clock.advance(13)
-                    with _recorder._Region("clip", **{"x.i": n}):
+                    with _recorder.Region("clip", **{"x.i": n}):
                         clock.advance(17)
-            with _recorder._Region("between.steps", **{"x.f": 0.25}):  # after step n ended
+            with _recorder.Region("between.steps", **{"x.f": 0.25}):  # after step n ended
                 clock.advance(19)
     finally:
         _recorder.install(None)
@@ -177,10 +177,10 @@ def test_many_bodies_in_one_drain_are_each_their_own() -> None:
     _recorder.install(recorder)
     try:
         for n in range(40):
-            with _recorder._Step(n, None):
+            with _recorder.Step(n, None):
                 for i in range(23):
                     value = [i, float(i) / 4, i % 2 == 0, f"v{i % 5}", None][i % 5]
-                    with _recorder._Region(f"r{(i * 7 + n) % 19}", **({} if value is None else {f"k{i % 3}": value})):
+                    with _recorder.Region(f"r{(i * 7 + n) % 19}", **({} if value is None else {f"k{i % 3}": value})):
                         clock.advance(i + 1)
     finally:
         _recorder.install(None)

@@ -34,7 +34,7 @@ except ImportError:  # Python 3.10: the build checks below are skipped
 
 def _c_region() -> type:
     hotpath = pytest.importorskip("otel_train.record._hotpath")
-    assert _recorder._Region is hotpath.Region
+    assert _recorder.Region is hotpath.Region
     return hotpath.Region
 
 
@@ -78,7 +78,7 @@ def _script(region: type, capacity: int = 64, packing: str | None = None) -> tup
     try:
         with region("before.steps"):
             clock.advance(3)
-        step = _recorder._Step(0, None)
+        step = _recorder.Step(0, None)
         with step:
             clock.advance(5)
             with region("outer", lr=0.1, phase="fwd") as outer:
@@ -199,7 +199,7 @@ def test_attribute_values_pack_by_type_and_come_back_the_same_type() -> None:
     aside: list[Any] = [2**63, 2**70, None, [1, 2], (1,), b"x"]  # no slot for these
     _recorder.install(rec)
     try:
-        with _recorder._Step(0, None):
+        with _recorder.Step(0, None):
             for value in values + aside:
                 with hotpath.Region("v", x=value):
                     pass
@@ -378,9 +378,9 @@ def test_the_whole_script_records_the_same_without_the_c_module() -> None:
     c_region = _c_region()
     code = ("import sys; sys.modules['otel_train.record._hotpath'] = None; sys.path.insert(0, 'tests')\n"
             "from otel_train.record import recorder as _recorder\n"
-            "assert _recorder._Step is _recorder._PyStep\n"
+            "assert _recorder.Step is _recorder._PyStep\n"
             "from test_hotpath import _script\n"
-            "print(repr(_script(_recorder._Region)))\n")
+            "print(repr(_script(_recorder.Region)))\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=_REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == repr(_script(c_region))
@@ -395,12 +395,12 @@ def test_an_event_loop_started_after_the_first_regions_is_still_seen() -> None:
             "from otel_train.record.clock import FakeClock\n"
             "assert 'asyncio' not in sys.modules\n"
             "rec = _recorder.Recorder(64, FakeClock()); _recorder.install(rec)\n"
-            "with _recorder._Region('before.asyncio'): pass\n"
+            "with _recorder.Region('before.asyncio'): pass\n"
             "import asyncio\n"
             "async def task(i):\n"
-            "    with _recorder._Region('task', i=i):\n"
+            "    with _recorder.Region('task', i=i):\n"
             "        await asyncio.sleep(0)\n"
-            "        with _recorder._Region('inner', i=i):\n"
+            "        with _recorder.Region('inner', i=i):\n"
             "            await asyncio.sleep(0)\n"
             "async def main():\n"
             "    await asyncio.gather(task(0), task(1))\n"
@@ -529,7 +529,7 @@ def test_the_recorder_tests_pass_with_the_python_fallback() -> None:
     """No compiler at install time means no `_hotpath`: the package must work the same without it."""
     code = ("import sys; sys.modules['otel_train.record._hotpath'] = None\n"
             "from otel_train.record import recorder as _recorder\n"
-            "assert _recorder._Region is _recorder._PyRegion, _recorder._Region\n"
+            "assert _recorder.Region is _recorder._PyRegion, _recorder.Region\n"
             "import pytest\n"
             "raise SystemExit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/test_recorder.py',"
             " 'tests/test_hotpath.py', '-k', 'not python_fallback and not compiler']))\n")

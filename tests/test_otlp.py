@@ -133,27 +133,27 @@ def mixed_records() -> list:
     _recorder.install(recorder)
     try:
         for n in range(3):
-            with _recorder._Step(n, None):
+            with _recorder.Step(n, None):
                 if n == 1:
                     _recorder.event("step.note", {"k": "v"})  # a step with an event: the general path
-                with _recorder._Region("train.data"):
+                with _recorder.Region("train.data"):
                     clock.advance(1_000)
                 for mb in range(2):
-                    with _recorder._Region("train.forward", **{"train.micro_batch": mb, "x.s": "é" * 20,
+                    with _recorder.Region("train.forward", **{"train.micro_batch": mb, "x.s": "é" * 20,
                                                                "x.f": 0.5, "x.b": True, "x.i": 1}):
-                        with _recorder._Region("inner"):
+                        with _recorder.Region("inner"):
                             clock.advance(2_000_000)
-                with _recorder._Region("train.backward", **{"x.list": [1, 2], "x.odd": Odd()}):
+                with _recorder.Region("train.backward", **{"x.list": [1, 2], "x.odd": Odd()}):
                     clock.advance(3_000)
                 try:
-                    with _recorder._Region("train.optimizer"):
+                    with _recorder.Region("train.optimizer"):
                         _recorder.event("note", {"k": 1})
                         raise ValueError("x")
                 except ValueError:
                     pass
-            with _recorder._Region("train.checkpoint"):
+            with _recorder.Region("train.checkpoint"):
                 clock.advance(50_000_000)
-        with _recorder._Region("outside"):
+        with _recorder.Region("outside"):
             clock.advance(7)
     finally:
         _recorder.install(None)
@@ -200,7 +200,7 @@ def step_records() -> list:
             step = _recorder.begin_step(n, epoch, {"x.user": 1} if n == 4 else None, clock.now_ns)
             assert step is not None
             for mb in range(2 if n % 2 else 1):
-                with _recorder._Region("train.forward", **{"train.micro_batch": mb}):
+                with _recorder.Region("train.forward", **{"train.micro_batch": mb}):
                     clock.advance(1_000 + n % 97)
                 step.micro_batches = mb + 1
             if n == 2:

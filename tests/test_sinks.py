@@ -267,9 +267,9 @@ def _packing_recorder_with_a_step() -> Any:
     recorder.packing = True
     _recorder.install(recorder)
     try:
-        with _recorder._Step(0, None):
+        with _recorder.Step(0, None):
             for mb in range(9):
-                with _recorder._Region("train.forward", mb=mb):
+                with _recorder.Region("train.forward", mb=mb):
                     pass
     finally:
         _recorder.install(None)

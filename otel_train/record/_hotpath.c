@@ -1449,7 +1449,7 @@ step_ref_of(PyObject *step)
     return PyObject_GetAttr(step, s_ref);
 }
 
-/* `_recorder._close_step`: end the open step at `t1` and append its record. */
+/* `_recorder.close_step`: end the open step at `t1` and append its record. */
 static int
 close_step(RecorderObject *rec, StepObject *step, PyObject *t1, PyObject *exc_type)
 {

@@ -72,7 +72,7 @@ from typing import Any, Protocol
 from otel_train import semconv
 from otel_train.record import recorder as _recorder
 from otel_train.record.clock import Clock
-from otel_train.record.recorder import _Region, _Step
+from otel_train.record.recorder import Region, Step
 
 _log = logging.getLogger("otel_train")
 
@@ -267,7 +267,7 @@ class DeviceTiming:
             _publish()  # steps keep looking; regions stop paying for it
         return False
 
-    def on_step_end(self, step: _Step) -> None:
+    def on_step_end(self, step: Step) -> None:
         """`Recorder.step_end` hook: the step's end event, its device-synchronised boundary."""
         pool = self.pool
         if pool is None:
@@ -382,7 +382,7 @@ class DeviceResolver:
         if dev is None or type(dev) is dict:
             return True
         pool = self.timing.pool
-        if isinstance(record, _Step):
+        if isinstance(record, Step):
             if not dev.query():
                 return False
             seen = self.now()
@@ -476,7 +476,7 @@ _timing: DeviceTiming | None = None
 _pool: EventPool | None = None  # read by `_DeviceRegion`; None until a device is chosen
 
 
-class _DeviceRegion(_Region):
+class _DeviceRegion(Region):
     """A region that also records device events at entry and exit (cheap: `record()` only).
 
     `timed` says whether this one asks for device time: `device_time=` when given, else
@@ -488,7 +488,7 @@ class _DeviceRegion(_Region):
     def __init__(self, name: str, *, device_time: bool | None = None, **attrs: Any) -> None:
         self.name = name
         self.attrs = attrs
-        self.events = self.dev = None  # as `_Region.__init__`, without its extra call
+        self.events = self.dev = None  # as `Region.__init__`, without its extra call
         self.timed = name in _DEVICE_TIMED if device_time is None else device_time
 
     def drop_events(self) -> None:
@@ -501,7 +501,7 @@ class _DeviceRegion(_Region):
                 timing.dropped.append(event)  # the worker returns it once complete
 
     def __enter__(self) -> _DeviceRegion:
-        _Region.__enter__(self)  # reads t0 before the event is recorded (the anchor relies on it)
+        Region.__enter__(self)  # reads t0 before the event is recorded (the anchor relies on it)
         if self.timed and self.rec is not None:
             pool = _pool
             if pool is None:
@@ -518,7 +518,7 @@ class _DeviceRegion(_Region):
             pool = _pool
             # Recorded before the record is appended: the worker must never see half of it.
             self.ev1 = pool.take() if pool is not None else None
-        _Region.__exit__(self, exc_type, exc, tb)
+        Region.__exit__(self, exc_type, exc, tb)
 
 
 _DEVICE_TIMED = frozenset(semconv.DEVICE_TIMED_SPANS)
@@ -528,7 +528,7 @@ def _publish() -> None:
     """Point `otel_train.span` (and decorated functions) at the region class now in force.
 
     `_DeviceRegion` while a device is timed or the first regions may still find one; the
-    plain `_Region` otherwise, so a CPU-only run pays nothing for device timing. Likewise the
+    plain `Region` otherwise, so a CPU-only run pays nothing for device timing. Likewise the
     recorder's `step_end` hook: none once no device can be timed (a Python call a step saved).
     """
     timing = _timing
@@ -536,7 +536,7 @@ def _publish() -> None:
         timing.recorder.step_end = timing.on_step_end if timing.pool is not None or not timing.settled else None
     wanted = timing is not None and (timing.pool is not None or
                                      (not timing.settled and timing.region_probes > 0))
-    cls: type[_Region] = _DeviceRegion if wanted else _Region
+    cls: type[Region] = _DeviceRegion if wanted else Region
     if _recorder.region_factory is cls:
         return
     _recorder.region_factory = cls

@@ -23,7 +23,7 @@ device events stay objects: the worker resolves their events in place.)
 
 Parentage: a `ContextVar` holds the innermost open region (so threads and asyncio tasks
 each see their own); the C regions keep it in a thread-local pointer instead wherever no
-event loop runs (`_current_get` reads either). Regions opened outside any region belong to
+event loop runs (`current_get` reads either). Regions opened outside any region belong to
 the open `train.step`.
 """
 
@@ -52,7 +52,7 @@ KIND_TAG = 2  # a tag for a step that has already ended (checkpoint after step N
 KIND_EVENT = 3  # an event for a step that has already ended
 _NO_STEP = (None, None)  # the step reference of a region recorded before the first step
 
-_current: ContextVar[_Region | None] = ContextVar("otel_train_region", default=None)
+_current: ContextVar[Region | None] = ContextVar("otel_train_region", default=None)
 
 
 try:  # the hot path in C (`_hotpath.c`); the pure-Python classes below are the fallback
@@ -76,12 +76,12 @@ class Recorder(_RecorderBase):  # type: ignore[misc,valid-type]
         self.cap = capacity
         self.buf: deque[Any] = deque(maxlen=capacity)
         self.dropped = 0
-        self.step: _Step | _After | None = None
+        self.step: Step | After | None = None
         self.next_step = 0
         self.pending_links: list[Any] = []
         #: Called with the step right after its end time is read (device timing records the
         #: step's end event here, before the step is appended); None when device timing is off.
-        self.step_end: Callable[[_Step], None] | None = None
+        self.step_end: Callable[[Step], None] | None = None
 
     if _hotpath is None:  # else `RecorderBase`'s, which also know the packed ring
         packing = False
@@ -103,15 +103,15 @@ class Recorder(_RecorderBase):  # type: ignore[misc,valid-type]
             count = min(limit, len(self.buf))
             return list(itertools.islice(iter(self.buf.popleft, None), count))
 
-    def open_records(self) -> list[_Region | _Step]:
+    def open_records(self) -> list[Region | Step]:
         """Regions still open in the calling context, innermost first, then the open step."""
-        out: list[_Region | _Step] = []
-        region = _current_get()
+        out: list[Region | Step] = []
+        region = current_get()
         while region is not None:
             if getattr(region, "rec", None) is self and not hasattr(region, "t1"):
                 out.append(region)
             region = region.parent
-        if isinstance(self.step, _Step):
+        if isinstance(self.step, Step):
             out.append(self.step)
         return out
 
@@ -154,9 +154,9 @@ async def _aexit(region: Any, exc_type: Any, exc: Any, tb: Any) -> None:
 class _PyRegion:
     """One timed region (`otel_train.span`); usable as a context manager or a decorator.
 
-    The pure-Python region: `_Region` is the C one (`_hotpath.Region`, the same behaviour
+    The pure-Python region: `Region` is the C one (`_hotpath.Region`, the same behaviour
     and records) where that module was built, this class otherwise. The class is its own
-    factory (`otel_train.span is _Region`): one call per region. `events` and `dev` are
+    factory (`otel_train.span is Region`): one call per region. `events` and `dev` are
     filled in only when an event or device timing needs them.
     """
 
@@ -242,7 +242,7 @@ class _PyAfter:
 
     __slots__ = ("step", "ref")
 
-    def __init__(self, step: _Step) -> None:
+    def __init__(self, step: Step) -> None:
         self.step = step
         self.ref = (step.n, None)
 
@@ -250,7 +250,7 @@ class _PyAfter:
 class _PyStep:
     """One training step (`otel_train.step`), explicit or driven by automatic detection.
 
-    The pure-Python step: `_Step` is the C one (`_hotpath.Step`) where that was built."""
+    The pure-Python step: `Step` is the C one (`_hotpath.Step`) where that was built."""
 
     __slots__ = ("n", "epoch", "rec", "seq", "ref", "t0", "t1", "tags", "events", "links", "attrs",
                  "micro_batches", "exc", "dev")
@@ -270,7 +270,7 @@ class _PyStep:
                 self.rec = None
                 return self
         self.rec = r
-        if isinstance(r.step, _Step):
+        if isinstance(r.step, Step):
             _reopened(self, r)
         if self.n is None:
             self.n = r.next_step
@@ -289,7 +289,7 @@ class _PyStep:
         r = self.rec
         if r is None or r.step is not self:
             return
-        _close_step(r, self, r.now(), exc_type)
+        close_step(r, self, r.now(), exc_type)
 
     __aenter__ = _aenter
     __aexit__ = _aexit
@@ -322,27 +322,27 @@ def _py_close_step(r: Recorder, step: _PyStep, t1: int, exc_type: Any) -> None:
 
 
 if _hotpath is not None:
-    _Region: type = _hotpath.Region
-    _Step: type = _hotpath.Step
-    _After: type = _hotpath.After
+    Region: type = _hotpath.Region
+    Step: type = _hotpath.Step
+    After: type = _hotpath.After
     _hotpath.bind(_current, _NO_STEP, KIND_SPAN, _auto_init, _decorate, _aenter, _aexit)
     _hotpath.bind_steps(KIND_STEP, _reopened)
     #: `otel_train.step(n=None, epoch=None, **attrs)`
     new_step: Callable[..., Any] = _hotpath.step
-    #: `_close_step(recorder, step, t1, exc_type)`: end the open step at `t1`, append its record.
-    _close_step: Callable[[Recorder, Any, int, Any], None] = _hotpath.close_step
+    #: `close_step(recorder, step, t1, exc_type)`: end the open step at `t1`, append its record.
+    close_step: Callable[[Recorder, Any, int, Any], None] = _hotpath.close_step
     #: The innermost open region here: the C regions keep it in a thread-local pointer outside
     #: an event loop and in `_current` inside one (`_hotpath.c`); the Python ones in `_current`.
-    _current_get: Callable[[], Any] = _hotpath.current
+    current_get: Callable[[], Any] = _hotpath.current
 else:
-    _Region, _Step, _After = _PyRegion, _PyStep, _PyAfter
+    Region, Step, After = _PyRegion, _PyStep, _PyAfter
     new_step = _py_new_step
-    _close_step = _py_close_step
-    _current_get = _current.get
+    close_step = _py_close_step
+    current_get = _current.get
 
-#: The class `otel_train.span` hands out while enabled: `_Region`, or `_device._DeviceRegion`
+#: The class `otel_train.span` hands out while enabled: `Region`, or `_device._DeviceRegion`
 #: while device timing is choosing or has chosen a device (set by `_device`).
-region_factory: Callable[..., _Region] = _Region
+region_factory: Callable[..., Region] = Region
 
 
 class _NoopRegion:
@@ -384,12 +384,12 @@ def tag(name: str) -> None:
     if r is None:
         return
     step = r.step
-    if isinstance(step, _Step):
+    if isinstance(step, Step):
         if step.tags is None:
             step.tags = [name]
         else:
             step.tags.append(name)
-    elif isinstance(step, _After):
+    elif isinstance(step, After):
         r.append((KIND_TAG, step.step.ref, name))
     else:
         _log.debug("otel_train: tag(%r) before the first step is ignored", name)
@@ -402,16 +402,16 @@ def event(name: str, attrs: Mapping[str, Any] | None) -> None:
         return
     t = r.now()
     payload = (name, t, dict(attrs) if attrs else None)
-    region = _current_get()
-    target: _Region | _Step | None = region if region is not None and region.rec is r else None
-    if target is None and isinstance(r.step, _Step):
+    region = current_get()
+    target: Region | Step | None = region if region is not None and region.rec is r else None
+    if target is None and isinstance(r.step, Step):
         target = r.step
     if target is not None:
         events = target.events
         if events is None:
             target.events = events = []
         events.append(payload)
-    elif isinstance(r.step, _After):
+    elif isinstance(r.step, After):
         r.append((KIND_EVENT, r.step.step.ref, payload))
     else:
         _log.warning("otel_train: event(%r) outside any span or step has nowhere to go; it is dropped.", name)
@@ -423,7 +423,7 @@ def link(carrier: Any) -> None:
     if r is None or carrier is None:
         return
     step = r.step
-    if isinstance(step, _Step):
+    if isinstance(step, Step):
         if step.links is None:
             step.links = []
         step.links.append(carrier)
@@ -431,8 +431,8 @@ def link(carrier: Any) -> None:
         r.pending_links.append(carrier)
 
 
-def current_region() -> _Region | None:
-    region = _current_get()
+def current_region() -> Region | None:
+    region = current_get()
     return region if region is not None and region.rec is _rec else None
 
 
@@ -444,12 +444,12 @@ W_KIND, W_NAME, W_SEQ, W_PARENT, W_STEP, W_STEP_SEQ, W_T0, W_T1, W_ATTRS, W_EVEN
     W_ERROR, W_TRUNC, W_DEV = range(14)
 
 
-def _step_ref(step: _Step | _After | None) -> tuple[int | None, int | None]:
+def _step_ref(step: Step | After | None) -> tuple[int | None, int | None]:
     """(step number, step seq) of the step a region ran in; seq is None between steps."""
     return step.ref if step is not None else _NO_STEP
 
 
-def _parent_seq(parent: _Region | None, rec: Recorder | None) -> int | None:
+def _parent_seq(parent: Region | None, rec: Recorder | None) -> int | None:
     """The seq of a region's parent, if that parent was recorded by the same recorder."""
     return parent.seq if parent is not None and parent.rec is rec else None
 
@@ -509,7 +509,7 @@ def to_wire(record: Any, offset: int) -> tuple[Any, ...]:
         name, t, attrs = payload
         return (KIND_EVENT, name, 0, None, step_n, step_seq, t + offset, t + offset, attrs,
                 None, None, None, False, None)
-    if isinstance(record, _Step):  # with device time, or force-ended at shutdown
+    if isinstance(record, Step):  # with device time, or force-ended at shutdown
         return _step_wire(record.seq, record.n, record.t0, record.t1, record.attrs, record.epoch,
                           record.micro_batches, record.tags, record.events, record.links, record.exc,
                           record.dev, offset)
@@ -523,9 +523,9 @@ def to_wire(record: Any, offset: int) -> tuple[Any, ...]:
 
 # --- for automatic step detection (integrations, not the public API) ------------------
 def begin_step(n: int | None = None, epoch: int | None = None, attrs: dict[str, Any] | None = None,
-               t0: int | None = None) -> _Step | None:
+               t0: int | None = None) -> Step | None:
     """Open a step without a `with` block; `t0` (perf ns) backdates it to the previous boundary."""
-    step = _Step(n, epoch, attrs)
+    step = Step(n, epoch, attrs)
     step.__enter__()
     if step.rec is None:
         return None
@@ -534,17 +534,17 @@ def begin_step(n: int | None = None, epoch: int | None = None, attrs: dict[str, 
     return step
 
 
-def end_step(t1: int | None = None) -> _Step | None:
+def end_step(t1: int | None = None) -> Step | None:
     """Close the open step (if any) and return it; `t1` (perf ns) sets its end, default now."""
     r = _rec
-    if r is None or not isinstance(r.step, _Step):
+    if r is None or not isinstance(r.step, Step):
         return None
     step = r.step
-    _close_step(r, step, r.now() if t1 is None else t1, None)
+    close_step(r, step, r.now() if t1 is None else t1, None)
     return step
 
 
-def record(name: str, attrs: dict[str, Any] | None, t0: int, t1: int, parent: _Region | None = None) -> None:
+def record(name: str, attrs: dict[str, Any] | None, t0: int, t1: int, parent: Region | None = None) -> None:
     """Append a region that already happened (`t0`..`t1`, perf ns) to the open step, or the one just ended.
 
     For detection that only knows what a region was once it is over (a batch fetch turns out
@@ -560,7 +560,7 @@ def record(name: str, attrs: dict[str, Any] | None, t0: int, t1: int, parent: _R
               step.ref if step is not None else _NO_STEP, t0, t1, attrs or None, None, None))
 
 
-def abandon(region: _Region) -> None:
+def abandon(region: Region) -> None:
     """Leave an entered region without recording it (detection found it was not what it seemed)."""
     if getattr(region, "rec", None) is None or hasattr(region, "t1"):
         return

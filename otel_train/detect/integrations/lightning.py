@@ -1,11 +1,11 @@
-"""Lightning integration: `OtelCallback`, a `lightning.pytorch.Callback`.
+"""Lightning integration: `OtelCallback`, a `lightning.pytorch.Callback` (`otel_train.lightning`).
 
     from otel_train.lightning import OtelCallback
     trainer = Trainer(callbacks=[OtelCallback()])     # or just `import otel_train.auto` first:
                                                       # every Trainer then gets one by itself
 
 Phases (data, forward, backward, optimizer) and step boundaries come from the torch-level
-detection underneath (`otel_train.detect.hooks`), which the callback installs for the duration of
+detection underneath (`otel_train.detect`), which the callback installs for the duration of
 `fit` if nothing else did. The callback adds what only Lightning knows: the epoch, validation
 and test loops as exact `train.eval` passes, the end of training (so the last step ends at its
 real end), and `Trainer.save_checkpoint` as one `train.checkpoint` span.
@@ -17,7 +17,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from otel_train.detect import hooks as _detect
+from otel_train.detect import integrations as detection
 
 __all__ = ["OtelCallback"]
 
@@ -30,39 +30,37 @@ class OtelCallback(pl.Callback):
         self._installed_here = False
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        claimed = _detect.claim()
+        claimed = detection.claim()
         if claimed is None:
             return
         self._installed_here = self._installed_here or claimed
         _patch_trainer()
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        _detect.finish()
-        if self._installed_here:
-            _detect.uninstall()
-            self._installed_here = False
+        detection.release(self._installed_here)
+        self._installed_here = False
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        _detect.set_epoch(trainer.current_epoch)
+        detection.set_epoch(trainer.current_epoch)
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        _detect.eval_begin()
+        detection.eval_begin()
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        _detect.eval_end()
+        detection.eval_end()
 
     def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        _detect.eval_begin()
+        detection.eval_begin()
 
     def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        _detect.eval_end()
+        detection.eval_end()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        _detect.finish()
+        detection.finish()
 
 
 def _patch_trainer() -> None:
-    _detect.patch_once(pl.Trainer, "save_checkpoint", _detect.checkpoint_wrapper)
+    detection.patch(pl.Trainer, "save_checkpoint", detection.checkpoint_wrapper)
 
 
 def _add_callback(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -77,7 +75,7 @@ def _add_callback(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     return wrapped(*args, **kwargs)
 
 
-def _attach() -> None:
+def attach() -> None:
     """Every Trainer created from now on gets an OtelCallback (until `uninstrument()`)."""
-    _detect.patch_once(pl.Trainer, "__init__", _add_callback)
+    detection.patch(pl.Trainer, "__init__", _add_callback)
     _patch_trainer()

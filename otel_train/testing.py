@@ -1,0 +1,57 @@
+"""Switches for benchmarks and tests only (not the API): they change how the package runs.
+
+- `paused_detection()`: installed automatic detection out of the way inside a block.
+- `held(worker)`: keep the worker from draining inside a block.
+
+`otel-train bench` uses both to time parts of the pipeline alone; the test suite uses them to
+check exactly that. Nothing in the package itself calls them. Imports nothing heavy until used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterator
+from typing import Any
+
+
+@contextlib.contextmanager
+def paused_detection() -> Iterator[None]:
+    """Installed detection out of the way inside the block: every hook and patch removed, then put
+    back as they were (the step machine keeps its state, discovery its roots; a step left open
+    spans the block). For the overhead benchmark, whose plain steps alternate one by one with
+    automatic ones: reinstalling for each would restart discovery every time. Not reentrant."""
+    from otel_train.detect import gc_pauses, optimizer, state
+    from otel_train.detect.data import to_switch
+    from otel_train.detect.patches import Patches, unpatch
+    from otel_train.detect.roots import roots
+
+    if not state.installed:
+        yield
+        return
+    roots.detach()
+    optimizer.remove_hooks()
+    gc.callbacks.remove(gc_pauses.gc_callback)
+    to_switch.disarm()
+    ours = [patch for patches in Patches.everywhere for patch in patches.made
+            if vars(patch[0]).get(patch[1]) is patch[4]]
+    for patch in ours:
+        unpatch(*patch)
+    try:
+        yield
+    finally:
+        for owner, name, _, _, patched in ours:
+            setattr(owner, name, patched)
+        gc.callbacks.append(gc_pauses.gc_callback)
+        optimizer.add_hooks()
+        if roots.discovering:
+            roots.add_global()
+        for module in list(roots.hooked):
+            roots.hook(module)
+
+
+def held(worker: Any) -> Any:
+    """A context manager that keeps `worker` (`otel_train.export.worker.Worker`) from draining
+    while the block runs: records wait in the buffer. `otel-train bench overhead` times the hot
+    path alone with it. (The worker's drain lock: a drain waits for the block to end.)"""
+    return worker.busy
