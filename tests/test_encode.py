@@ -136,6 +136,18 @@ def _packed(records: list) -> tuple[int, bytes, list, list]:
     return count, slots, side, list(recorder.strings)
 
 
+def test_the_exporter_unpacks_a_packed_drain_as_the_recorder_does() -> None:
+    """The exporter process reads slots with `_encode.unpack`, never importing the hot path: the
+    same code (`wire/slots.h`) as the recorder's own `unpack`, so the same records."""
+    count, slots, side, strings = _packed(mixed_records())
+    for wire in (None, [i % 2 == 0 for i in range(len(side))]):
+        mine = _encode.unpack(slots, side, wire, strings)
+        assert mine == _recorder._hotpath.unpack(slots, side, wire, strings)
+        assert sum(len(records) for _, records in mine) == count
+    with pytest.raises(ValueError, match="whole number"):
+        _encode.unpack(slots[:-1], side, None, strings)
+
+
 def _fed(records: list, packed: bool, rank: int, step_sample: int) -> tuple[list, object, int, int]:
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 

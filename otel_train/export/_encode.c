@@ -1,13 +1,13 @@
 /* The exporter's fast path in C: usual regions straight to OTLP `ScopeSpans.spans` bytes.
  *
- * Same output as the Python loop in `_spans.SpanAssembler._fast_regions` (the fallback when
- * this module cannot be built; `tests/test_encode.py` holds the two to the same bytes, metric
+ * Same output as the Python loop `fast_path.FastPath.regions_python` (the fallback when this
+ * module cannot be built; `tests/test_encode.py` holds the two to the same bytes, metric
  * durations and leftover records). Why: that loop is most of what the exporter process does
  * for a training loop, ~1.7 us of Python a region here, and the exporter shares the machine's
  * cores with training (README, "What the exporter costs").
  *
  * Everything that is not a plain region with a cached body goes back to Python: a cache miss
- * calls the assembler's `_fast_body` / `_fast_step`; a record it does not take (a step, a
+ * calls the fast path's `body` / `step`; a record it does not take (a step, a
  * note, an exception, an event, an unusual attribute) is appended to `rest`, in order.
  */
 #define PY_SSIZE_T_CLEAN
@@ -16,17 +16,17 @@
 
 #include "../wire/slots.h"
 
-/* Field layout, as `_otlp.REGION_HEAD` / `REGION_HEAD_PARENT` pack it: the trace id field
+/* Field layout, as `otlp.REGION_HEAD` / `REGION_HEAD_PARENT` pack it: the trace id field
  * (tag, length, 16 bytes), span_id (tag 0x12, length 8, fixed64), optionally parent_span_id
  * (0x22, 8, fixed64), kind (0x30 0x01), start (0x39 fixed64), end (0x41 fixed64); then the
- * cached body (name and user attributes), the step attribute, and `_otlp.TAIL_LOCAL`. */
+ * cached body (name and user attributes), the step attribute, and `otlp.TAIL_LOCAL`. */
 #define TRACE_FIELD_LEN 18
 #define ID_FIELD_LEN 10
 #define TIMES_LEN 20 /* kind (2) + tag and fixed64 (9) twice */
 static const unsigned char TAIL_LOCAL[] = {0x7a, 0x00, 0x85, 0x01, 0x00, 0x01, 0x00, 0x00};
-#define REGION_ID_MULTIPLIER 0x9E3779B97F4A7C15ULL
 
-static PyObject *g_kind_span; /* KIND_SPAN */
+static PyObject *g_kind_span;                /* KIND_SPAN, from `bind` */
+static unsigned long long g_id_multiplier;  /* `wire.ids.REGION_ID_MULTIPLIER`, from `bind` */
 
 static unsigned char *put_u64le(unsigned char *p, unsigned long long v) {
     for (int i = 0; i < 8; i++) {
@@ -53,9 +53,9 @@ static unsigned char *put_varint(unsigned char *p, unsigned long long v) {
     return p;
 }
 
-/* A region's span id in wire form (`_distributed.region_wire_id`). */
+/* A region's span id in wire form (`wire.ids.region_wire_id`, whose multiplier `bind` gave). */
 static unsigned long long wire_id(unsigned long long seq, unsigned long long salt) {
-    unsigned long long id = (seq * REGION_ID_MULTIPLIER) ^ salt;
+    unsigned long long id = (seq * g_id_multiplier) ^ salt;
     return id ? id : 1;
 }
 
@@ -96,7 +96,7 @@ static PyObject *region_body(PyObject *name, PyObject *attrs, PyObject *bodies, 
         }
     }
     if (body != NULL && !PyBytes_Check(body)) {
-        PyErr_SetString(PyExc_TypeError, "_fast_body must return bytes or None");
+        PyErr_SetString(PyExc_TypeError, "the body function must return bytes or None");
         Py_CLEAR(body);
     }
     return body;
@@ -190,7 +190,7 @@ typedef struct {
     unsigned long long salt;
     PyObject *bodies, *steps, *make_body, *make_step, *durations, *out, *rest;
     PyObject *step_n; /* the step number (an int or None) whose `step` this is: a strong reference, NULL before any */
-    PyObject *step;   /* what `_fast_step` gave for it (a strong reference: the cache may be cleared) */
+    PyObject *step;   /* what the step function gave for it (a strong reference: the cache may be cleared) */
     int step_i64;     /* `step_n` is an int in the int64 range, `step_value` */
     int64_t step_value;
 } Ctx;
@@ -243,7 +243,7 @@ static int use_step(Ctx *c, PyObject *step_n) {
     if (found == NULL || !PyTuple_CheckExact(found) || PyTuple_GET_SIZE(found) != 5
         || !PyBytes_Check(PyTuple_GET_ITEM(found, 0)) || !PyBytes_Check(PyTuple_GET_ITEM(found, 2))) {
         if (found != NULL) {
-            PyErr_SetString(PyExc_TypeError, "_fast_step must return (bytes, int|None, bytes, bool, int|None)");
+            PyErr_SetString(PyExc_TypeError, "the step function must return (bytes, int|None, bytes, bool, int|None)");
             Py_DECREF(found);
         }
         Py_DECREF(step_n);
@@ -358,9 +358,10 @@ static PyObject *regions(PyObject *module, PyObject *const *args, Py_ssize_t nar
 }
 
 /* --- slots ------------------------------------------------------------------------------- */
-/* The same for a packed drain (`_hotpath` "the packed ring"): slots are read where they lie, with
- * no tuple, int or dict made for a usual region. A batch holds a few distinct bodies (a name,
- * or a name and its one attribute), so the last few found are kept by their slot fields here. */
+/* The same for a packed drain ("the packed ring" in `record/_hotpath_recorder.c`): slots are
+ * read where they lie, with no tuple, int or dict made for a usual region. A batch holds a few
+ * distinct bodies (a name, or a name and its one attribute), so the last few found are kept by
+ * their slot fields here. */
 #define MEMO 16
 
 typedef struct {
@@ -423,7 +424,7 @@ PyDoc_STRVAR(packed_regions_doc,
 "--\n\n"
 "`regions` for a packed drain (`RecorderBase.drain_packed`'s slots and side records, `strings`\n"
 "its string table), the slots read where they lie: the same `out`, `durations` and `rest` as\n"
-"`regions` of the records the drain unpacks into (`_hotpath.unpack`). Returns their number.");
+"`regions` of the records the drain unpacks into (`unpack`). Returns their number.");
 
 static PyObject *packed_regions(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 12) {
@@ -502,18 +503,41 @@ done:
     return result;
 }
 
-PyDoc_STRVAR(bind_doc, "bind(kind_span)\n--\n\nThe record kind of a region (`_recorder.KIND_SPAN`).");
+PyDoc_STRVAR(bind_doc, "bind(kind_span, id_multiplier)\n--\n\n"
+"The record kind of a region (`wire.schema.KIND_SPAN`) and the multiplier of region span ids\n"
+"(`wire.ids.REGION_ID_MULTIPLIER`).");
 
-static PyObject *bind(PyObject *module, PyObject *kind_span) {
+static PyObject *bind(PyObject *module, PyObject *args) {
+    PyObject *kind_span, *multiplier;
+    if (!PyArg_UnpackTuple(args, "bind", 2, 2, &kind_span, &multiplier)) {
+        return NULL;
+    }
+    unsigned long long m = PyLong_AsUnsignedLongLong(multiplier);
+    if (m == (unsigned long long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
     Py_INCREF(kind_span);
     Py_XSETREF(g_kind_span, kind_span);
+    g_id_multiplier = m;
     Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(unpack_doc, "unpack(slots, side, wire, strings)\n--\n\n"
+"What `RecorderBase.drain_packed` gave, back as runs of records (`export.pipe.Segments`).");
+
+static PyObject *unpack(PyObject *module, PyObject *args) {
+    if (g_kind_span == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_encode.bind() was not called");
+        return NULL;
+    }
+    return unpack_segments(args, g_kind_span);
 }
 
 static PyMethodDef methods[] = {
     {"regions", (PyCFunction)(void (*)(void))regions, METH_FASTCALL, regions_doc},
     {"packed_regions", (PyCFunction)(void (*)(void))packed_regions, METH_FASTCALL, packed_regions_doc},
-    {"bind", bind, METH_O, bind_doc},
+    {"bind", bind, METH_VARARGS, bind_doc},
+    {"unpack", unpack, METH_VARARGS, unpack_doc},
     {NULL, NULL, 0, NULL},
 };
 

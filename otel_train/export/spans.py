@@ -36,7 +36,7 @@ from otel_train.record.recorder import (KIND_EVENT, KIND_SPAN, KIND_STEP, KIND_T
 
 try:  # the fast path in C (`_encode.c`); `SpanAssembler._fast_regions_python` is the fallback
     from otel_train.export import _encode
-    _encode.bind(KIND_SPAN)
+    _encode.bind(KIND_SPAN, REGION_ID_MULTIPLIER)
 except ImportError:
     _encode = None  # type: ignore[assignment]
 

@@ -1,7 +1,9 @@
 /* The packed ring's slot: its layout and how one becomes a record again, shared by the recorder
- * (`_hotpath.c`, which packs slots and unpacks them in the training process when it must) and
- * the exporter's fast path (`_encode.c`, which encodes them straight to OTLP bytes). See "the
- * packed ring" in `_hotpath.c`. Static functions: each module gets its own copy. */
+ * (`record/_hotpath.c`, which packs slots, and unpacks them in the training process when it
+ * must) and the exporter (`export/_encode.c`, which encodes them straight to OTLP bytes, and
+ * unpacks the rest). See "the packed ring" in `record/_hotpath_recorder.c`. Static functions:
+ * each extension gets its own copy, and neither process imports the other's. The Python side of
+ * the schema (record kinds, tuple layouts) is `wire/schema.py`. */
 #ifndef OTEL_TRAIN_SLOTS_H
 #define OTEL_TRAIN_SLOTS_H
 
@@ -31,7 +33,7 @@ typedef struct {
     uint8_t flags;
 } LastStep;
 
-/* A region's record tuple (`_recorder`'s KIND_SPAN layout) from its numbers, NULL for None
+/* A region's record tuple (`wire/schema.py`'s KIND_SPAN layout) from its numbers, NULL for None
  * (`seq`, `parent_seq`, `t0`); the objects are borrowed. The C region's exit and `unpack_slot`
  * both make it. */
 static PyObject *
@@ -160,6 +162,77 @@ sides_done(PyObject *side, Py_ssize_t next, const char *who)
         return 0;
     PyErr_Format(PyExc_ValueError, "%s: more side records than side slots", who);
     return -1;
+}
+
+/* `unpack(slots, side, wire, strings)`, the module function of both extensions: what
+ * `RecorderBase.drain_packed` gave, back as `export.pipe.Segments`: runs of (is_wire, records),
+ * a side record being wire where `wire` (flags by side index, or None) says so, slots unpacked
+ * with `strings` into region records of kind `kind_span`. */
+static PyObject *
+unpack_segments(PyObject *args, PyObject *kind_span)
+{
+    PyObject *slots_obj, *side, *wire, *strings;
+    if (!PyArg_ParseTuple(args, "OO!OO!:unpack", &slots_obj, &PyList_Type, &side, &wire, &PyList_Type, &strings))
+        return NULL;
+    if (wire != Py_None && (!PyList_Check(wire) || PyList_GET_SIZE(wire) != PyList_GET_SIZE(side))) {
+        PyErr_SetString(PyExc_ValueError, "unpack: `wire` must be None or a list as long as `side`");
+        return NULL;
+    }
+    Py_buffer view;
+    Py_ssize_t n, next_side = 0;
+    if (slots_open(slots_obj, &view, &n, "unpack") < 0)
+        return NULL;
+    PyObject *segments = PyList_New(0), *run = NULL;
+    int run_wire = -1;
+    LastStep last = {NULL, 0, 0, 0};
+    if (segments == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Slot slot;
+        slot_at(&view, i, &slot);
+        PyObject *record;
+        int is_wire = 0;
+        if (slot.tag == SLOT_SIDE) {
+            Py_ssize_t at = next_side;
+            PyObject *found = side_record(side, &next_side, "unpack");
+            if (found == NULL)
+                goto fail;
+            if (wire != Py_None && (is_wire = PyObject_IsTrue(PyList_GET_ITEM(wire, at))) < 0)
+                goto fail;
+            record = Py_NewRef(found);
+        }
+        else if ((record = unpack_slot(&slot, strings, &last, kind_span)) == NULL)
+            goto fail;
+        if (is_wire != run_wire) {
+            PyObject *fresh = PyList_New(0);
+            PyObject *pair = fresh != NULL ? Py_BuildValue("(OO)", is_wire ? Py_True : Py_False, fresh) : NULL;
+            if (pair == NULL || PyList_Append(segments, pair) < 0) {
+                Py_XDECREF(fresh);
+                Py_XDECREF(pair);
+                Py_DECREF(record);
+                goto fail;
+            }
+            Py_DECREF(pair);
+            Py_XSETREF(run, fresh);
+            run_wire = is_wire;
+        }
+        int err = PyList_Append(run, record);
+        Py_DECREF(record);
+        if (err < 0)
+            goto fail;
+    }
+    if (sides_done(side, next_side, "unpack") < 0)
+        goto fail;
+    PyBuffer_Release(&view);
+    Py_XDECREF(run);
+    Py_XDECREF(last.ref);
+    return segments;
+fail:
+    PyBuffer_Release(&view);
+    Py_XDECREF(run);
+    Py_XDECREF(last.ref);
+    Py_XDECREF(segments);
+    return NULL;
 }
 
 #endif
