@@ -21,7 +21,8 @@ from typing import Any
 
 from otel_train import _runtime
 from otel_train.record import recorder as _recorder
-from otel_train._distributed import RunInfo, format_traceparent, region_span_id, step_span_id, trace_id_for
+from otel_train._distributed import RunInfo
+from otel_train.wire.ids import format_traceparent, region_span_id, step_span_id, trace_id_for
 
 __all__ = ["init", "span", "step", "tag", "event", "inject", "link", "shutdown", "RunInfo"]
 

@@ -18,11 +18,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from otel_train import semconv
+from otel_train._config import Config
+from otel_train._distributed import RunInfo, detect_run_info
+from otel_train.export.sinks import ENV_CHILD, LocalSink, ProcessSink
+from otel_train.export.worker import Worker
 from otel_train.record import recorder as _recorder
 from otel_train.record.clock import Clock
-from otel_train._config import Config
-from otel_train._distributed import RunInfo, detect_run_info, new_salt
-from otel_train.export.worker import ENV_CHILD, LocalSink, ProcessSink, Worker
+from otel_train.wire.ids import new_salt
+from otel_train.wire.schema import Truncated
 
 _log = logging.getLogger("otel_train")
 _lock = threading.RLock()
@@ -97,10 +100,9 @@ def init(span_processors: Sequence[Any] = (), metric_readers: Sequence[Any] = ()
             return LocalSink(ExportPipeline(setup, span_processors, metric_readers))
 
         sink: Any
-        from otel_train.export.exporters import effective_exporter
+        from otel_train.export.exporters import exporter_kinds
         # The console exporter prints on stdout, which in process mode is the child's progress pipe.
-        console = "console" in (effective_exporter(cfg.traces_exporter, cfg.endpoint),
-                                effective_exporter(cfg.metrics_exporter, cfg.metrics_endpoint or cfg.endpoint))
+        console = "console" in exporter_kinds(cfg)
         if cfg.export_mode == "thread" or span_processors or metric_readers or console:
             sink = local()
         else:
@@ -109,7 +111,7 @@ def init(span_processors: Sequence[Any] = (), metric_readers: Sequence[Any] = ()
             except OSError as err:
                 _log.warning("otel_train: cannot start the exporter process (%s); exporting from a thread.", err)
                 sink = local()
-        if isinstance(sink, ProcessSink) and _recorder._hotpath is not None:
+        if isinstance(sink, ProcessSink) and _recorder._hotpath is not None and _exporter_unpacks():
             recorder.packing = True  # plain regions as slots: the worker moves them as bytes
         resolve = None
         if cfg.device_timing == "auto":
@@ -132,6 +134,14 @@ def _set_span_factory(disabled: bool) -> None:
     if package is not None:
         # Enabled: `_recorder.region_factory`, which device timing points at its own region class.
         package.span = _recorder.noop_span if disabled else _recorder.region_factory  # type: ignore[attr-defined]
+
+
+def _exporter_unpacks() -> bool:
+    """Whether the exporter process can read packed slots: with its own C module
+    (`export._encode`), since it never imports the hot path's. Built wherever `_hotpath` was,
+    but for a broken build; there, records move as tuples."""
+    import importlib.util
+    return importlib.util.find_spec("otel_train.export._encode") is not None
 
 
 def state() -> _State | None:
@@ -203,7 +213,7 @@ def _truncate_open(recorder: _recorder.Recorder) -> None:
     now = recorder.now()
     for record in recorder.open_records():
         record.t1 = now
-        record.exc = _recorder.Truncated
+        record.exc = Truncated
         if isinstance(record, _recorder.Step):
             recorder.step = _recorder.After(record)
         recorder.append(record)

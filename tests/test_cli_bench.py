@@ -117,7 +117,7 @@ def test_bad_cli_arguments_get_one_clear_message(argv: list[str], message: str) 
 def test_quickstart_example_leaves_traces_on_the_embedded_default(tmp_path) -> None:
     from pathlib import Path
 
-    from otel_train.export.exporters import read_spans
+    from otel_train.export.otlp_json import read_spans
 
     example = Path(__file__).resolve().parent.parent / "examples" / "quickstart.py"
     proc = run_python(script=example, args=["--steps", "20"], cwd=tmp_path, env={"OTEL_TRAIN_RUN_ID": "qs"})
@@ -182,18 +182,19 @@ def test_grouped_design_holds_records_for_one_catch_up_a_group_and_alternates_va
         from otel_train.bench import grouped
         from otel_train import detect as _detect
         from otel_train.detect import optimizer
+        from otel_train.testing import held
         otel_train.init(run_id="groups", output_dir={str(tmp_path)!r})
         worker = _runtime.state().worker
         log = []
         class Work:
             def plain(self):
                 kind = "p" if not _detect.installed() else "q" if not optimizer.handles else "A"
-                log.append((kind, worker.pending(), worker.held().locked()))
+                log.append((kind, worker.pending(), held(worker).locked()))
             def instrumented(self, span=None):
                 with otel_train.step():
                     with otel_train.span("train.forward"):
                         pass
-                log.append(("i", worker.pending(), worker.held().locked()))
+                log.append(("i", worker.pending(), held(worker).locked()))
         res = grouped.bench_steps_grouped(Work(), 4, 5, 10, auto=True)
         print(json.dumps({{"log": log, "res": {{k: v for k, v in res.items() if k.endswith("groups")}},
                           "installed": _detect.installed()}}))

@@ -18,6 +18,8 @@ from otel_train.record import recorder as _recorder
 from otel_train.record.clock import FakeClock
 from otel_train.record.recorder import Recorder
 from otel_train.export.worker import Worker
+from otel_train.record import direct
+from otel_train.wire import schema
 
 DUR, LAG, TYPE = semconv.DEVICE_DURATION_S, semconv.DEVICE_LAG_S, semconv.DEVICE_TYPE
 
@@ -383,10 +385,10 @@ def test_hung_device_keeps_memory_bounded_and_never_blocks(bare: Any) -> None:
     # Everything still reaches the sink, in order, without device time once the device hung.
     sent = len(sink.records) + len(resolver.parked)
     assert sent == 2 * 5005
-    steps = [r[_recorder.W_STEP] for r in sink.records if r[_recorder.W_KIND] == _recorder.KIND_STEP]
+    steps = [r[schema.W_STEP] for r in sink.records if r[schema.W_KIND] == schema.KIND_STEP]
     assert steps == sorted(steps)
-    late = [r for r in sink.records[-50:] if r[_recorder.W_KIND] == _recorder.KIND_SPAN]
-    assert late and all(not r[_recorder.W_DEV] for r in late)
+    late = [r for r in sink.records[-50:] if r[schema.W_KIND] == schema.KIND_SPAN]
+    assert late and all(not r[schema.W_DEV] for r in late)
 
 
 def test_a_record_waits_at_most_max_wait(bare: Any) -> None:
@@ -422,7 +424,7 @@ def test_device_errors_release_records_without_device_time(bare: Any, caplog: py
     fake.errors = True
     with caplog.at_level(logging.WARNING, logger="otel_train"):
         worker.drain()
-    assert len(sink.records) == 2 and all(not r[_recorder.W_DEV] for r in sink.records)
+    assert len(sink.records) == 2 and all(not r[schema.W_DEV] for r in sink.records)
     assert "reading device events failed" in caplog.text
 
 
@@ -445,7 +447,7 @@ def test_abandoned_region_gives_its_event_back(bare: Any) -> None:
     region = _device._DeviceRegion(semconv.SPAN_OPTIMIZER)
     region.__enter__()
     fake.launch(5 * MS)
-    _recorder.abandon(region)  # detection found it was not an optimizer update after all
+    direct.abandon(region)  # detection found it was not an optimizer update after all
     fake.drain()
     worker.drain()
     worker.drain()

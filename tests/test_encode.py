@@ -1,4 +1,4 @@
-"""The exporter's fast path in C (`otel_train/_encode.c`) against the Python loop it replaces:
+"""The exporter's fast path in C (`otel_train/export/_encode.c`) against the Python loop it replaces:
 the same bytes, the same records left for the general path, the same metric durations."""
 
 from __future__ import annotations
@@ -8,12 +8,14 @@ import sys
 import pytest
 from opentelemetry.sdk.resources import Resource
 
-from otel_train.record import recorder as _recorder
-from otel_train.export import spans as _spans
-from otel_train.record.clock import FakeClock
 from otel_train._distributed import RunInfo
+from otel_train.export import fast_path, span_ids
+from otel_train.record import recorder as _recorder
+from otel_train.record.clock import FakeClock
+from otel_train.wire import schema
 from otel_train.export.otlp import LeanEncoder
-from otel_train.export.spans import AttributeCleaner, SpanAssembler
+from otel_train.export.attributes import AttributeCleaner
+from otel_train.export.spans import SpanAssembler
 
 _encode = pytest.importorskip("otel_train.export._encode")
 sys.path.insert(0, "tests")
@@ -51,10 +53,9 @@ def _fast(records: list, c_encode: bool, rank: int, step_sample: int, offset: in
     assembler = SpanAssembler(RunInfo(run_id="r", rank=rank), salt, Resource(RESOURCE),
                               AttributeCleaner(16), lambda spans: None, step_sample=step_sample,
                               encoder=LeanEncoder(RESOURCE, "otel_train", "1.2"))
-    assembler.c_encode = c_encode
-    assembler._observe_regions = lambda name, ns: durations.setdefault(name, []).extend(ns)  # type: ignore[method-assign]
+    assembler.fast_path.c_encode = c_encode
     out: list = []
-    rest = assembler._fast_regions(records, offset, out)
+    rest = assembler.fast_path.regions(records, offset, out, durations)
     return out, rest, durations
 
 
@@ -72,9 +73,10 @@ def test_c_and_python_encode_the_same_bytes(records, rank: int, step_sample: int
 
 
 def test_caches_cleared_in_the_middle_of_a_batch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`_fast_body` and `_fast_step` clear their caches past `_CACHE_MAX`, here on almost every
+    """`FastPath.body` and `FastPath.step` clear their caches past `_CACHE_MAX`, here on almost every
     miss: the C loop must hold what it took from them (a freed step tuple would corrupt ids)."""
-    monkeypatch.setattr(_spans, "_CACHE_MAX", 2)
+    monkeypatch.setattr(fast_path, "_CACHE_MAX", 2)
+    monkeypatch.setattr(span_ids, "_CACHE_MAX", 2)
     batch = mixed_records() + _edge_records()
     for rank in (0, 1):
         assert _fast(batch, True, rank, 1, 0) == _fast(batch, False, rank, 1, 0)
@@ -82,10 +84,10 @@ def test_caches_cleared_in_the_middle_of_a_batch(monkeypatch: pytest.MonkeyPatch
 
 def test_an_all_zero_span_id_becomes_one() -> None:
     """A salt that maps one region's sequence number to 0, an invalid OTLP id: it goes out as 1."""
-    from otel_train._distributed import MASK64, REGION_ID_MULTIPLIER
+    from otel_train.wire.ids import MASK64, REGION_ID_MULTIPLIER
 
     batch = mixed_records()
-    seq = next(r[2] for r in batch if r[0] == _recorder.KIND_SPAN and r[1] == "inner")
+    seq = next(r[2] for r in batch if r[0] == schema.KIND_SPAN and r[1] == "inner")
     salt = (seq * REGION_ID_MULTIPLIER) & MASK64
     c_out = _fast(batch, True, 0, 1, 0, salt)[0]
     assert c_out == _fast(batch, False, 0, 1, 0, salt)[0]
@@ -93,7 +95,7 @@ def test_an_all_zero_span_id_becomes_one() -> None:
 
 
 def test_a_wall_time_out_of_range_raises_as_in_python() -> None:
-    batch = [r for r in mixed_records() if r[0] == _recorder.KIND_SPAN]
+    batch = [r for r in mixed_records() if r[0] == schema.KIND_SPAN]
     with pytest.raises(OverflowError):
         _fast(batch, True, 0, 1, -(10**18))
     with pytest.raises(Exception):  # noqa: B017 - struct.error from the Python loop
@@ -105,10 +107,10 @@ def test_no_leak() -> None:
     assembler = SpanAssembler(RunInfo(run_id="r"), 1, Resource(RESOURCE), AttributeCleaner(16), lambda spans: None,
                               encoder=LeanEncoder(RESOURCE, "otel_train", "1.2"))
     for _ in range(50):
-        assembler._fast_regions(batch, 10**18, [])
+        assembler.fast_path.regions(batch, 10**18, [], {})
     before = sys.getallocatedblocks()
     for _ in range(2_000):
-        assembler._fast_regions(batch, 10**18, [])
+        assembler.fast_path.regions(batch, 10**18, [], {})
     assert sys.getallocatedblocks() - before < 500
 
 
@@ -223,8 +225,9 @@ def test_packed_regions_leaks_nothing() -> None:
                               encoder=LeanEncoder(RESOURCE, "otel_train", "1.2"))
 
     def once() -> None:  # the C loop alone, as `test_no_leak` runs the tuple one
-        _encode.packed_regions(slots, side, strings, 10**18, 1, assembler._fast_bodies, assembler._fast_steps,
-                               assembler._fast_body, assembler._fast_step, {}, [], [])
+        fast = assembler.fast_path
+        _encode.packed_regions(slots, side, strings, 10**18, 1, fast.bodies, fast.steps, fast.body, fast.step,
+                               {}, [], [])
 
     for _ in range(50):
         once()

@@ -21,8 +21,10 @@ from typing import Any
 
 import pytest
 
+from otel_train.record import direct
 from otel_train.record import recorder as _recorder
 from otel_train.record.clock import FakeClock
+from otel_train.wire import schema
 
 _REPO = Path(__file__).resolve().parent.parent
 
@@ -47,10 +49,10 @@ def _normalised(records: list[Any]) -> list[Any]:
 
     out = []
     for rec in records:
-        if rec[0] == _recorder.KIND_SPAN:
+        if rec[0] == schema.KIND_SPAN:
             kind, name, s, parent, (step_n, step_seq), t0, t1, attrs, exc, events = rec
             out.append((kind, name, seq(s), seq(parent), (step_n, seq(step_seq)), t0, t1, attrs, exc, events))
-        elif rec[0] == _recorder.KIND_STEP:
+        elif rec[0] == schema.KIND_STEP:
             out.append((rec[0], seq(rec[1]), *rec[2:]))
         else:  # a tag or an event: its step's reference
             kind, (step_n, step_seq), payload = rec
@@ -131,7 +133,7 @@ def _script(region: type, capacity: int = 64, packing: str | None = None) -> tup
             worker = threading.Thread(target=lambda: region("in.thread").__enter__().__exit__(None, None, None))
             worker.start()
             worker.join()
-        _recorder.record("recorded", {"k": "v"}, 5, 6)  # detection's region that already happened
+        direct.record(rec, "recorded", {"k": "v"}, 5, 6)  # detection's region that already happened
         for i in range(70):  # past a small buffer: the oldest go, counted
             with region("fill", i=i):
                 clock.advance(1)
@@ -152,7 +154,7 @@ def test_c_and_python_regions_leave_the_same_records() -> None:
     assert dropped == 20 + 70 - 8 and left_open is None  # 20 records before the 70 that fill it
     assert [r[1] for r in records] == ["fill"] * 8
     full = _script(c_region, capacity=1000)[0]
-    names = [r[1] for r in full if r[0] == _recorder.KIND_SPAN]
+    names = [r[1] for r in full if r[0] == schema.KIND_SPAN]
     assert names[:6] == ["before.steps", "inner", "outer", "fails", "after.step", "moved"]
     inner, outer, fails = full[1], full[2], full[3]
     assert inner[3] == outer[2] and outer[3] is None  # parent seq; the outer one's parent is the step
@@ -166,12 +168,12 @@ def test_c_and_python_regions_leave_the_same_records() -> None:
     assert {t[3] for t in tasks} == {sync_outer[2]} and after_loop[3] == sync_outer[2]
     assert sorted((i[7]["i"], i[3]) for i in inners) == sorted((t[7]["i"], t[2]) for t in tasks)
     assert by_name["in.thread"][0][3] is None and by_name["main.open"][0][3] is None
-    steps = [r for r in full if r[0] == _recorder.KIND_STEP]
+    steps = [r for r in full if r[0] == schema.KIND_STEP]
     assert [(st[2], st[6], st[5], st[8], st[11]) for st in steps] == [
         (0, None, None, None, None), (1, 2, {"lr": 0.5}, ("eval", "checkpoint"), None), (2, None, None, None, None)]
     assert steps[1][10] and steps[0][10] is None and steps[2][10] is None  # the link went to step 1 alone
-    assert [(r[0], r[2]) for r in full if r[0] in (_recorder.KIND_TAG, _recorder.KIND_EVENT)] == [
-        (_recorder.KIND_TAG, "late"), (_recorder.KIND_EVENT, ("between", 1_000_000_056, {"x": 1}))]
+    assert [(r[0], r[2]) for r in full if r[0] in (schema.KIND_TAG, schema.KIND_EVENT)] == [
+        (schema.KIND_TAG, "late"), (schema.KIND_EVENT, ("between", 1_000_000_056, {"x": 1}))]
 
 
 @pytest.mark.parametrize("capacity", [8, 64, 75, 1000])
@@ -212,7 +214,7 @@ def test_attribute_values_pack_by_type_and_come_back_the_same_type() -> None:
     got = [(type(r[7]["x"]), r[7]["x"]) for r in records if r[1] == "v"]
     assert got == [(type(v), v) for v in values + aside]
     assert [r[1] for r in records[:-1]] == ["v"] * len(values + aside) + ["two"]
-    assert records[-2][7] == {"a": 1, "b": 2} and records[-1][0] == _recorder.KIND_STEP
+    assert records[-2][7] == {"a": 1, "b": 2} and records[-1][0] == schema.KIND_STEP
 
 
 def test_the_string_table_is_bounded_and_records_past_it_go_aside() -> None:
@@ -270,12 +272,12 @@ def test_a_c_region_keeps_its_numbers_as_python_sees_them() -> None:
         for field in ("seq", "t0", "t1"):
             with pytest.raises(AttributeError, match=field):
                 getattr(region, field)
-        before = next(_recorder._seq_counter)
+        before = next(_recorder.seq)
         with region:
             clock.advance(5)
             with _recorder._PyRegion("python.inside"):  # the Python region draws from the same counter
                 clock.advance(2)
-        after = next(_recorder._seq_counter)
+        after = next(_recorder.seq)
         assert before < region.seq < after and region.t1 - region.t0 == 7
         python_record, c_record = list(rec.buf)
         assert c_record[2] == region.seq
@@ -330,7 +332,7 @@ def test_unpack_refuses_what_drain_packed_cannot_have_made() -> None:
     assert count == 3 and side == [("side",)]
     strings = rec.strings
     segments = hotpath.unpack(slots, side, [True], strings)  # the side record made wire on the way
-    assert [(wire, [r[1] if r[0] == _recorder.KIND_SPAN else r for r in records]) for wire, records in segments] == [
+    assert [(wire, [r[1] if r[0] == schema.KIND_SPAN else r for r in records]) for wire, records in segments] == [
         (False, ["a"]), (True, [("side",)]), (False, ["b"])]
     for bad in [(slots[:-1], side, None, strings), (slots, [], None, strings), (slots, side * 2, None, strings),
                 (slots, side, None, strings[:1]), (slots, side, [True, False], strings)]:
@@ -366,7 +368,7 @@ def test_an_abandoned_c_region_is_no_longer_current() -> None:
         with c_region("enclosing") as enclosing:
             dropped = c_region("dropped").__enter__()
             assert _recorder.current_region() is dropped
-            _recorder.abandon(dropped)
+            direct.abandon(dropped)
             assert _recorder.current_region() is enclosing
         assert [r[1] for r in rec.buf] == ["enclosing"]
     finally:
@@ -481,10 +483,10 @@ def test_the_c_hot_path_leaks_nothing(packing: bool) -> None:
             except KeyError:
                 pass
             dropped = c_region("abandoned").__enter__()
-            _recorder.abandon(dropped)
+            direct.abandon(dropped)
         with c_region("between"):
             pass
-        _recorder.record("recorded", {"a": 1}, 1, 2)
+        direct.record(rec, "recorded", {"a": 1}, 1, 2)
         if packing and i % 16 == 0:  # both ways of reading the ring back
             rec.drain(20)
             _, slots, side = rec.drain_packed(20)

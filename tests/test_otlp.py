@@ -11,6 +11,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
 
 from otel_train.export.otlp import LeanEncoder, LeanSpanBatch, _len_field
+from otel_train.record import direct
+from otel_train.wire import schema
 
 RESOURCE = {"service.name": "svc", "ml.rank": 3, "ml.run.id": "r", "x.ratio": 0.5, "x.flag": True}
 FLAGS = TraceFlags(TraceFlags.SAMPLED)
@@ -99,7 +101,8 @@ def _assemble(records: list, offset: int, fast: bool, rank: int, c_encode: bool 
 
     from otel_train._distributed import RunInfo
     from otel_train.export.metrics import TrainMetrics
-    from otel_train.export.spans import AttributeCleaner, SpanAssembler
+    from otel_train.export.attributes import AttributeCleaner
+    from otel_train.export.spans import SpanAssembler
 
     encoder = LeanEncoder(RESOURCE, "otel_train", "1.2")
     reader = InMemoryMetricReader()
@@ -108,7 +111,8 @@ def _assemble(records: list, offset: int, fast: bool, rank: int, c_encode: bool 
     assembler = SpanAssembler(RunInfo(run_id="r", rank=rank), 12345, Resource(RESOURCE), AttributeCleaner(16), out.extend,
                               step_sample=step_sample, metrics=metrics, version="1.2", encoder=encoder)
     assembler.fast = fast
-    assembler.c_encode = c_encode
+    if assembler.fast_path is not None:
+        assembler.fast_path.c_encode = c_encode
     assembler.lean_steps = lean_steps
     assembler.feed_raw(records, offset)
     assembler.flush()
@@ -197,7 +201,7 @@ def step_records() -> list:
     _recorder.install(recorder)
     try:
         for n, epoch in ((0, None), (1, 0), (2, 0), (3, 1), (4, 1), (2**70, 1), (6, 2**70), (7, 2), (8, 2), (9, 2)):
-            step = _recorder.begin_step(n, epoch, {"x.user": 1} if n == 4 else None, clock.now_ns)
+            step = direct.begin_step(n, epoch, {"x.user": 1} if n == 4 else None, clock.now_ns)
             assert step is not None
             for mb in range(2 if n % 2 else 1):
                 with _recorder.Region("train.forward", **{"train.micro_batch": mb}):
@@ -206,20 +210,20 @@ def step_records() -> list:
             if n == 2:
                 _recorder.tag("during")
             if n == 8:
-                _recorder.record("train.gc", None, clock.now_ns - 500, clock.now_ns - 100)
+                direct.record(recorder, "train.gc", None, clock.now_ns - 500, clock.now_ns - 100)
             clock.advance(300)
-            _recorder.end_step()
+            direct.end_step()
             if n == 3:
                 _recorder.tag("after")
             if n == 8:  # a checkpoint after step 8: inside step 9's time, which leaves it out
-                _recorder.record("train.checkpoint", None, clock.now_ns + 10, clock.now_ns + 40)
+                direct.record(recorder, "train.checkpoint", None, clock.now_ns + 10, clock.now_ns + 40)
             clock.advance(50)
     finally:
         _recorder.install(None)
     records = list(recorder.buf)
-    step_at = next(i for i, r in enumerate(records) if r[0] == _recorder.KIND_STEP and r[2] == 7)
+    step_at = next(i for i, r in enumerate(records) if r[0] == schema.KIND_STEP and r[2] == 7)
     seq = records[step_at][1]
-    records.insert(step_at - 1, (_recorder.KIND_TAG, (7, seq), "early"))  # before its step record
+    records.insert(step_at - 1, (schema.KIND_TAG, (7, seq), "early"))  # before its step record
     return records
 
 

@@ -12,7 +12,7 @@ from conftest import Harness, by_name
 import otel_train
 from otel_train import semconv
 from otel_train.record import recorder as _recorder
-from otel_train._distributed import parse_traceparent, step_span_id, trace_id_for
+from otel_train.wire.ids import parse_traceparent, step_span_id, trace_id_for
 
 
 def test_nested_spans_have_exact_times_and_parents(harness: Harness) -> None:

@@ -15,7 +15,7 @@ from otlp_receiver import BlackHoleListener, unreachable_endpoint
 from procs import clean_env, run_python
 
 from otel_train import semconv
-from otel_train.export.exporters import read_spans
+from otel_train.export.otlp_json import read_spans
 
 LOOP = """
     import json, sys, time

@@ -15,7 +15,9 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
 
-from otel_train.export.exporters import FileSpanExporter, parse_headers, read_spans, spans_to_otlp_json
+from otel_train.export.exporters import parse_headers
+from otel_train.export.otlp_json import FileSpanExporter, read_spans, spans_to_otlp_json
+from otel_train.wire import schema
 
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
 
@@ -103,7 +105,7 @@ def test_records_cross_to_the_exporter_process_as_plain_values() -> None:
     import torch
 
     from otel_train.record import recorder as _recorder
-    from otel_train.export.worker import FORMAT_MARSHAL, FORMAT_PICKLE, _dumps, loads
+    from otel_train.export.pipe import FORMAT_MARSHAL, FORMAT_PICKLE, dumps, loads
 
     class Level(enum.IntEnum):
         HIGH = 3
@@ -116,7 +118,7 @@ def test_records_cross_to_the_exporter_process_as_plain_values() -> None:
     record = (0, "train.forward", 7, None, (1, 1), 10, 20,
               {"t": torch.ones(2, 3), "size": torch.Size([2, 3]), "lvl": Level.HIGH, "pair": Pair(1, 2),
                "f": torch.tensor(0.5).numpy().dtype.type(0.5), "plain": "x", "n": 4}, StepFailed, None)
-    payload = _dumps(("batch", [(False, [record])], 0, {}))
+    payload = dumps(("batch", [(False, [record])], 0, {}))
     assert payload[:1] == FORMAT_PICKLE  # marshal refuses these values: the pickler converts them
     loaded = loads(payload)
     (_, [(_, [out])], _, _) = loaded
@@ -128,19 +130,19 @@ def test_records_cross_to_the_exporter_process_as_plain_values() -> None:
     assert attrs["f"] == 0.5 and type(attrs["f"]) is float
     assert (attrs["plain"], attrs["n"]) == ("x", 4)
     assert out[8] == "StepFailed"  # the exception class, by name
-    assert _recorder.to_wire(out, 0)[_recorder.W_ERROR] == "StepFailed"
-    builtin = loads(_dumps((*record[:8], ValueError, None)))
+    assert _recorder.to_wire(out, 0)[schema.W_ERROR] == "StepFailed"
+    builtin = loads(dumps((*record[:8], ValueError, None)))
     assert builtin[8] is ValueError
     assert out[:7] == record[:7]
     # The usual batch (plain values only) goes by marshal, and comes back equal.
     plain = ("batch", [(False, [(0, "train.forward", 7, None, (1, 1), 10, 20, {"mb": 1, "lr": 0.5, "ok": True},
                                  None, [("e", 15, None)])])], 3, {"buffer_full": 0})
-    payload = _dumps(plain)
+    payload = dumps(plain)
     assert payload[:1] == FORMAT_MARSHAL and loads(payload) == plain
 
 
 def test_worker_drains_sooner_only_when_records_would_fill_a_quarter_of_the_buffer_first() -> None:
-    from otel_train.export.worker import _MIN_WAIT_S, next_wait
+    from otel_train.export.pacer import _MIN_WAIT_S, next_wait
 
     # 2 s interval, 65,536-record buffer: a quarter is 16,384 records.
     assert next_wait(2.0, 8_000, 2.0, 65_536) == 2.0  # 4,000/s fills a quarter in 4.1 s
@@ -154,7 +156,7 @@ def test_worker_drains_sooner_only_when_records_would_fill_a_quarter_of_the_buff
 def test_the_drain_pacer_counts_what_a_full_buffer_dropped_as_arrived() -> None:
     from otel_train.record.clock import SystemClock
     from otel_train.record.recorder import Recorder
-    from otel_train.export.worker import _FIRST_WAIT_S, _MIN_WAIT_S, DrainPacer
+    from otel_train.export.pacer import _FIRST_WAIT_S, _MIN_WAIT_S, DrainPacer
 
     recorder = Recorder(4_096, SystemClock())
     pacer = DrainPacer(2.0, recorder.cap, now=100.0, dropped=recorder.dropped)
@@ -246,7 +248,7 @@ def test_the_pipe_to_the_exporter_process_holds_a_whole_drain(tmp_path, monkeypa
         pytest.skip("no Linux pipe resizing to 1 MiB here")
     import otel_train
     from otel_train import _runtime
-    from otel_train.export.worker import ProcessSink
+    from otel_train.export.sinks import ProcessSink
 
     monkeypatch.chdir(tmp_path)
     otel_train.init(run_id="pipe", export_mode="process")
@@ -293,7 +295,8 @@ class _RecordingSink:
 
 
 def test_a_packing_recorder_moves_its_records_to_the_sink_as_slots() -> None:
-    from otel_train.export.worker import Worker, unpack
+    from otel_train.export.worker import Worker
+    from otel_train.record.recorder import unpack
 
     recorder = _packing_recorder_with_a_step()
     sink = _RecordingSink()

@@ -101,8 +101,9 @@ def bench_steps(work: Workload, rounds: int, block_steps: int, sdk_tracer: Any |
     at the same moments (measured in a later pass of its own, the automatic figure read a
     busier or quieter machine than the explicit one)."""
     from otel_train import _runtime
-    from otel_train.record import recorder as _recorder
     from otel_train.instrumentation import TorchTrainingInstrumentor
+    from otel_train.record import recorder as _recorder
+    from otel_train.testing import held
 
     worker = _runtime.state().worker  # type: ignore[union-attr]
     exporter_cpu = getattr(worker.sink, "cpu_ns", lambda: 0)
@@ -141,7 +142,7 @@ def bench_steps(work: Workload, rounds: int, block_steps: int, sdk_tracer: Any |
 
     def hot_path_with(found: list[float], span: Callable[..., Any] | None) -> Callable[[], None]:
         def run() -> None:
-            with worker.held():
+            with held(worker):
                 found.append(timed_block(lambda: work.instrumented(span), block_steps).plain_ms_per_step())
             worker.flush()
         return run

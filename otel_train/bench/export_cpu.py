@@ -64,8 +64,11 @@ def _export_cpu(records: list[Any], offset: int, rounds: int) -> dict[str, float
     from otel_train._distributed import RunInfo
     from otel_train.export.metrics import TrainMetrics
     from otel_train.export.otlp import LeanEncoder
-    from otel_train.export.spans import AttributeCleaner, SpanAssembler
-    from otel_train.export.worker import _SLICE, _dumps, loads
+    from otel_train.export.attributes import AttributeCleaner
+    from otel_train.export.fast_path import _encode
+    from otel_train.export.pipe import dumps, loads
+    from otel_train.export.spans import SpanAssembler
+    from otel_train.export.worker import _SLICE
 
     resource = {"service.name": "bench", "ml.run.id": "bench", "ml.rank": 0}
     cpu = time.process_time_ns
@@ -76,10 +79,9 @@ def _export_cpu(records: list[Any], offset: int, rounds: int) -> dict[str, float
 
     for _ in range(rounds):
         t0 = cpu()
-        payloads = [_dumps(("batch", [(False, records[i:i + _SLICE])], offset, {}))
+        payloads = [dumps(("batch", [(False, records[i:i + _SLICE])], offset, {}))
                     for i in range(0, len(records), _SLICE)]
         keep("export_pickle_us_per_span", cpu() - t0, len(records))
-        from otel_train.export.spans import _encode
         variants = [("fast", True, True)] + ([("fast_python", True, False)] if _encode is not None else []) \
             + [("general", False, False)]
         for label, fast, c_encode in variants:
@@ -88,7 +90,8 @@ def _export_cpu(records: list[Any], offset: int, rounds: int) -> dict[str, float
             out: list[Any] = []
             assembler = SpanAssembler(RunInfo(run_id="bench"), 1, Resource(resource), AttributeCleaner(2048),
                                       out.extend, metrics=metrics, encoder=encoder)
-            assembler.fast, assembler.c_encode = fast, c_encode
+            assembler.fast = fast
+            assembler.fast_path.c_encode = c_encode  # type: ignore[union-attr]
             t0 = cpu()
             messages = [loads(payload) for payload in payloads]
             t1 = cpu()

@@ -46,7 +46,7 @@ def bench_steps_grouped(work: Workload, groups: int, block_steps: int, group_ste
     share), `noise_pct` the spread of a group's plain rate, `pair_noise_pct` that of one
     plain block against the next."""
     from otel_train import _runtime
-    from otel_train.testing import paused_detection
+    from otel_train.testing import held, paused_detection
     from otel_train.instrumentation import TorchTrainingInstrumentor
 
     worker = _runtime.state().worker  # type: ignore[union-attr]
@@ -70,7 +70,7 @@ def bench_steps_grouped(work: Workload, groups: int, block_steps: int, group_ste
         timed_records = other_records = 0
         recent_plain: list[float] = []  # ms per step of the group's plain blocks, latest last
         w0, c0 = worker.cpu_ns(), exporter_cpu()
-        with worker.held():
+        with held(worker):
             if variant == "auto":
                 instrumentor.instrument()
                 r0 = worker.pending()

@@ -57,7 +57,7 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
     import otel_train
     from otel_train import _runtime
     from otel_train.record import recorder as _recorder
-    from otel_train.export import spans as _spans
+    from otel_train.export import fast_path
 
     # Blocks of about two and a half seconds (large step) and two (small), at the default drain
     # and export intervals: what the export pipeline holds at the end of an instrumented block
@@ -70,7 +70,7 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
     try:
         print_figure("torch_threads", torch.get_num_threads())
         print_figure("hot_path_in_c", int(_recorder.Region is not _recorder._PyRegion))  # else the Python fallback
-        print_figure("export_fast_path_in_c", int(_spans._encode is not None))  # else its Python loop
+        print_figure("export_fast_path_in_c", int(fast_path._encode is not None))  # else its Python loop
         print_figure("load_avg_1m", os.getloadavg()[0])
         print_figure("block_steps", block)
         print_figure("block_steps_small", block * 6)

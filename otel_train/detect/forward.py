@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.nn.modules.loss import _Loss
 
-from otel_train.record import recorder
+from otel_train.record import direct, recorder
 from otel_train.detect.compile import dynamo_compiling, tc
 from otel_train.detect.data import to_switch
 from otel_train.detect.eval import eval_forward
@@ -46,7 +46,7 @@ def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
     elif torch.is_grad_enabled() and module.training:
         if s.opt_depth and s.opt_region is not None and recorder.current_region() is s.opt_region:
             # optimizer.step(closure): the closure's forward and backward are not the update.
-            recorder.abandon(s.opt_region)
+            direct.abandon(s.opt_region)
             s.opt_region = None
             s.opt_closure = True
         step = train_activity(r, s, t, PH_FWD, module)

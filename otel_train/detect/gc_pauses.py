@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-from otel_train.record import recorder
+from otel_train.record import direct, recorder
 from otel_train.detect.state import GC
 from otel_train.detect.state import s as _s
 
@@ -35,7 +35,7 @@ def gc_callback(phase: str, info: dict[str, Any]) -> None:
     t1 = r.now()
     if r.step is None or (info.get("generation", 2) < 2 and t1 - t0 < GC_MIN_PAUSE_NS):
         return  # before the first step there is no step to attribute a pause to
-    recorder.record(GC, None, t0, t1)
+    direct.record(r, GC, None, t0, t1)
 
 
 def install() -> None:

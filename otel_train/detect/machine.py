@@ -34,7 +34,7 @@ import weakref
 
 import torch
 
-from otel_train.record import recorder
+from otel_train.record import direct, recorder
 from otel_train.record.recorder import Recorder, Step
 from otel_train.detect.roots import roots
 from otel_train.detect.state import DATA, EVAL, P_ITER, P_SRC, P_T0, PH_FWD, PH_OPT, State, mb_attrs
@@ -153,7 +153,7 @@ def resolve_pending(r: Recorder, s: State) -> None:
     parent = recorder.current_region()
     sources = []
     for name, t0, t1, src, _ in s.pending:
-        recorder.record(name, attrs if name is DATA else None, t0, t1, parent)
+        direct.record(r, name, attrs if name is DATA else None, t0, t1, parent)
         if src is not None:
             sources.append(src)
     s.pending.clear()
@@ -191,7 +191,7 @@ def end_eval(r: Recorder, s: State) -> None:
         region.__exit__(None, None, None)
         t1 = region.t1 if region.rec is not None else t1
     elif t0 is not None and t1 is not None:
-        recorder.record(EVAL, None, t0, t1)
+        direct.record(r, EVAL, None, t0, t1)
     if t1 is None:
         return
     if s.step is None and (s.boundary is None or s.boundary < t1):

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from otel_train.record import recorder
+from otel_train.record import direct, recorder
 from otel_train.record.recorder import Step
 from otel_train.detect.compile import dynamo_compiling, is_compiling, tc
 from otel_train.detect.machine import train_activity
@@ -41,7 +41,7 @@ def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
             s.opt_depth += 1  # an optimizer wrapping another one
             return None
         if s.opt_region is not None:  # the previous step() raised: forget it
-            recorder.abandon(s.opt_region)
+            direct.abandon(s.opt_region)
         s.opt_depth = 0
         s.opt_region = None
     r = recorder._rec

@@ -1,10 +1,10 @@
 """The per-rank exporter process: reads wire records from stdin, exports spans and metrics.
 
-Started by the training process (`ProcessSink`); never imports torch. Messages are
-length-prefixed, a format byte then a marshal or pickle (`_worker._dumps` / `loads`) of
-`("setup", dict)`, then `("batch", segments, offset, dropped totals)` or
-`("packed", slots, side records, wire flags, new strings, offset, dropped totals)`…, then
-`("shutdown", seconds)`. End of input (the trainer died) is a shutdown too. Whenever it has
+Started by the training process (`sinks.ProcessSink`); never imports torch, nor the training
+hot path (`otel_train.record`). Messages are length-prefixed, a format byte then a marshal or
+pickle of a tuple (`pipe`): `("setup", dict)`, then `("batch", segments, offset, dropped
+totals)` or `("packed", slots, side records, wire flags, new strings, offset, dropped totals)`…,
+then `("shutdown", seconds)`. End of input (the trainer died) is a shutdown too. Whenever it has
 caught up with its input, and after every flush, it writes one JSON line of progress to
 stdout, which the trainer reads to report exactly what was lost if it has to kill this
 process at the shutdown bound.
@@ -17,16 +17,13 @@ import json
 import os
 import select
 import signal
-import struct
 import sys
 import threading
 import time
 from typing import Any
 
-from otel_train.export.worker import loads as _worker_loads
-from otel_train.export.worker import unpack
+from otel_train.export.pipe import FRAME, loads
 
-_FRAME = struct.Struct("<I")
 _NICE = 10
 #: Full requests held back while more input is waiting (a drain's later slices), at most.
 _HELD_REQUESTS = 8
@@ -45,11 +42,11 @@ def _read_exact(fd: int, size: int) -> bytes | None:
 
 def _read(fd: int) -> Any:
     # Unbuffered reads: `_more_input` can then trust select() to see everything still waiting.
-    header = _read_exact(fd, _FRAME.size)
+    header = _read_exact(fd, FRAME.size)
     if header is None:
         return None
-    payload = _read_exact(fd, _FRAME.unpack(header)[0])
-    return None if payload is None else _worker_loads(payload)
+    payload = _read_exact(fd, FRAME.unpack(header)[0])
+    return None if payload is None else loads(payload)
 
 
 def _more_input(fd: int, wait_s: float = 0.0) -> bool:
@@ -144,10 +141,7 @@ def main() -> int:
         if message[0] == "packed":  # slots as the recorder packed them, and the strings new since
             _, slots, side, wire, new, offset, dropped = message
             strings.extend(new)
-            # Encoded where the slots lie; unpacked into records where side records are wire
-            # tuples already (device time) or the C fast path is not there.
-            if wire is not None or not pipeline.feed_packed(slots, side, strings, offset, dropped):
-                pipeline.feed(unpack(slots, side, wire, strings), offset, dropped, export=False)
+            pipeline.feed_packed(slots, side, wire, strings, offset, dropped)
         elif message[0] == "batch":
             pipeline.feed(*message[1:], export=False)
         if message[0] in ("packed", "batch"):

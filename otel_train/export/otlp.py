@@ -45,7 +45,7 @@ _TAIL_REMOTE = _STATUS_UNSET + _FLAGS_REMOTE
 _TAIL_LEN = len(TAIL_LOCAL)
 # `region`'s head: trace_id with its tag, span_id (and parent_span_id) as little-endian fixed64s
 # (`_distributed.region_wire_id`), kind, start and end. The public names here (and
-# `region_prefix`) are for `_spans.SpanAssembler._fast_regions`, which inlines `region`.
+# `region_prefix`) are for `fast_path.FastPath.regions_python`, which inlines `region`.
 REGION_HEAD = struct.Struct("<18s2sQ2sBQBQ")
 REGION_HEAD_PARENT = struct.Struct("<18s2sQ2sQ2sBQBQ")
 
@@ -124,7 +124,7 @@ class LeanEncoder:
         self._keys: dict[str, bytes] = {}
 
     def batches(self, spans: Sequence[tuple[Any, ...]], max_spans: int, max_bytes: int) -> list[LeanSpanBatch]:
-        """`spans` (`_spans.SpanAssembler._build`'s lean tuples) as `ExportTraceServiceRequest`s of
+        """`spans` (`spans.SpanAssembler._build`'s lean tuples) as `ExportTraceServiceRequest`s of
         at most `max_spans` spans and (but for a lone huge span) `max_bytes`."""
         span = self._span
         # ScopeSpans.spans; a usual region (and step) comes encoded already (`region`).

@@ -20,10 +20,13 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from otel_train import semconv
 from otel_train._config import Config
 from otel_train._distributed import RunInfo
+from otel_train.export import fast_path
+from otel_train.export.attributes import AttributeCleaner
+from otel_train.export.exporters import build_metric_exporter, build_span_exporter
 from otel_train.export.metrics import TrainMetrics
 from otel_train.export.otlp import LeanEncoder
-from otel_train.export.exporters import build_metric_exporter, build_span_exporter
-from otel_train.export.spans import AttributeCleaner, SpanAssembler
+from otel_train.export.pipe import Segments
+from otel_train.export.spans import SpanAssembler
 
 _log = logging.getLogger("otel_train")
 #: Pre-encoded OTLP/gRPC requests are cut here: a collector's gRPC receiver takes 4 MiB by default.
@@ -60,7 +63,7 @@ class ExportPipeline:
         self.metrics = TrainMetrics(self.resource, build_metric_exporter(self.cfg, self.run),
                                     self.cfg.metric_interval_ms, metric_readers, setup["version"])
         # Lean path: no in-process processor needs SDK span objects and the exporter takes
-        # pre-encoded protobuf, so records go straight to OTLP bytes (`_otlp`).
+        # pre-encoded protobuf, so records go straight to OTLP bytes (`otlp`).
         self.encoder: LeanEncoder | None = None
         if not self.processors and getattr(self.exporter, "accepts_lean", False):
             self.encoder = LeanEncoder(self.resource.attributes, semconv.SCOPE_NAME, setup["version"])
@@ -73,9 +76,8 @@ class ExportPipeline:
         self._pending: list[Any] = []
         self._closed = False
 
-    def feed(self, segments: Sequence[tuple[bool, Sequence[tuple[Any, ...]]]], offset: int,
-             dropped: Mapping[str, int], export: bool = True) -> None:
-        """Take a slice of records (`_worker.Segments`: runs of hot-path tuples, whose clock
+    def feed(self, segments: Segments, offset: int, dropped: Mapping[str, int], export: bool = True) -> None:
+        """Take a slice of records (`pipe.Segments`: runs of hot-path tuples, whose clock
         `offset` this is, and of wire tuples); export what they complete now, or wait
         (`export=False`) until `export_pending()` so several slices share one export call."""
         for is_wire, records in segments:
@@ -88,16 +90,17 @@ class ExportPipeline:
         if export:
             self._export_pending(None)
 
-    def feed_packed(self, slots: bytes, side: list[Any], strings: list[str], offset: int,
-                    dropped: Mapping[str, int]) -> bool:
-        """`feed` for a packed drain, encoded where the slots lie (no export here:
-        `export_pending` does that); False, having done nothing, where the assembler has no C
-        fast path (the caller unpacks the drain and feeds that)."""
-        if not self.assembler.can_feed_packed():
-            return False
+    def feed_packed(self, slots: bytes, side: list[Any], wire: list[bool] | None, strings: list[str],
+                    offset: int, dropped: Mapping[str, int]) -> None:
+        """`feed` for a packed drain (`RecorderBase.drain_packed`, `strings` the recorder's table
+        so far), encoded where the slots lie; unpacked into records where some side records are
+        wire tuples already (device time) or the assembler has no C fast path. No export here:
+        `export_pending` does that."""
+        if wire is not None or not self.assembler.can_feed_packed():
+            self.feed(fast_path.unpack(slots, side, wire, strings), offset, dropped, export=False)
+            return
         self.received += self.assembler.feed_packed(slots, side, strings, offset)
         self.metrics.set_dropped({**dropped, "export_failed": self.failed})
-        return True
 
     def export_pending(self) -> None:
         self._export_pending(None)

@@ -7,9 +7,11 @@ those to a `deque(maxlen=capacity)`, so a full buffer drops the oldest record (c
 `Recorder.dropped`). The worker drains the deque and does everything else. With the exporter
 process taking the records, the C recorder packs (`packing`): a plain region's record is a
 fixed-size slot in a C ring instead of a tuple, the deque keeps only the other records, and the
-worker moves a drain's slots as one bytes object (`_hotpath.c`, "the packed ring"). The region and
-step types are C (`_hotpath.c`) where that module was built, with `_PyRegion` / `_PyStep`
-here as the fallback: both append the same tuples, and `tests/test_hotpath.py` holds them to it.
+worker moves a drain's slots as one bytes object (`_hotpath_recorder.c`, "the packed ring"). The
+region and step types are C (`_hotpath.c`) where that module was built, with `_PyRegion` /
+`_PyStep` here as the fallback: both append the same tuples (their layout: `wire.schema`), and
+`tests/test_hotpath.py` holds them to it. Tags, events and links (`tag`, `event`, `link`) are
+here too; recording from hooks without a `with` block is `direct`, device events `device`.
 
 Why a tuple of plain values, not the region object itself: a record waits in the buffer for up
 to a flush interval, and objects that the garbage collector tracks and that live that long are
@@ -39,18 +41,12 @@ from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-from otel_train import semconv
 from otel_train.record.clock import Clock, SystemClock
+from otel_train.wire.schema import (KIND_EVENT, KIND_SPAN, KIND_STEP, KIND_TAG, NO_STEP, error_of, step_wire,
+                                    tuple_to_wire, wall_events)
 
 _log = logging.getLogger("otel_train")
 _F = TypeVar("_F", bound=Callable[..., Any])
-
-# Record kinds as the worker sees them after draining.
-KIND_SPAN = 0
-KIND_STEP = 1
-KIND_TAG = 2  # a tag for a step that has already ended (checkpoint after step N)
-KIND_EVENT = 3  # an event for a step that has already ended
-_NO_STEP = (None, None)  # the step reference of a region recorded before the first step
 
 _current: ContextVar[Region | None] = ContextVar("otel_train_region", default=None)
 
@@ -133,13 +129,9 @@ def active() -> Recorder | None:
     return _rec
 
 
-#: Numbers that name span ids (`_distributed.region_span_id`), for regions and steps alike.
+#: Numbers that name span ids (`wire.ids.region_span_id`), for regions and steps alike.
 #: `next()` on it is one C call, atomic under the GIL.
-_seq_counter: Any = _hotpath.seq if _hotpath is not None else itertools.count(1)
-
-
-class Truncated:
-    """Put in a record's `exc` when shutdown force-ends it: the span gets `otel_train.truncated`."""
+seq: Any = _hotpath.seq if _hotpath is not None else itertools.count(1)
 
 
 async def _aenter(region: Any) -> Any:
@@ -181,7 +173,7 @@ class _PyRegion:
         self.parent = _current.get()
         self.token = _current.set(self)
         self.step = r.step
-        self.seq = next(_seq_counter)
+        self.seq = next(seq)
         self.t0 = r.now()
         return self
 
@@ -201,7 +193,7 @@ class _PyRegion:
             # `_parent_seq` and `_step_ref` written out: two calls fewer on the hot path.
             parent, step = self.parent, self.step
             buf.append((KIND_SPAN, self.name, self.seq, parent.seq if parent is not None and parent.rec is r
-                        else None, step.ref if step is not None else _NO_STEP, self.t0, t1, self.attrs or None,
+                        else None, step.ref if step is not None else NO_STEP, self.t0, t1, self.attrs or None,
                         exc_type, self.events))
         else:
             self.exc = exc_type
@@ -275,7 +267,7 @@ class _PyStep:
         if self.n is None:
             self.n = r.next_step
         r.next_step = self.n + 1
-        self.seq = next(_seq_counter)
+        self.seq = next(seq)
         self.ref = (self.n, self.seq)  # what a region records of the step it ran in
         self.tags: list[str] | None = None  # a list once tagged
         self.events = None
@@ -325,7 +317,7 @@ if _hotpath is not None:
     Region: type = _hotpath.Region
     Step: type = _hotpath.Step
     After: type = _hotpath.After
-    _hotpath.bind(_current, _NO_STEP, KIND_SPAN, _auto_init, _decorate, _aenter, _aexit)
+    _hotpath.bind(_current, NO_STEP, KIND_SPAN, _auto_init, _decorate, _aenter, _aexit)
     _hotpath.bind_steps(KIND_STEP, _reopened)
     #: `otel_train.step(n=None, epoch=None, **attrs)`
     new_step: Callable[..., Any] = _hotpath.step
@@ -436,17 +428,9 @@ def current_region() -> Region | None:
     return region if region is not None and region.rec is _rec else None
 
 
-# --- the wire form: what the worker turns records into before export ------------------
-# A plain tuple of primitives, so it can be pickled to an exporter process cheaply.
-# Fields: kind, name, seq, parent_seq, step_n, step_seq, t0_wall_ns, t1_wall_ns, attrs,
-#         events [(name, wall_ns, attrs)], links [carrier], error (type name), truncated, dev.
-W_KIND, W_NAME, W_SEQ, W_PARENT, W_STEP, W_STEP_SEQ, W_T0, W_T1, W_ATTRS, W_EVENTS, W_LINKS, \
-    W_ERROR, W_TRUNC, W_DEV = range(14)
-
-
 def _step_ref(step: Step | After | None) -> tuple[int | None, int | None]:
     """(step number, step seq) of the step a region ran in; seq is None between steps."""
-    return step.ref if step is not None else _NO_STEP
+    return step.ref if step is not None else NO_STEP
 
 
 def _parent_seq(parent: Region | None, rec: Recorder | None) -> int | None:
@@ -454,123 +438,23 @@ def _parent_seq(parent: Region | None, rec: Recorder | None) -> int | None:
     return parent.seq if parent is not None and parent.rec is rec else None
 
 
-def _events(events: list[tuple[str, int, Any]] | None, offset: int) -> list[tuple[str, int, Any]] | None:
-    if not events:
-        return None
-    return [(name, t + offset, attrs) for name, t, attrs in events]
-
-
-def _error(exc: Any) -> tuple[str | None, bool]:
-    """(exception type name or None, truncated?) from a record's `exc`."""
-    if exc is None:
-        return None, False
-    if exc is Truncated:
-        return None, True
-    if isinstance(exc, str):  # the exception class's name, as the exporter process receives it
-        return exc, False
-    return exc.__name__, False
-
-
-def step_wire_attrs(attrs: Any, epoch: Any, micro_batches: int, tags: Any = None) -> dict[str, Any]:
-    """A step's wire attributes: its user attributes, then epoch, micro-batch count and tags."""
-    out = dict(attrs) if attrs else {}
-    if epoch is not None:
-        out[semconv.TRAIN_EPOCH] = epoch
-    if micro_batches:
-        out[semconv.TRAIN_MICRO_BATCHES] = micro_batches
-    if tags:
-        out[semconv.TRAIN_STEP_TAGS] = [*tags]
-    return out
-
-
-def _step_wire(seq: int, n: int, t0: int, t1: int, attrs: Any, epoch: Any, micro_batches: int, tags: Any,
-               events: Any, links: Any, exc: Any, dev: Any, offset: int) -> tuple[Any, ...]:
-    out = step_wire_attrs(attrs, epoch, micro_batches, tags)
-    error, truncated = _error(exc)
-    return (KIND_STEP, semconv.SPAN_STEP, seq, None, n, seq, t0 + offset, t1 + offset, out,
-            _events(events, offset), [dict(c) if isinstance(c, Mapping) else c for c in links] if links else None,
-            error, truncated, dev)
-
-
 def to_wire(record: Any, offset: int) -> tuple[Any, ...]:
-    """One drained record as a wire tuple; `offset` maps perf ns to wall ns."""
+    """One drained record as a wire tuple (`wire.schema`); `offset` maps perf ns to wall ns.
+    A hot-path tuple, or a record that stayed an object: with device time, or force-ended."""
     if type(record) is tuple:
-        kind = record[0]
-        if kind == KIND_SPAN:
-            _, name, seq, parent_seq, (step_n, step_seq), t0, t1, attrs, exc, events = record
-            error, truncated = _error(exc) if exc is not None else (None, False)
-            return (KIND_SPAN, name, seq, parent_seq, step_n, step_seq, t0 + offset, t1 + offset, attrs or None,
-                    _events(events, offset), None, error, truncated, None)
-        if kind == KIND_STEP:
-            return _step_wire(*record[1:], None, offset)
-        _, (step_n, step_seq), payload = record
-        if kind == KIND_TAG:
-            return (KIND_TAG, payload, 0, None, step_n, step_seq, 0, 0, None, None, None, None, False, None)
-        name, t, attrs = payload
-        return (KIND_EVENT, name, 0, None, step_n, step_seq, t + offset, t + offset, attrs,
-                None, None, None, False, None)
-    if isinstance(record, Step):  # with device time, or force-ended at shutdown
-        return _step_wire(record.seq, record.n, record.t0, record.t1, record.attrs, record.epoch,
-                          record.micro_batches, record.tags, record.events, record.links, record.exc,
-                          record.dev, offset)
-    # A region with device time, or force-ended at shutdown.
+        return tuple_to_wire(record, offset)
+    if isinstance(record, Step):
+        return step_wire(record.seq, record.n, record.t0, record.t1, record.attrs, record.epoch,
+                         record.micro_batches, record.tags, record.events, record.links, record.exc,
+                         record.dev, offset)
     step_n, step_seq = _step_ref(record.step)
-    error, truncated = _error(record.exc)
+    error, truncated = error_of(record.exc)
     return (KIND_SPAN, record.name, record.seq, _parent_seq(record.parent, record.rec), step_n, step_seq,
-            record.t0 + offset, record.t1 + offset, record.attrs or None, _events(record.events, offset), None,
+            record.t0 + offset, record.t1 + offset, record.attrs or None, wall_events(record.events, offset), None,
             error, truncated, record.dev)
 
 
-# --- for automatic step detection (integrations, not the public API) ------------------
-def begin_step(n: int | None = None, epoch: int | None = None, attrs: dict[str, Any] | None = None,
-               t0: int | None = None) -> Step | None:
-    """Open a step without a `with` block; `t0` (perf ns) backdates it to the previous boundary."""
-    step = Step(n, epoch, attrs)
-    step.__enter__()
-    if step.rec is None:
-        return None
-    if t0 is not None:
-        step.t0 = t0
-    return step
-
-
-def end_step(t1: int | None = None) -> Step | None:
-    """Close the open step (if any) and return it; `t1` (perf ns) sets its end, default now."""
-    r = _rec
-    if r is None or not isinstance(r.step, Step):
-        return None
-    step = r.step
-    close_step(r, step, r.now() if t1 is None else t1, None)
-    return step
-
-
-def record(name: str, attrs: dict[str, Any] | None, t0: int, t1: int, parent: Region | None = None) -> None:
-    """Append a region that already happened (`t0`..`t1`, perf ns) to the open step, or the one just ended.
-
-    For detection that only knows what a region was once it is over (a batch fetch turns out
-    to feed an evaluation; a GC pause is measured by two callbacks).
-    """
-    r = _rec
-    if r is None:
-        return
-    # `_parent_seq` and `_step_ref` written out: automatic detection calls this for every batch
-    # fetch, and two calls fewer are ~4 a step.
-    step = r.step
-    r.append((KIND_SPAN, name, next(_seq_counter), parent.seq if parent is not None and parent.rec is r else None,
-              step.ref if step is not None else _NO_STEP, t0, t1, attrs or None, None, None))
-
-
-def abandon(region: Region) -> None:
-    """Leave an entered region without recording it (detection found it was not what it seemed)."""
-    if getattr(region, "rec", None) is None or hasattr(region, "t1"):
-        return
-    drop = getattr(region, "drop_events", None)  # a device region hands its start event back
-    if drop is not None:
-        drop()
-    if _hotpath is not None and isinstance(region, _hotpath.Region):
-        _hotpath.leave(region)
-        return
-    try:
-        _current.reset(region.token)
-    except ValueError:  # left in another context
-        _current.set(region.parent)
+def unpack(slots: bytes, side: list[Any], wire: list[bool] | None, strings: list[str]) -> Any:
+    """What `RecorderBase.drain_packed` gave (side records made wire where `wire` says so), back
+    as runs of records (`export.pipe.Segments`); `strings` is the recorder's table."""
+    return _hotpath.unpack(slots, side, wire, strings)  # type: ignore[union-attr]
