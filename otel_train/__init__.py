@@ -46,9 +46,10 @@ def init(**overrides: Any) -> RunInfo | None:
 #: `device_time=True` also records device events at its start and end (on the current stream;
 #: resolved off-thread into `device.duration_s` / `device.lag_s`), `False` never does; by default
 #: only `semconv.DEVICE_TIMED_SPANS` do (forward, backward, optimizer, collective, checkpoint, eval).
-#: While device timing is on and a device is (or may yet be) in use, `span` is `_device._DeviceRegion`.
-_span = _recorder.Region
-span = _span
+#: One object for the life of the process (the region class, C where built): what a call makes
+#: follows the mode (`record/span.py`: a device-timed region while a device is, if ever, in use;
+#: a shared no-op when disabled), so a name imported before `init()` behaves as after it.
+span = _recorder.Region
 
 
 #: `otel_train.step(n=None, epoch=None, **attrs)`: mark one training step, `with otel_train.step(n):`

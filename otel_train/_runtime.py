@@ -23,6 +23,7 @@ from otel_train._distributed import RunInfo, detect_run_info
 from otel_train.export.sinks import ENV_CHILD, LocalSink, ProcessSink
 from otel_train.export.worker import Worker
 from otel_train.record import recorder as _recorder
+from otel_train.record import span
 from otel_train.record.clock import Clock
 from otel_train.wire.ids import new_salt
 from otel_train.wire.schema import Truncated
@@ -87,7 +88,7 @@ def init(span_processors: Sequence[Any] = (), metric_readers: Sequence[Any] = ()
         if cfg.disabled:
             _recorder.install(None)
             _state = _State(cfg, None, None, "disabled")
-            _set_span_factory(disabled=True)
+            span.set_disabled(True)  # `otel_train.span(...)` makes the shared no-op
             return None
         run = detect_run_info(cfg.run_id, cfg.role)
         recorder = _recorder.Recorder(cfg.buffer_size, clock)
@@ -122,18 +123,10 @@ def init(span_processors: Sequence[Any] = (), metric_readers: Sequence[Any] = ()
         _state.salt = salt
         _state.device = resolve
         _recorder.install(recorder)
-        _set_span_factory(disabled=False)
+        span.set_disabled(False)
         worker.start()
         _install_process_hooks()
         return run
-
-
-def _set_span_factory(disabled: bool) -> None:
-    # `otel_train.span` costs one call to a function returning a shared no-op when disabled.
-    package = sys.modules.get("otel_train")
-    if package is not None:
-        # Enabled: `_recorder.region_factory`, which device timing points at its own region class.
-        package.span = _recorder.noop_span if disabled else _recorder.region_factory  # type: ignore[attr-defined]
 
 
 def _exporter_unpacks() -> bool:

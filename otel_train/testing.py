@@ -2,6 +2,7 @@
 
 - `paused_detection()`: installed automatic detection out of the way inside a block.
 - `held(worker)`: keep the worker from draining inside a block.
+- `spans_disabled()`: `otel_train.span` makes the disabled no-op inside a block.
 
 `otel-train bench` uses both to time parts of the pipeline alone; the test suite uses them to
 check exactly that. Nothing in the package itself calls them. Imports nothing heavy until used.
@@ -48,6 +49,20 @@ def paused_detection() -> Iterator[None]:
             roots.add_global()
         for module in list(roots.hooked):
             roots.hook(module)
+
+
+@contextlib.contextmanager
+def spans_disabled() -> Iterator[None]:
+    """`otel_train.span(...)` makes the disabled no-op inside the block, as it does under
+    `OTEL_SDK_DISABLED`, with nothing shut down (the benchmark's `region_ns_disabled`)."""
+    from otel_train.record import span
+
+    was = span.disabled()
+    span.set_disabled(True)
+    try:
+        yield
+    finally:
+        span.set_disabled(was)
 
 
 def held(worker: Any) -> Any:

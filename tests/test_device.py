@@ -19,6 +19,7 @@ from otel_train.record.clock import FakeClock
 from otel_train.record.recorder import Recorder
 from otel_train.export.worker import Worker
 from otel_train.record import direct
+from otel_train.record import span as span_mode
 from otel_train.wire import schema
 
 DUR, LAG, TYPE = semconv.DEVICE_DURATION_S, semconv.DEVICE_LAG_S, semconv.DEVICE_TYPE
@@ -189,7 +190,8 @@ def test_cpu_run_has_no_device_attributes_and_host_step_time(harness: Harness) -
                 clock.advance(10 * MS)
         clock.advance(5 * MS)
     assert _device.active().pool is None
-    assert otel_train.span is _recorder.Region  # no accelerator: nothing left to pay for
+    assert span_mode.device_region() is None  # no accelerator: nothing left to pay for
+    assert type(otel_train.span(semconv.SPAN_FORWARD)) is _recorder.Region
     resolver = _runtime.state().worker.resolve
     batch = _recorder.active().drain(1 << 20)
     assert len(batch) >= 2 and resolver(batch) is batch  # handed on as drained: no per-record look
@@ -208,7 +210,7 @@ def test_device_timing_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _device.active() is None
     assert _runtime.state().worker.resolve is None
     assert _runtime.state().worker.recorder.step_end is None
-    assert otel_train.span is _recorder.Region
+    assert span_mode.device_region() is None
     with otel_train.step():
         with otel_train.span(semconv.SPAN_FORWARD, device_time=True):
             harness.clock.advance(MS)
@@ -229,7 +231,7 @@ def test_use_device_picks_the_model_device(harness: Harness) -> None:
     _device.use_device(Module())
     timing = _device.active()
     assert timing.settled and timing.pool is None  # CPU: host time is the truth
-    assert otel_train.span is _recorder.Region
+    assert span_mode.device_region() is None
     harness.finish()
 
 

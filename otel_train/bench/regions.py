@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -32,23 +33,27 @@ def _floor(n: int) -> None:
         pc()
 
 
-def _regions(factory: Callable[..., Any]) -> Callable[[int], None]:
+def _regions(factory: Callable[..., Any], mode: Callable[[], Any]) -> Callable[[int], None]:
     def body(n: int) -> None:
-        for _ in range(n):
-            with factory("bench.region"):
-                pass
+        with mode():
+            for _ in range(n):
+                with factory("bench.region"):
+                    pass
     return body
 
 
-def _region_factories(sdk_tracer: Any) -> dict[str, Callable[..., Any]]:
-    """What each region figure times, by the name's ending: `region_ns_<name>`."""
+def _region_factories(sdk_tracer: Any) -> dict[str, tuple[Callable[..., Any], Callable[[], Any]]]:
+    """What each region figure times, by the name's ending (`region_ns_<name>`): the factory,
+    and the mode it runs in (a context manager factory)."""
     import otel_train
     from otel_train.record import recorder as _recorder
+    from otel_train.testing import spans_disabled
 
-    factories = {"otel_train": otel_train._span, "otel_sdk": sdk_tracer.start_as_current_span,
-                 "disabled": _recorder.noop_span}
-    if otel_train._span is not _recorder._PyRegion:  # the C hot path is in force: time its fallback too
-        factories["otel_train_python"] = _recorder._PyRegion
+    plain = contextlib.nullcontext
+    factories = {"otel_train": (otel_train.span, plain), "otel_sdk": (sdk_tracer.start_as_current_span, plain),
+                 "disabled": (otel_train.span, spans_disabled)}
+    if otel_train.span is not _recorder._PyRegion:  # the C hot path is in force: time its fallback too
+        factories["otel_train_python"] = (_recorder._PyRegion, plain)
     return factories
 
 
@@ -65,8 +70,8 @@ def bench_regions(sdk_tracer: Any, sdk_flush: Callable[[], Any], n: int, rounds:
     worker = _runtime.state().worker  # type: ignore[union-attr]
     settle = {"region_ns_otel_train": worker.flush, "region_ns_otel_sdk": sdk_flush}
 
-    variants = {"region_ns_floor": _floor, **{f"region_ns_{name}": _regions(factory)
-                                              for name, factory in _region_factories(sdk_tracer).items()}}
+    variants = {"region_ns_floor": _floor, **{f"region_ns_{name}": _regions(factory, mode)
+                                              for name, (factory, mode) in _region_factories(sdk_tracer).items()}}
     samples: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
         for name, body in variants.items():
@@ -97,6 +102,8 @@ def bench_cold_regions(sdk_tracer: Any, samples: int) -> dict[str, float]:
             return pc() - t0
         return one
 
+    modes: dict[str, Callable[[], Any]] = {}
+
     def floor() -> int:
         t0 = pc()
         pc()
@@ -107,17 +114,19 @@ def bench_cold_regions(sdk_tracer: Any, samples: int) -> dict[str, float]:
         t0 = pc()
         return pc() - t0
 
-    variants = {"empty": empty, "region_ns_cold_floor": floor,
-                **{f"region_ns_cold_{name}": regions(factory)
-                   for name, factory in _region_factories(sdk_tracer).items()}}
+    variants = {"empty": empty, "region_ns_cold_floor": floor}
+    for name, (factory, mode) in _region_factories(sdk_tracer).items():
+        variants[f"region_ns_cold_{name}"] = regions(factory)
+        modes[f"region_ns_cold_{name}"] = mode
     order = list(variants.items())
     found: dict[str, list[int]] = {name: [] for name in variants}
     for _ in range(3):
         work.plain()
     for i in range(samples):
         for name, one in order[i % len(order):] + order[:i % len(order)]:  # each in every place
-            work.plain()
-            found[name].append(one())
+            with modes.get(name, contextlib.nullcontext)():  # set before the step: the region stays cold
+                work.plain()
+                found[name].append(one())
     base = statistics.median(found.pop("empty"))
     out = {name: max(0.0, statistics.median(values) - base) for name, values in found.items()}
     out["sdk_over_otel_train_cold"] = _sdk_over_otel_train(out, "region_ns_cold_")

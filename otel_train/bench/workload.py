@@ -52,7 +52,7 @@ class Workload:
 
     def instrumented(self, span: Callable[..., Any] | None = None) -> None:
         import otel_train
-        self._spanned(span or otel_train._span, otel_train.step)
+        self._spanned(span or otel_train.span, otel_train.step)
 
     def sdk(self, tracer: Any) -> None:
         def span(name: str, **attrs: Any) -> Any:

@@ -118,6 +118,9 @@ static PyMethodDef mod_methods[] = {
     {"current", mod_current, METH_NOARGS, "The innermost open region here (either kind of region), or None."},
     {"leave", mod_leave, METH_O, "Take an entered C region off the current-region pointer without recording it."},
     {"install", mod_install, METH_O, "install(recorder or None): the recorder regions record to."},
+    {"set_span_target", mod_set_span_target, METH_O,
+     "set_span_target(target): what Region(...) makes from now on: None a Region, a Region subclass an "
+     "instance of it, anything else that object."},
     {"unpack", mod_unpack, METH_VARARGS,
      "unpack(slots, side, wire, strings): what RecorderBase.drain_packed gave, back as runs of records."},
     {NULL}

@@ -16,6 +16,13 @@ static THREAD_LOCAL PyObject *tl_current;
 static PyObject *g_running_loop;  /* asyncio.events._get_running_loop, once asyncio is imported */
 static PyObject *g_loop_key;      /* its thread-state dict key, when that is the C `_asyncio` one */
 
+/* What calling `Region` (`otel_train.span`) makes besides a Region (`set_span_target`, from
+ * `record/span.py`): NULL, a Region; a type (the device-timed region), an instance of it; any
+ * other object (the disabled no-op), that object itself. The public name never changes: the
+ * call reads this, one compare while it is NULL. */
+static PyObject *g_span_target;
+static int g_span_target_is_type;
+
 static PyObject *region_called(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 
 GC_FIELD_FUNCTIONS(region, RegionObject, REGION_FIELDS, (void)0)
@@ -98,6 +105,9 @@ region_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject
                      "(%zd given); attributes go as keywords", nargs);
         return NULL;
     }
+    if (g_span_target != NULL)
+        return g_span_target_is_type ? PyObject_Vectorcall(g_span_target, args, nargsf, kwnames)
+                                     : Py_NewRef(g_span_target);
     RegionObject *self = PyObject_GC_New(RegionObject, &RegionType);
     if (self == NULL)
         return NULL;
@@ -237,6 +247,26 @@ running_loop_now(void)
     int running = loop != Py_None;
     Py_DECREF(loop);
     return running;
+}
+
+/* `set_span_target(target)`: what `Region(...)` makes from now on (see `g_span_target`); None
+ * or `Region` itself, a Region. */
+static PyObject *
+mod_set_span_target(PyObject *module, PyObject *target)
+{
+    if (target == Py_None || target == (PyObject *)&RegionType) {
+        Py_CLEAR(g_span_target);
+        g_span_target_is_type = 0;
+        Py_RETURN_NONE;
+    }
+    int is_type = PyType_Check(target);
+    if (is_type && !PyType_IsSubtype((PyTypeObject *)target, &RegionType)) {
+        PyErr_SetString(PyExc_TypeError, "set_span_target() takes None, a Region subclass or an object to hand out");
+        return NULL;
+    }
+    Py_XSETREF(g_span_target, Py_NewRef(target));
+    g_span_target_is_type = is_type;
+    Py_RETURN_NONE;
 }
 
 /* Take `self` off the current-region pointer it went on (at exit, or when abandoned). */

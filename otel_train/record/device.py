@@ -48,6 +48,7 @@ from typing import Any, Protocol
 
 from otel_train import semconv
 from otel_train.record import recorder as _recorder
+from otel_train.record import span
 from otel_train.record.device_resolver import MAX_PARKED, MAX_WAIT_NS, DeviceResolver
 from otel_train.record.recorder import Region, Step
 
@@ -285,7 +286,9 @@ class _DeviceRegion(Region):
     whether its name is one of `semconv.DEVICE_TIMED_SPANS`.
     """
 
-    __slots__ = ("ev1",)
+    # `ev1`: its end event. The pure-Python region has that slot already, so that a region made
+    # as `Region` can become this class in place (`recorder._py_retarget`).
+    __slots__ = () if hasattr(Region, "ev1") else ("ev1",)
 
     def __init__(self, name: str, *, device_time: bool | None = None, **attrs: Any) -> None:
         self.name = name
@@ -294,7 +297,7 @@ class _DeviceRegion(Region):
         self.timed = name in _DEVICE_TIMED if device_time is None else device_time
 
     def drop_events(self) -> None:
-        """`_recorder.abandon`: the region will never be recorded; its start event goes back."""
+        """`direct.abandon`: the region will never be recorded; its start event goes back."""
         event = getattr(self, "dev", None)
         if event is not None:
             self.dev = None
@@ -327,24 +330,21 @@ _DEVICE_TIMED = frozenset(semconv.DEVICE_TIMED_SPANS)
 
 
 def _publish() -> None:
-    """Point `otel_train.span` (and decorated functions) at the region class now in force.
+    """Tell `otel_train.span` (and functions decorated with it) which regions to make now.
 
     `_DeviceRegion` while a device is timed or the first regions may still find one; the
-    plain `Region` otherwise, so a CPU-only run pays nothing for device timing. Likewise the
-    recorder's `step_end` hook: none once no device can be timed (a Python call a step saved).
+    plain `Region` otherwise, so a CPU-only run pays nothing for device timing (`span.py`).
+    Likewise the recorder's `step_end` hook: none once no device can be timed (a Python call a
+    step saved).
     """
     timing = _timing
     if timing is not None and timing.recorder is not None:
         timing.recorder.step_end = timing.on_step_end if timing.pool is not None or not timing.settled else None
     wanted = timing is not None and (timing.pool is not None or
                                      (not timing.settled and timing.region_probes > 0))
-    cls: type[Region] = _DeviceRegion if wanted else Region
-    if _recorder.region_factory is cls:
-        return
-    _recorder.region_factory = cls
-    package = sys.modules.get("otel_train")
-    if package is not None and isinstance(getattr(package, "span", None), type):  # not the disabled no-op
-        package.span = cls  # type: ignore[attr-defined]
+    cls = _DeviceRegion if wanted else None
+    if span.device_region() is not cls:
+        span.set_device_region(cls)
 
 
 def use_device(where: Any) -> None:

@@ -148,19 +148,23 @@ class _PyRegion:
 
     The pure-Python region: `Region` is the C one (`_hotpath.Region`, the same behaviour
     and records) where that module was built, this class otherwise. The class is its own
-    factory (`otel_train.span is Region`): one call per region. `events` and `dev` are
-    filled in only when an event or device timing needs them.
+    factory (`otel_train.span is Region`): one call per region, which makes what the mode says
+    (`set_span_target`, `span.py`). `events` and `dev` are filled in only when an event or
+    device timing needs them; `ev1` only by the device region (`device._DeviceRegion`), which
+    a region made here becomes while a device is timed.
     """
 
     __slots__ = ("name", "attrs", "rec", "parent", "token", "step", "seq", "t0", "t1",
-                 "exc", "events", "dev", "timed")
+                 "exc", "events", "dev", "timed", "ev1")
 
     def __init__(self, name: str, *, device_time: bool | None = None, **attrs: Any) -> None:
         self.name = name
         self.attrs = attrs
         self.events = self.dev = None  # set now: reading an unset slot later costs an exception
-        if device_time is not None:  # kept for `__call__`; only `_device._DeviceRegion` acts on it
+        if device_time is not None:  # kept for `__call__`; only `device._DeviceRegion` acts on it
             self.timed = device_time
+        if _py_span_target is not None and type(self) is _PyRegion:  # one global read while plain
+            _py_retarget(self, name, device_time, attrs)
 
     def __enter__(self) -> _PyRegion:
         r = _rec
@@ -208,19 +212,19 @@ class _PyRegion:
 
 def _decorate(region: Any, fn: _F) -> _F:
     """`@otel_train.span(name)`: each call of `fn` (sync or async) runs in a fresh region of that name."""
-    # The region class is looked up per call: a function decorated at import time gets
-    # device events once device timing has chosen a device (`_device`).
+    # A fresh region per call, from the factory (`Region`), which reads the mode: a function
+    # decorated at import time gets device events once device timing has chosen a device.
     name, attrs, timed = region.name, region.attrs or {}, getattr(region, "timed", None)
     if inspect.iscoroutinefunction(fn):
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            with region_factory(name, device_time=timed, **attrs):
+            with Region(name, device_time=timed, **attrs):
                 return await fn(*args, **kwargs)
         return async_wrapper  # type: ignore[return-value]
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with region_factory(name, device_time=timed, **attrs):
+        with Region(name, device_time=timed, **attrs):
             return fn(*args, **kwargs)
     return wrapper  # type: ignore[return-value]
 
@@ -332,13 +336,8 @@ else:
     close_step = _py_close_step
     current_get = _current.get
 
-#: The class `otel_train.span` hands out while enabled: `Region`, or `_device._DeviceRegion`
-#: while device timing is choosing or has chosen a device (set by `_device`).
-region_factory: Callable[..., Region] = Region
-
-
 class _NoopRegion:
-    """What `otel_train.span` hands out when disabled.
+    """What `otel_train.span` hands out when disabled (`NOOP`, `span.py`).
 
     `__enter__` / `__exit__` are assigned C-level callables below (not Python methods), so a
     disabled `with otel_train.span(...)` costs the factory call and little more: `with` calls
@@ -366,8 +365,40 @@ _NoopRegion.__enter__ = weakref.ref(NOOP)  # type: ignore[attr-defined]
 _NoopRegion.__exit__ = type.__prepare__  # type: ignore[attr-defined]
 
 
-def noop_span(name: str, **attrs: Any) -> _NoopRegion:
-    return NOOP
+class _PyOff(_PyRegion):
+    """A pure-Python region made while disabled: `NOOP`'s behaviour in a region's layout."""
+
+    __slots__ = ()
+    __enter__ = _NoopRegion.__enter__  # NOOP itself, as `with otel_train.span(...) as r` gives it in C
+    __exit__ = _NoopRegion.__exit__
+
+    def __call__(self, fn: _F) -> _F:
+        return fn
+
+
+#: The pure-Python regions' `set_span_target`: None while plain, else the `_PyRegion` subclass
+#: a region made as `Region` becomes (`_py_retarget`). The C type hands out the target itself.
+_py_span_target: Any = None
+
+
+def _py_retarget(region: Any, name: str, device_time: bool | None, attrs: dict[str, Any]) -> None:
+    """`Region(...)` while not plain, without C: the new region becomes the class the mode
+    wants (the same layout, so `__class__` may change), initialised as that class is."""
+    target = _py_span_target
+    region.__class__ = target
+    if target is not _PyOff:
+        target.__init__(region, name, device_time=device_time, **attrs)
+
+
+def set_span_target(target: Any) -> None:
+    """What `Region(...)` (`otel_train.span(...)`) makes from now on: None (or `Region`), a
+    `Region`; a `Region` subclass, an instance of it; `NOOP`, the disabled no-op. Set by
+    `span.py`, which knows the mode; the public name stays `Region` whatever it is."""
+    global _py_span_target
+    if _hotpath is not None:
+        _hotpath.set_span_target(target)
+    else:
+        _py_span_target = None if target is None or target is Region else _PyOff if target is NOOP else target
 
 
 def tag(name: str) -> None:
