@@ -3,16 +3,20 @@
 - `paused_detection()`: installed automatic detection out of the way inside a block.
 - `held(worker)`: keep the worker from draining inside a block.
 - `spans_disabled()`: `otel_train.span` makes the disabled no-op inside a block.
+- `SyncCounter`: counts every call that makes the host wait for the device, per thread.
 
-`otel-train bench` uses both to time parts of the pipeline alone; the test suite uses them to
-check exactly that. Nothing in the package itself calls them. Imports nothing heavy until used.
+`otel-train bench` uses them to time parts of the pipeline alone and to count synchronisations;
+the test suite uses them to check exactly that. Nothing in the package itself calls them.
+Imports nothing heavy until used.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -70,3 +74,51 @@ def held(worker: Any) -> Any:
     while the block runs: records wait in the buffer. `otel-train bench overhead` times the hot
     path alone with it. (The worker's drain lock: a drain waits for the block to end.)"""
     return worker.busy
+
+
+class SyncCounter:
+    """Counts calls to the functions that make the host wait for the device, per thread."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[tuple[str, str]] = Counter()  # (thread name, function) -> calls
+        self.active = False
+
+    def total(self, thread: str | None = None) -> int:
+        return sum(n for (name, _), n in self.calls.items() if thread is None or name == thread)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[SyncCounter]:
+        """Wrap the synchronising functions while the block runs (counting only while `active`)."""
+        import torch
+
+        targets: list[tuple[Any, str]] = [(torch.Tensor, "item")]
+        if torch.cuda.is_available():
+            targets += [(torch.cuda, "synchronize"), (torch.cuda.Event, "synchronize"),
+                        (torch.cuda.Stream, "synchronize")]
+        saved = []
+        for owner, attr in targets:
+            original = getattr(owner, attr)
+            had_own = attr in vars(owner)
+            setattr(owner, attr, self._wrap(original, f"{getattr(owner, '__name__', owner)}.{attr}"))
+            saved.append((owner, attr, original, had_own))
+        try:
+            yield self
+        finally:
+            for owner, attr, original, had_own in reversed(saved):
+                if had_own:
+                    setattr(owner, attr, original)
+                else:
+                    delattr(owner, attr)
+
+    def _wrap(self, fn: Callable[..., Any], label: str) -> Callable[..., Any]:
+        counter = self
+        on_tensor = label.endswith(".item")
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            # `.item()` of a CPU tensor (AdamW reads its CPU step count) does not wait for a device.
+            if counter.active and not (on_tensor and args and args[0].device.type == "cpu"):
+                counter.calls[(threading.current_thread().name, label)] += 1
+            return fn(*args, **kwargs)
+
+        wrapper.__name__ = getattr(fn, "__name__", "wrapper")
+        return wrapper
