@@ -8,8 +8,8 @@ anything (`_STATE_AT_IMPORT` says so).
 from __future__ import annotations
 
 import pytest
-from conftest import Harness, by_name
-from fake_device import MS, FakeDevice
+from support.harness import Harness, by_name
+from support.fake_device import MS, FakeDevice
 
 import otel_train
 from otel_train import RunInfo, event, init, inject, link, shutdown, span, step, tag

@@ -1,4 +1,4 @@
-"""End to end: unmodified training scripts (tests/scenarios/) run instrumented in subprocesses
+"""End to end: unmodified training scripts (tests/support/scenarios/) run instrumented in subprocesses
 (`python -m otel_train.run`, `import otel_train.auto`, `opentelemetry-instrument`, torchrun) and
 export to the suite's real OTLP receiver; each test asserts the exact span tree of every step.
 
@@ -24,13 +24,13 @@ import pytest
 
 pytest.importorskip("torch")
 
-from otlp_receiver import OTLPReceiver  # noqa: E402
-from procs import REPO, clean_env  # noqa: E402
-from span_tree import Tree, check_invariants, plain_tags, tree  # noqa: E402
+from support.otlp_receiver import OTLPReceiver  # noqa: E402
+from support.procs import REPO, clean_env  # noqa: E402
+from support.span_tree import Tree, check_invariants, plain_tags, tree  # noqa: E402
 
 from otel_train import semconv  # noqa: E402
 
-SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+SCENARIOS = Path(__file__).resolve().parent / "support" / "scenarios"
 DATA, FWD, BWD, OPT, COLL = "data", "forward", "backward", "optimizer", "collective"
 WAIT_S = 420.0
 

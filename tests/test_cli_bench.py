@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from procs import run_python
+from support.procs import run_python
 
 REQUIRED = ["region_ns_floor", "region_ns_otel_train", "region_ns_otel_sdk", "region_ns_disabled",
             "sdk_over_otel_train", "step_ms_plain", "step_ms_instrumented", "step_overhead_pct",

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-from span_tree import Tree, check_invariants, plain_tags, tree  # noqa: E402
+from support.span_tree import Tree, check_invariants, plain_tags, tree  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
@@ -598,7 +598,7 @@ DCP = """
 def test_distributed_checkpoint_is_patched_when_imported_and_restored() -> None:
     import json
 
-    from procs import run_python
+    from support.procs import run_python
     out = run_python(DCP, env={"PYTHONWARNINGS": "ignore"}, timeout=180).stdout
     result = json.loads(out.split("RESULT ", 1)[1])
     assert result["torch_first"] is False  # instrumenting did not import torch

@@ -8,8 +8,8 @@ import threading
 from typing import Any
 
 import pytest
-from conftest import Harness, by_name
-from fake_device import MS, FakeDevice
+from support.harness import Harness, by_name
+from support.fake_device import MS, FakeDevice
 
 import otel_train
 from otel_train import _runtime, semconv

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from procs import run_python
+from support.procs import run_python
 
 from otel_train._distributed import detect_run_info  # noqa: E402
 from otel_train.wire.ids import (StepIds, format_traceparent, parse_traceparent,

@@ -7,8 +7,8 @@ import subprocess
 import uuid
 
 import pytest
-from otlp_receiver import OTLPReceiver
-from procs import clean_env, run_python
+from support.otlp_receiver import OTLPReceiver
+from support.procs import clean_env, run_python
 
 from otel_train import semconv
 from otel_train.wire.ids import step_span_id, trace_id_for

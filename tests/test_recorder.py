@@ -7,7 +7,7 @@ import logging
 import os
 
 import pytest
-from conftest import Harness, by_name
+from support.harness import Harness, by_name
 
 import otel_train
 from otel_train import semconv

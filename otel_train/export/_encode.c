@@ -1,7 +1,7 @@
 /* The exporter's fast path in C: usual regions straight to OTLP `ScopeSpans.spans` bytes.
  *
  * Same output as the Python loop `fast_path.FastPath.regions_python` (the fallback when this
- * module cannot be built; `tests/test_encode.py` holds the two to the same bytes, metric
+ * module cannot be built; `tests/test_fast_path.py` holds the two to the same bytes, metric
  * durations and leftover records). Why: that loop is most of what the exporter process does
  * for a training loop, ~1.7 us of Python a region here, and the exporter shares the machine's
  * cores with training (README, "What the exporter costs").

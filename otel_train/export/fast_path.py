@@ -8,7 +8,7 @@ trace id, span id and `train.step` fields once per step. Everything else goes th
 (`spans.SpanAssembler`), which builds the same message from cleaned attributes.
 
 The region loop is C (`_encode.regions`, `_encode.packed_regions` for slots as the recorder
-packed them) where that was built, `regions_python` otherwise; `tests/test_encode.py` holds the
+packed them) where that was built, `regions_python` otherwise; `tests/test_fast_path.py` holds the
 two to the same bytes, durations and leftover records.
 """
 

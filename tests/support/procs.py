@@ -9,7 +9,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
