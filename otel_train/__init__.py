@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from otel_train import _runtime
-from otel_train.record import recorder as _recorder
 from otel_train._distributed import RunInfo
+from otel_train.record import recorder as _recorder
 from otel_train.wire.ids import format_traceparent, region_span_id, step_span_id, trace_id_for
 
 __all__ = ["init", "span", "step", "tag", "event", "inject", "link", "shutdown", "RunInfo"]
@@ -54,7 +54,7 @@ span = _recorder.Region
 
 #: `otel_train.step(n=None, epoch=None, **attrs)`: mark one training step, `with otel_train.step(n):`
 #: (n defaults to the previous step + 1). A C function where the hot path was built (no Python
-#: frame per step), `_recorder._py_new_step` otherwise.
+#: frame per step), `record.recorder._py_new_step` otherwise.
 step = _recorder.new_step
 
 

@@ -42,7 +42,7 @@ class _State:
         self.destination = destination
         self.salt = 0
         self.closed = False
-        self.device: Any = None  # the device-timing resolver (`_device.DeviceResolver`) when on
+        self.device: Any = None  # the device-timing resolver (`record.device_resolver.DeviceResolver`) when on
 
 
 _state: _State | None = None
@@ -93,8 +93,8 @@ def init(span_processors: Sequence[Any] = (), metric_readers: Sequence[Any] = ()
         run = detect_run_info(cfg.run_id, cfg.role)
         recorder = _recorder.Recorder(cfg.buffer_size, clock)
         salt = new_salt()
-        from otel_train.export.pipeline import ExportPipeline, make_setup
         from otel_train.export.exporters import describe_destination
+        from otel_train.export.pipeline import ExportPipeline, make_setup
         setup = make_setup(cfg, run, build_resource(cfg, run), salt, _version())
 
         def local() -> LocalSink:

@@ -8,12 +8,11 @@ anything (`_STATE_AT_IMPORT` says so).
 from __future__ import annotations
 
 import pytest
-from support.harness import Harness, by_name
 from support.fake_device import MS, FakeDevice
+from support.harness import Harness, by_name
 
 import otel_train
-from otel_train import RunInfo, event, init, inject, link, shutdown, span, step, tag
-from otel_train import _runtime, semconv
+from otel_train import RunInfo, _runtime, event, init, inject, link, semconv, shutdown, span, step, tag
 from otel_train.record import device
 
 _STATE_AT_IMPORT = _runtime.state()

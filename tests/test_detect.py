@@ -26,8 +26,8 @@ import otel_train  # noqa: E402
 from otel_train import _imports, _runtime, semconv  # noqa: E402
 from otel_train import detect as _detect  # noqa: E402
 from otel_train.detect import compile, forward, gc_pauses, roots, state  # noqa: E402
-from otel_train.testing import paused_detection  # noqa: E402
 from otel_train.record.clock import FakeClock  # noqa: E402
+from otel_train.testing import paused_detection  # noqa: E402
 
 DATA, FWD, BWD, OPT = "data", "forward", "backward", "optimizer"
 

@@ -8,18 +8,18 @@ import threading
 from typing import Any
 
 import pytest
-from support.harness import Harness, by_name
 from support.fake_device import MS, FakeDevice
+from support.harness import Harness, by_name
 
 import otel_train
 from otel_train import _runtime, semconv
+from otel_train.export.worker import Worker
 from otel_train.record import device as _device
+from otel_train.record import direct
 from otel_train.record import recorder as _recorder
+from otel_train.record import span as span_mode
 from otel_train.record.clock import FakeClock
 from otel_train.record.recorder import Recorder
-from otel_train.export.worker import Worker
-from otel_train.record import direct
-from otel_train.record import span as span_mode
 from otel_train.wire import schema
 
 DUR, LAG, TYPE = semconv.DEVICE_DURATION_S, semconv.DEVICE_LAG_S, semconv.DEVICE_TYPE

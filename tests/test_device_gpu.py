@@ -20,8 +20,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 import otel_train  # noqa: E402
 from otel_train import _runtime, semconv  # noqa: E402
-from otel_train.record import device as _device  # noqa: E402
 from otel_train.bench.device import train_instrumented  # noqa: E402
+from otel_train.record import device as _device  # noqa: E402
 from otel_train.testing import SyncCounter  # noqa: E402
 
 PHASES = (semconv.SPAN_FORWARD, semconv.SPAN_BACKWARD, semconv.SPAN_OPTIMIZER)

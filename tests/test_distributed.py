@@ -7,9 +7,9 @@ import os
 
 from support.procs import run_python
 
-from otel_train._distributed import detect_run_info  # noqa: E402
-from otel_train.wire.ids import (StepIds, format_traceparent, parse_traceparent,
-                                     region_span_id, step_span_id, trace_id_for)
+from otel_train._distributed import detect_run_info
+from otel_train.wire.ids import (StepIds, format_traceparent, parse_traceparent, region_span_id, step_span_id,
+                                 trace_id_for)
 
 
 def test_ranks_and_run_id_from_torchrun_variables() -> None:

@@ -10,12 +10,12 @@ from opentelemetry.sdk.resources import Resource
 
 from otel_train._distributed import RunInfo
 from otel_train.export import fast_path, span_ids
+from otel_train.export.attributes import AttributeCleaner
+from otel_train.export.otlp import LeanEncoder
+from otel_train.export.spans import SpanAssembler
 from otel_train.record import recorder as _recorder
 from otel_train.record.clock import FakeClock
 from otel_train.wire import schema
-from otel_train.export.otlp import LeanEncoder
-from otel_train.export.attributes import AttributeCleaner
-from otel_train.export.spans import SpanAssembler
 
 _encode = pytest.importorskip("otel_train.export._encode")
 sys.path.insert(0, "tests")

@@ -100,8 +100,8 @@ def _assemble(records: list, offset: int, fast: bool, rank: int, c_encode: bool 
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from otel_train._distributed import RunInfo
-    from otel_train.export.metrics import TrainMetrics
     from otel_train.export.attributes import AttributeCleaner
+    from otel_train.export.metrics import TrainMetrics
     from otel_train.export.spans import SpanAssembler
 
     encoder = LeanEncoder(RESOURCE, "otel_train", "1.2")

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
-from support.harness import Harness, by_name
 from support.fake_device import MS, FakeDevice
+from support.harness import Harness, by_name
 
 import otel_train
 from otel_train import _runtime, semconv

@@ -9,6 +9,7 @@ import pytest
 
 from otel_train.wire import schema
 
+
 def test_records_cross_to_the_exporter_process_as_plain_values() -> None:
     """The pipe to the exporter carries hot-path tuples as they are; what the exporter (no torch,
     no numpy) could not load, or what would copy a tensor, is converted on the way."""
@@ -17,8 +18,8 @@ def test_records_cross_to_the_exporter_process_as_plain_values() -> None:
 
     import torch
 
-    from otel_train.record import recorder as _recorder
     from otel_train.export.pipe import FORMAT_MARSHAL, FORMAT_PICKLE, dumps, loads
+    from otel_train.record import recorder as _recorder
 
     class Level(enum.IntEnum):
         HIGH = 3
@@ -67,9 +68,9 @@ def test_worker_drains_sooner_only_when_records_would_fill_a_quarter_of_the_buff
 
 
 def test_the_drain_pacer_counts_what_a_full_buffer_dropped_as_arrived() -> None:
+    from otel_train.export.pacer import _FIRST_WAIT_S, _MIN_WAIT_S, DrainPacer
     from otel_train.record.clock import SystemClock
     from otel_train.record.recorder import Recorder
-    from otel_train.export.pacer import _FIRST_WAIT_S, _MIN_WAIT_S, DrainPacer
 
     recorder = Recorder(4_096, SystemClock())
     pacer = DrainPacer(2.0, recorder.cap, now=100.0, dropped=recorder.dropped)
@@ -93,9 +94,9 @@ def test_the_drain_pacer_counts_what_a_full_buffer_dropped_as_arrived() -> None:
 
 
 def test_a_drain_takes_what_the_buffer_held_when_it_began() -> None:
+    from otel_train.export.worker import _SLICE, Worker
     from otel_train.record.clock import SystemClock
     from otel_train.record.recorder import Recorder
-    from otel_train.export.worker import _SLICE, Worker
 
     recorder = Recorder(1 << 16, SystemClock())
 

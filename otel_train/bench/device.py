@@ -85,8 +85,9 @@ def _loop(torch: Any, model: Any, opt: Any, x: Any, y: Any, steps: int, instrume
 
 
 def _init(exporter: Any) -> None:
-    import otel_train
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    import otel_train
 
     otel_train.init(span_processors=[SimpleSpanProcessor(exporter)], export_mode="thread",
                     traces_exporter="none", metrics_exporter="none", device_timing="auto",

@@ -62,10 +62,10 @@ def _export_cpu(records: list[Any], offset: int, rounds: int) -> dict[str, float
     from opentelemetry.sdk.resources import Resource
 
     from otel_train._distributed import RunInfo
-    from otel_train.export.metrics import TrainMetrics
-    from otel_train.export.otlp import LeanEncoder
     from otel_train.export.attributes import AttributeCleaner
     from otel_train.export.fast_path import _encode
+    from otel_train.export.metrics import TrainMetrics
+    from otel_train.export.otlp import LeanEncoder
     from otel_train.export.pipe import dumps, loads
     from otel_train.export.spans import SpanAssembler
     from otel_train.export.worker import _SLICE

@@ -46,8 +46,8 @@ def bench_steps_grouped(work: Workload, groups: int, block_steps: int, group_ste
     share), `noise_pct` the spread of a group's plain rate, `pair_noise_pct` that of one
     plain block against the next."""
     from otel_train import _runtime
-    from otel_train.testing import held, paused_detection
     from otel_train.instrumentation import TorchTrainingInstrumentor
+    from otel_train.testing import held, paused_detection
 
     worker = _runtime.state().worker  # type: ignore[union-attr]
     exporter_cpu = getattr(worker.sink, "cpu_ns", lambda: 0)

@@ -43,6 +43,7 @@ from otel_train.bench.harness import Receiver, init_mode, print_figure, print_st
 from otel_train.bench.regions import bench_cold_regions, bench_regions
 from otel_train.bench.workload import Workload
 
+
 def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thread"), rounds: int = 15,
                  steps: tuple[str, ...] = ("large", "small"), targets_only: bool = False,
                  block_steps: int | None = None, design: str = "blocks") -> int:
@@ -56,8 +57,8 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
 
     import otel_train
     from otel_train import _runtime
-    from otel_train.record import recorder as _recorder
     from otel_train.export import fast_path
+    from otel_train.record import recorder as _recorder
 
     # Blocks of about two and a half seconds (large step) and two (small), at the default drain
     # and export intervals: what the export pipeline holds at the end of an instrumented block

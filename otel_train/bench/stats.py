@@ -6,6 +6,7 @@ import math
 import statistics
 from collections.abc import Callable
 
+
 def pair_noise_pct(plain: list[float]) -> float:
     """Spread of one round's plain block against the next one's (IQR of their ratio, %)."""
     ratios = [100 * (b / a - 1) for a, b in zip(plain[0::2], plain[1::2])]

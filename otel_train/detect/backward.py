@@ -12,12 +12,12 @@ from typing import Any
 
 import torch
 
-from otel_train.record import recorder
 from otel_train.detect.compile import dynamo_compiling, tc
 from otel_train.detect.machine import train_activity
 from otel_train.detect.patches import Patches
 from otel_train.detect.state import BACKWARD, OPTIMIZER, PH_BWD, active, mb_attrs, region
 from otel_train.detect.state import s as _s
+from otel_train.record import recorder
 
 patches = Patches()
 

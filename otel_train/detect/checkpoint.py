@@ -14,14 +14,14 @@ from typing import Any
 import torch
 
 from otel_train import _imports
-from otel_train.record import recorder
-from otel_train.record.recorder import Recorder
 from otel_train.detect import state
 from otel_train.detect.compile import is_compiling
 from otel_train.detect.machine import close_if_complete, end_eval
 from otel_train.detect.patches import Patches
 from otel_train.detect.state import CHECKPOINT, region
 from otel_train.detect.state import s as _s
+from otel_train.record import recorder
+from otel_train.record.recorder import Recorder
 
 patches = Patches()
 

@@ -13,11 +13,11 @@ from typing import Any
 import torch
 
 from otel_train import semconv
-from otel_train.record import recorder
 from otel_train.detect.compile import is_compiling
 from otel_train.detect.patches import Patches
 from otel_train.detect.state import COLLECTIVE, region
 from otel_train.detect.state import s as _s
+from otel_train.record import recorder
 
 patches = Patches()
 

@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
-from otel_train.record import recorder
 from otel_train.detect.compile import compiled_anything, is_compiling
 from otel_train.detect.machine import close, manual, ours
 from otel_train.detect.patches import Patches, unpatch
 from otel_train.detect.state import DATA, P_NAME, P_T1, active
 from otel_train.detect.state import s as _s
+from otel_train.record import recorder
 
 _log = logging.getLogger("otel_train")
 patches = Patches()

@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from otel_train.record import recorder
-from otel_train.record.recorder import Recorder
 from otel_train.detect import state
 from otel_train.detect.compile import is_compiling
 from otel_train.detect.machine import close, close_if_complete, complete, end_eval, ours
 from otel_train.detect.state import DATA, EVAL, FWD_AUX, FWD_EVAL, FWD_SKIP, P_NAME, P_SRC, P_T0, State, region
 from otel_train.detect.state import s as _s
+from otel_train.record import recorder
+from otel_train.record.recorder import Recorder
 
 
 def eval_forward(r: Recorder, s: State, t: int) -> int:

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 from torch.nn.modules.loss import _Loss
 
-from otel_train.record import direct, recorder
 from otel_train.detect.compile import dynamo_compiling, tc
 from otel_train.detect.data import to_switch
 from otel_train.detect.eval import eval_forward
@@ -21,6 +20,7 @@ from otel_train.detect.machine import train_activity
 from otel_train.detect.roots import roots
 from otel_train.detect.state import FORWARD, FWD_AUX, FWD_EVAL, FWD_TRAIN, PH_FWD, active, mb_attrs, region
 from otel_train.detect.state import s as _s
+from otel_train.record import direct, recorder
 
 
 def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-from otel_train.record import direct, recorder
 from otel_train.detect.state import GC
 from otel_train.detect.state import s as _s
+from otel_train.record import direct, recorder
 
 #: A young-generation collection becomes a span only when it pauses at least this long;
 #: full collections always do.

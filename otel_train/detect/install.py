@@ -11,8 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_train import _runtime
-from otel_train.detect import (backward, checkpoint, collectives, compile, data, forward, gc_pauses, optimizer,
-                               state)
+from otel_train.detect import backward, checkpoint, collectives, compile, data, forward, gc_pauses, optimizer, state
 from otel_train.detect.machine import finish
 from otel_train.detect.patches import Patches
 from otel_train.detect.state import s as _s

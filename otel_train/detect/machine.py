@@ -34,11 +34,11 @@ import weakref
 
 import torch
 
-from otel_train.record import direct, recorder
-from otel_train.record.recorder import Recorder, Step
 from otel_train.detect.roots import roots
 from otel_train.detect.state import DATA, EVAL, P_ITER, P_SRC, P_T0, PH_FWD, PH_OPT, State, mb_attrs
 from otel_train.detect.state import s as _s
+from otel_train.record import direct, recorder
+from otel_train.record.recorder import Recorder, Step
 
 
 def ours(r: Recorder, s: State) -> bool:

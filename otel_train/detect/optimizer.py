@@ -16,13 +16,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from otel_train.record import direct, recorder
-from otel_train.record.recorder import Step
 from otel_train.detect.compile import dynamo_compiling, is_compiling, tc
 from otel_train.detect.machine import train_activity
 from otel_train.detect.patches import Patches
 from otel_train.detect.state import DATA, OPTIMIZER, P_NAME, PH_OPT, active, region
 from otel_train.detect.state import s as _s
+from otel_train.record import direct, recorder
+from otel_train.record.recorder import Step
 
 _log = logging.getLogger("otel_train")
 patches = Patches()

@@ -8,7 +8,7 @@ the encoded bytes of every name and key/value it has seen (bounded), which bring
 few microseconds. The output parses into exactly the message the official encoder builds
 (tests/test_otlp.py compares them field by field).
 
-It serves the OTLP/gRPC exporter in `_sinks`: `LeanSpanBatch` carries the bytes, and the
+It serves the OTLP/gRPC exporter in `exporters`: `LeanSpanBatch` carries the bytes, and the
 exporter's `_translate_data` parses them (in C) into the request its stub sends, so retries,
 headers, TLS and compression stay the official exporter's own.
 """

@@ -6,10 +6,10 @@ back between slices (`time.sleep(0)`), so the training thread never waits long b
 Each slice goes to a sink (`sinks`): the per-rank exporter process (default) or the export
 pipeline on this thread. How long it sleeps between drains: `pacer`.
 
-With the exporter process, the recorder packs plain regions into slots (`record/_hotpath_recorder.c`,
-"the packed ring") and a drain moves them as they lie (`drain_packed`, `ProcessSink.send_packed`):
-one bytes object for a slice of slots, with the few other records (steps, tags, events) beside
-it. Measured on the benchmark's small-step records: 106 ns of worker CPU a record, against 413
+With the exporter process, the recorder packs plain regions into slots ("the packed ring" in
+`record/_hotpath_recorder.c`) and a drain moves them as they lie (`drain_packed`,
+`ProcessSink.send_packed`): one bytes object for a slice of slots, with the few other records
+(steps, tags, events) beside it. Measured on the benchmark's small-step records: 106 ns of worker CPU a record, against 413
 ns for popping, marshalling and freeing each record's tuple.
 
 Device events (whose polling must stay in the training process) are resolved here before

@@ -4,14 +4,14 @@ The spawned workers re-import this script (as `__mp_main__`), and with it otel_t
 must not report themselves as trainers.
 """
 
-import otel_train.auto  # noqa: F401  (the scenario: one line)
-
 import json  # noqa: E402
 import os  # noqa: E402
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+import otel_train.auto  # noqa: F401  (the scenario: one line)
 
 
 class Squares(Dataset):
