@@ -19,8 +19,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from otel_train import _recorder, _runtime
-from otel_train._distributed import RunInfo, format_traceparent, region_span_id, step_span_id, trace_id_for
+from otel_train import _runtime
+from otel_train._distributed import RunInfo
+from otel_train.record import recorder as _recorder
+from otel_train.wire.ids import format_traceparent, region_span_id, step_span_id, trace_id_for
 
 __all__ = ["init", "span", "step", "tag", "event", "inject", "link", "shutdown", "RunInfo"]
 
@@ -44,14 +46,15 @@ def init(**overrides: Any) -> RunInfo | None:
 #: `device_time=True` also records device events at its start and end (on the current stream;
 #: resolved off-thread into `device.duration_s` / `device.lag_s`), `False` never does; by default
 #: only `semconv.DEVICE_TIMED_SPANS` do (forward, backward, optimizer, collective, checkpoint, eval).
-#: While device timing is on and a device is (or may yet be) in use, `span` is `_device._DeviceRegion`.
-_span = _recorder._Region
-span = _span
+#: One object for the life of the process (the region class, C where built): what a call makes
+#: follows the mode (`record/span.py`: a device-timed region while a device is, if ever, in use;
+#: a shared no-op when disabled), so a name imported before `init()` behaves as after it.
+span = _recorder.Region
 
 
 #: `otel_train.step(n=None, epoch=None, **attrs)`: mark one training step, `with otel_train.step(n):`
 #: (n defaults to the previous step + 1). A C function where the hot path was built (no Python
-#: frame per step), `_recorder._py_new_step` otherwise.
+#: frame per step), `record.recorder._py_new_step` otherwise.
 step = _recorder.new_step
 
 
@@ -77,7 +80,7 @@ def inject() -> dict[str, str]:
         step_n, _ = _recorder._step_ref(region.step)
         return {"traceparent": format_traceparent(trace_id_for(run.run_id, step_n),
                                                   region_span_id(st.salt, region.seq))}
-    if rec is not None and isinstance(rec.step, _recorder._Step):
+    if rec is not None and isinstance(rec.step, _recorder.Step):
         n = rec.step.n
         return {"traceparent": format_traceparent(trace_id_for(run.run_id, n),
                                                   step_span_id(run.run_id, n, run.rank, run.restart))}

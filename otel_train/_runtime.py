@@ -17,11 +17,16 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from otel_train import _recorder, semconv
-from otel_train._clock import Clock
+from otel_train import semconv
 from otel_train._config import Config
-from otel_train._distributed import RunInfo, detect_run_info, new_salt
-from otel_train._worker import ENV_CHILD, LocalSink, ProcessSink, Worker
+from otel_train._distributed import RunInfo, detect_run_info
+from otel_train.export.sinks import ENV_CHILD, LocalSink, ProcessSink
+from otel_train.export.worker import Worker
+from otel_train.record import recorder as _recorder
+from otel_train.record import span
+from otel_train.record.clock import Clock
+from otel_train.wire.ids import new_salt
+from otel_train.wire.schema import Truncated
 
 _log = logging.getLogger("otel_train")
 _lock = threading.RLock()
@@ -37,7 +42,7 @@ class _State:
         self.destination = destination
         self.salt = 0
         self.closed = False
-        self.device: Any = None  # the device-timing resolver (`_device.DeviceResolver`) when on
+        self.device: Any = None  # the device-timing resolver (`record.device_resolver.DeviceResolver`) when on
 
 
 _state: _State | None = None
@@ -83,23 +88,22 @@ def init(span_processors: Sequence[Any] = (), metric_readers: Sequence[Any] = ()
         if cfg.disabled:
             _recorder.install(None)
             _state = _State(cfg, None, None, "disabled")
-            _set_span_factory(disabled=True)
+            span.set_disabled(True)  # `otel_train.span(...)` makes the shared no-op
             return None
         run = detect_run_info(cfg.run_id, cfg.role)
         recorder = _recorder.Recorder(cfg.buffer_size, clock)
         salt = new_salt()
-        from otel_train._pipeline import ExportPipeline, make_setup
-        from otel_train._sinks import describe_destination
+        from otel_train.export.exporters import describe_destination
+        from otel_train.export.pipeline import ExportPipeline, make_setup
         setup = make_setup(cfg, run, build_resource(cfg, run), salt, _version())
 
         def local() -> LocalSink:
             return LocalSink(ExportPipeline(setup, span_processors, metric_readers))
 
         sink: Any
-        from otel_train._sinks import effective_exporter
+        from otel_train.export.exporters import exporter_kinds
         # The console exporter prints on stdout, which in process mode is the child's progress pipe.
-        console = "console" in (effective_exporter(cfg.traces_exporter, cfg.endpoint),
-                                effective_exporter(cfg.metrics_exporter, cfg.metrics_endpoint or cfg.endpoint))
+        console = "console" in exporter_kinds(cfg)
         if cfg.export_mode == "thread" or span_processors or metric_readers or console:
             sink = local()
         else:
@@ -108,29 +112,29 @@ def init(span_processors: Sequence[Any] = (), metric_readers: Sequence[Any] = ()
             except OSError as err:
                 _log.warning("otel_train: cannot start the exporter process (%s); exporting from a thread.", err)
                 sink = local()
-        if isinstance(sink, ProcessSink) and _recorder._hotpath is not None:
+        if isinstance(sink, ProcessSink) and _recorder._hotpath is not None and _exporter_unpacks():
             recorder.packing = True  # plain regions as slots: the worker moves them as bytes
         resolve = None
         if cfg.device_timing == "auto":
-            from otel_train import _device
+            from otel_train.record import device as _device
             resolve = _device.install(recorder)  # chooses the device lazily; torch is never imported here
         worker = Worker(recorder, sink, cfg.flush_interval_ms / 1000.0, resolve=resolve)
         _state = _State(cfg, run, worker, describe_destination(cfg, run))
         _state.salt = salt
         _state.device = resolve
         _recorder.install(recorder)
-        _set_span_factory(disabled=False)
+        span.set_disabled(False)
         worker.start()
         _install_process_hooks()
         return run
 
 
-def _set_span_factory(disabled: bool) -> None:
-    # `otel_train.span` costs one call to a function returning a shared no-op when disabled.
-    package = sys.modules.get("otel_train")
-    if package is not None:
-        # Enabled: `_recorder.region_factory`, which device timing points at its own region class.
-        package.span = _recorder.noop_span if disabled else _recorder.region_factory  # type: ignore[attr-defined]
+def _exporter_unpacks() -> bool:
+    """Whether the exporter process can read packed slots: with its own C module
+    (`export._encode`), since it never imports the hot path's. Built wherever `_hotpath` was,
+    but for a broken build; there, records move as tuples."""
+    import importlib.util
+    return importlib.util.find_spec("otel_train.export._encode") is not None
 
 
 def state() -> _State | None:
@@ -174,7 +178,7 @@ def shutdown(timeout_s: float | None = None) -> None:
             _truncate_open(recorder)
             stats = st.worker.stop(deadline)
             if st.device is not None:
-                from otel_train import _device
+                from otel_train.record import device as _device
                 _device.uninstall()
             _report(st, recorder, stats, bound)
         except Exception as err:  # noqa: BLE001 - shutdown runs at exit and in signal handlers
@@ -202,9 +206,9 @@ def _truncate_open(recorder: _recorder.Recorder) -> None:
     now = recorder.now()
     for record in recorder.open_records():
         record.t1 = now
-        record.exc = _recorder.Truncated
-        if isinstance(record, _recorder._Step):
-            recorder.step = _recorder._After(record)
+        record.exc = Truncated
+        if isinstance(record, _recorder.Step):
+            recorder.step = _recorder.After(record)
         recorder.append(record)
 
 
@@ -265,7 +269,7 @@ def _after_fork_in_child() -> None:
     # The child keeps the parent's pipe to the exporter open but never writes to it: its
     # worker thread did not survive the fork and its recorder is gone.
     _recorder.install(None)
-    device = sys.modules.get("otel_train._device")
+    device = sys.modules.get("otel_train.record.device")
     if device is not None:
         device.uninstall()  # the parent's device events are not the child's to touch
     _state = None

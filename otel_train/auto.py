@@ -2,7 +2,7 @@
 
 It configures otel_train from the `OTEL_*` / `OTEL_TRAIN_*` environment variables and installs
 `TorchTrainingInstrumentor` (see `otel_train.instrumentation` for what is recorded, and
-`otel_train._detect` for how steps are found), including the Lightning and Hugging Face
+`otel_train.detect` for how steps are found), including the Lightning and Hugging Face
 callbacks for every `Trainer` created afterwards. Importing it twice, or under
 `opentelemetry-instrument` / `otel-train run`, instruments once. With `OTEL_SDK_DISABLED=true`
 it installs nothing.

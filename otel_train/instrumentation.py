@@ -25,7 +25,7 @@ clipping); as siblings tagging the step they follow: evaluation passes (`train.e
 checkpoints (`train.checkpoint`) and garbage-collection pauses (`train.gc`); and
 `torch.distributed` collectives (`train.collective`). How steps are found in a plain loop
 (gradient accumulation, several optimizers, no optimizer at all, evaluation forwards) is told
-in `otel_train/_detect.py`.
+in `otel_train/detect/` (its package docstring maps each source to its module).
 
 Frameworks: when Lightning (`lightning.pytorch`) or Hugging Face `transformers` is imported,
 every `Trainer` created afterwards gets `otel_train.lightning.OtelCallback` /
@@ -90,13 +90,13 @@ class TorchTrainingInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         _imports.cancel(self._install_torch)
         _imports.cancel(_attach_lightning)
         _imports.cancel(_attach_transformers)
-        detect = sys.modules.get("otel_train._detect")  # imported only once torch was
-        if detect is not None:
-            detect.uninstall()
+        install = sys.modules.get("otel_train.detect.install")  # imported only once torch was
+        if install is not None:
+            install.uninstall()
 
     def _install_torch(self, module: ModuleType) -> None:
-        from otel_train import _detect
-        _detect.install(lazy=getattr(self, "_lazy", False))
+        from otel_train import detect
+        detect.install(lazy=getattr(self, "_lazy", False))
 
 
 def _in_multiprocessing_child() -> bool:
@@ -109,10 +109,10 @@ def _in_multiprocessing_child() -> bool:
 
 
 def _attach_lightning(module: ModuleType) -> None:
-    from otel_train import lightning  # its patches live in _detect's registry: uninstall undoes them
-    lightning._attach()
+    from otel_train.detect.integrations import lightning  # its patches are detection's: uninstall undoes them
+    lightning.attach()
 
 
 def _attach_transformers(module: ModuleType) -> None:
-    from otel_train import hf
-    hf._attach()
+    from otel_train.detect.integrations import hf
+    hf.attach()

@@ -4,80 +4,9 @@
     trainer = Trainer(callbacks=[OtelCallback()])     # or just `import otel_train.auto` first:
                                                       # every Trainer then gets one by itself
 
-Phases (data, forward, backward, optimizer) and step boundaries come from the torch-level
-detection underneath (`otel_train._detect`), which the callback installs for the duration of
-`fit` if nothing else did. The callback adds what only Lightning knows: the epoch, validation
-and test loops as exact `train.eval` passes, the end of training (so the last step ends at its
-real end), and `Trainer.save_checkpoint` as one `train.checkpoint` span.
+What it records: `otel_train.detect.integrations.lightning`.
 """
 
-from __future__ import annotations
-
-from typing import Any
-
-import lightning.pytorch as pl
-
-from otel_train import _detect
+from otel_train.detect.integrations.lightning import OtelCallback
 
 __all__ = ["OtelCallback"]
-
-
-class OtelCallback(pl.Callback):
-    """Traces a Lightning fit: steps, phases, epochs, validation and checkpoints."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._installed_here = False
-
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        claimed = _detect.claim()
-        if claimed is None:
-            return
-        self._installed_here = self._installed_here or claimed
-        _patch_trainer()
-
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        _detect.finish()
-        if self._installed_here:
-            _detect.uninstall()
-            self._installed_here = False
-
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        _detect.set_epoch(trainer.current_epoch)
-
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        _detect.eval_begin()
-
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        _detect.eval_end()
-
-    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        _detect.eval_begin()
-
-    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        _detect.eval_end()
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        _detect.finish()
-
-
-def _patch_trainer() -> None:
-    _detect.patch_once(pl.Trainer, "save_checkpoint", _detect.checkpoint_wrapper)
-
-
-def _add_callback(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    callbacks = kwargs.get("callbacks")
-    if callbacks is None:
-        callbacks = []
-    elif not isinstance(callbacks, list):
-        callbacks = list(callbacks) if isinstance(callbacks, tuple) else [callbacks]
-    if not any(isinstance(cb, OtelCallback) for cb in callbacks):
-        # Passed in, not appended after: Lightning then orders checkpoint callbacks after ours.
-        kwargs["callbacks"] = [*callbacks, OtelCallback()]
-    return wrapped(*args, **kwargs)
-
-
-def _attach() -> None:
-    """Every Trainer created from now on gets an OtelCallback (until `uninstrument()`)."""
-    _detect.patch_once(pl.Trainer, "__init__", _add_callback)
-    _patch_trainer()

@@ -52,7 +52,7 @@ INFER_SAMPLES: Final = "infer.samples"
 TRUNCATED: Final = "otel_train.truncated"
 #: Private keys of the wire's device dict (W_DEV), never span attributes: where the device
 #: started / finished a region, as ns relative to its host start / end (device time mapped to
-#: the host clock by the anchor, `_device`). Every key starting with "_" is stripped.
+#: the host clock by the anchor, `record.device_resolver`). Every key starting with "_" is stripped.
 WIRE_DEV_START_NS: Final = "_dev.start_ns"
 WIRE_DEV_END_NS: Final = "_dev.end_ns"
 #: Standard OTel attribute: the exception type that ended a span with an error.

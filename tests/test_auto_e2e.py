@@ -1,4 +1,4 @@
-"""End to end: unmodified training scripts (tests/scenarios/) run instrumented in subprocesses
+"""End to end: unmodified training scripts (tests/support/scenarios/) run instrumented in subprocesses
 (`python -m otel_train.run`, `import otel_train.auto`, `opentelemetry-instrument`, torchrun) and
 export to the suite's real OTLP receiver; each test asserts the exact span tree of every step.
 
@@ -24,13 +24,13 @@ import pytest
 
 pytest.importorskip("torch")
 
-from otlp_receiver import OTLPReceiver  # noqa: E402
-from procs import REPO, clean_env  # noqa: E402
-from span_tree import Tree, check_invariants, plain_tags, tree  # noqa: E402
+from support.otlp_receiver import OTLPReceiver  # noqa: E402
+from support.procs import REPO, clean_env  # noqa: E402
+from support.span_tree import Tree, check_invariants, plain_tags, tree  # noqa: E402
 
 from otel_train import semconv  # noqa: E402
 
-SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+SCENARIOS = Path(__file__).resolve().parent / "support" / "scenarios"
 DATA, FWD, BWD, OPT, COLL = "data", "forward", "backward", "optimizer", "collective"
 WAIT_S = 420.0
 
@@ -123,7 +123,7 @@ import lightning.pytorch as pl, torch
 from torch.nn.modules import module
 from torch.utils.data import DataLoader, TensorDataset
 from lightning_fit import Tiny
-from otel_train import _detect
+from otel_train import detect as _detect
 from otel_train.lightning import OtelCallback
 data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
 trainer = pl.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False,
@@ -139,7 +139,7 @@ sys.path.insert(0, sys.argv[1])
 from torch.nn.modules import module
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 from hf_trainer import Tokens
-from otel_train import _detect
+from otel_train import detect as _detect
 from otel_train.hf import OtelTrainerCallback
 model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
 args = TrainingArguments(output_dir=sys.argv[2], per_device_train_batch_size=4, max_steps=3, eval_strategy="no",

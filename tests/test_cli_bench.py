@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from procs import run_python
+from support.procs import run_python
 
 REQUIRED = ["region_ns_floor", "region_ns_otel_train", "region_ns_otel_sdk", "region_ns_disabled",
             "sdk_over_otel_train", "step_ms_plain", "step_ms_instrumented", "step_overhead_pct",
@@ -74,7 +74,8 @@ def test_automatic_blocks_share_the_rounds_of_the_plain_and_instrumented_ones(tm
     proc = run_python(f"""
         import itertools, json
         import otel_train
-        from otel_train import _bench, _detect
+        from otel_train.bench import blocks
+        from otel_train import detect as _detect
         otel_train.init(run_id="auto-rounds", output_dir={str(tmp_path)!r})
         log = []
         class Work:
@@ -82,7 +83,7 @@ def test_automatic_blocks_share_the_rounds_of_the_plain_and_instrumented_ones(tm
                 log.append("A" if _detect.installed() else "p")
             def instrumented(self, span=None):
                 log.append("i")
-        res = _bench.bench_steps(Work(), 3, 5, auto=True)
+        res = blocks.bench_steps(Work(), 3, 5, auto=True)
         runs = [(kind, len(list(group))) for kind, group in itertools.groupby(log)]
         print(json.dumps({{"runs": [r for r in runs if r[0] != "p"], "keys": sorted(res),
                           "installed": _detect.installed()}}))
@@ -116,7 +117,7 @@ def test_bad_cli_arguments_get_one_clear_message(argv: list[str], message: str) 
 def test_quickstart_example_leaves_traces_on_the_embedded_default(tmp_path) -> None:
     from pathlib import Path
 
-    from otel_train._sinks import read_spans
+    from otel_train.export.otlp_json import read_spans
 
     example = Path(__file__).resolve().parent.parent / "examples" / "quickstart.py"
     proc = run_python(script=example, args=["--steps", "20"], cwd=tmp_path, env={"OTEL_TRAIN_RUN_ID": "qs"})
@@ -129,26 +130,26 @@ def test_quickstart_example_leaves_traces_on_the_embedded_default(tmp_path) -> N
 
 
 def test_overhead_interval_is_the_binomial_order_statistics_around_the_median() -> None:
-    from otel_train._bench import _paired_ci95_pct, _run_alternating
+    from otel_train.bench.stats import paired_ci95_pct, run_alternating
 
     # Ratios 0 %, 1 %, ... in shuffled rounds: the interval is read off the sorted ratios.
     plain = [2.0] * 15
     other = [2.0 * (1 + k / 100) for k in (7, 3, 14, 0, 9, 1, 12, 5, 2, 13, 4, 11, 6, 10, 8)]
-    lo, hi = _paired_ci95_pct(plain, other)
+    lo, hi = paired_ci95_pct(plain, other)
     assert (round(lo, 6), round(hi, 6)) == (3.0, 11.0)  # the 4th and 12th of 15 (96.5 % coverage)
-    lo, hi = _paired_ci95_pct(plain[:9], [2.0 * (1 + k / 100) for k in range(9)])
+    lo, hi = paired_ci95_pct(plain[:9], [2.0 * (1 + k / 100) for k in range(9)])
     assert (round(lo, 6), round(hi, 6)) == (1.0, 7.0)  # the 2nd and 8th of 9 (96.1 %)
-    lo, hi = _paired_ci95_pct([1.0] * 3, [1.0, 1.1, 1.2])  # too few rounds: the whole range
+    lo, hi = paired_ci95_pct([1.0] * 3, [1.0, 1.1, 1.2])  # too few rounds: the whole range
     assert (round(lo, 6), round(hi, 6)) == (0.0, 20.0)
     order: list[str] = []
-    _run_alternating(3, [lambda: order.append("a"), lambda: order.append("b")])
+    run_alternating(3, [lambda: order.append("a"), lambda: order.append("b")])
     assert order == ["a", "b", "b", "a", "a", "b"]
 
 
 def test_a_blocks_leftover_work_is_caught_up_while_plain_steps_run_and_charged_beyond_them() -> None:
     import threading
 
-    from otel_train._bench import _Block, _catch_up
+    from otel_train.bench.blocks import Block, catch_up
 
     finished = threading.Event()
     ran: list[int] = []
@@ -158,14 +159,14 @@ def test_a_blocks_leftover_work_is_caught_up_while_plain_steps_run_and_charged_b
         if len(ran) == 5:
             finished.set()
 
-    elapsed_ns, steps, _ = _catch_up(lambda: finished.wait(30), plain)
+    elapsed_ns, steps, _ = catch_up(lambda: finished.wait(30), plain)
     # Plain steps ran until the work was done (and until the loop saw it), every one counted.
     assert steps == len(ran) >= 5 and elapsed_ns > 0
 
-    block = _Block(10, 10_000_000)  # 10 steps in 10 ms
+    block = Block(10, 10_000_000)  # 10 steps in 10 ms
     block.catch_ns, block.catch_steps = 7_000_000, 5  # then 5 plain steps took 7 ms, not 5
     assert block.ms_per_step(plain_ms=1.0) == pytest.approx(1.2)  # the 2 ms beyond them are the block's
-    assert _Block(10, 10_000_000).ms_per_step(plain_ms=1.0) == pytest.approx(1.0)
+    assert Block(10, 10_000_000).ms_per_step(plain_ms=1.0) == pytest.approx(1.0)
 
 
 def test_grouped_design_holds_records_for_one_catch_up_a_group_and_alternates_variants(tmp_path) -> None:
@@ -177,20 +178,24 @@ def test_grouped_design_holds_records_for_one_catch_up_a_group_and_alternates_va
     proc = run_python(f"""
         import itertools, json
         import otel_train
-        from otel_train import _bench, _detect, _runtime
+        from otel_train import _runtime
+        from otel_train.bench import grouped
+        from otel_train import detect as _detect
+        from otel_train.detect import optimizer
+        from otel_train.testing import held
         otel_train.init(run_id="groups", output_dir={str(tmp_path)!r})
         worker = _runtime.state().worker
         log = []
         class Work:
             def plain(self):
-                kind = "p" if not _detect.installed() else "q" if not _detect._handles else "A"
-                log.append((kind, worker.pending(), worker.held().locked()))
+                kind = "p" if not _detect.installed() else "q" if not optimizer.handles else "A"
+                log.append((kind, worker.pending(), held(worker).locked()))
             def instrumented(self, span=None):
                 with otel_train.step():
                     with otel_train.span("train.forward"):
                         pass
-                log.append(("i", worker.pending(), worker.held().locked()))
-        res = _bench.bench_steps_grouped(Work(), 4, 5, 10, auto=True)
+                log.append(("i", worker.pending(), held(worker).locked()))
+        res = grouped.bench_steps_grouped(Work(), 4, 5, 10, auto=True)
         print(json.dumps({{"log": log, "res": {{k: v for k, v in res.items() if k.endswith("groups")}},
                           "installed": _detect.installed()}}))
         otel_train.shutdown()
@@ -231,9 +236,9 @@ def test_grouped_design_prints_the_step_targets_from_a_live_receiver() -> None:
 
 
 def test_a_groups_catch_up_is_charged_beyond_the_plain_rate_around_it_for_its_timed_records() -> None:
-    from otel_train._bench import _group_charge_ns
+    from otel_train.bench.grouped import group_charge_ns
 
     # 10 catch-up steps took 14 ms where plain steps took 1.2 ms: 2 ms beyond them.
-    assert _group_charge_ns(14_000_000, 10, 1.2, 100, 0) == pytest.approx(2_000_000)
+    assert group_charge_ns(14_000_000, 10, 1.2, 100, 0) == pytest.approx(2_000_000)
     # A quarter of the group's records came from untimed steps: a quarter of it is not charged.
-    assert _group_charge_ns(14_000_000, 10, 1.2, 75, 25) == pytest.approx(1_500_000)
+    assert group_charge_ns(14_000_000, 10, 1.2, 75, 25) == pytest.approx(1_500_000)

@@ -101,7 +101,7 @@ def test_direct_construction_validates_too(caplog: pytest.LogCaptureFixture) -> 
 
 def test_bad_value_does_not_stop_the_run(capsys: pytest.CaptureFixture[str],
                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from conftest import Harness
+    from support.harness import Harness
 
     import otel_train
 

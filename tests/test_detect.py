@@ -1,4 +1,4 @@
-"""Step and phase detection (otel_train._detect), driven in-process by real torch loops.
+"""Step and phase detection (otel_train.detect), driven in-process by real torch loops.
 
 Spans go to an in-memory exporter; time comes from a FakeClock that the data, the model and
 the optimizer advance by hand, so step boundaries can be asserted to the nanosecond.
@@ -18,13 +18,16 @@ torch = pytest.importorskip("torch")
 
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-from span_tree import Tree, check_invariants, plain_tags, tree  # noqa: E402
+from support.span_tree import Tree, check_invariants, plain_tags, tree  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import otel_train  # noqa: E402
-from otel_train import _detect, _imports, _runtime, semconv  # noqa: E402
-from otel_train._clock import FakeClock  # noqa: E402
+from otel_train import _imports, _runtime, semconv  # noqa: E402
+from otel_train import detect as _detect  # noqa: E402
+from otel_train.detect import compile, forward, gc_pauses, roots, state  # noqa: E402
+from otel_train.record.clock import FakeClock  # noqa: E402
+from otel_train.testing import paused_detection  # noqa: E402
 
 DATA, FWD, BWD, OPT = "data", "forward", "backward", "optimizer"
 
@@ -479,7 +482,7 @@ def test_uninstrument_restores_everything_and_instrumenting_twice_is_harmless() 
         installed = _registries()
         assert len(installed["forward_pre"]) == len(before_reg["forward_pre"]) + 1
         assert len(installed["optimizer_post"]) == len(before_reg["optimizer_post"]) + 1
-        assert _detect._gc_callback in installed["gc"]
+        assert gc_pauses.gc_callback in installed["gc"]
         patched = _functions()
         assert all(patched[k] is not before_fn[k] for k in before_fn if not k.startswith("Tensor.to")), patched
         assert not patched["Tensor.to in Tensor.__dict__"]  # patched only from a fetch to the forward
@@ -504,7 +507,7 @@ def _hooks_in(registries: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_paused_detection_is_plain_torch_inside_and_goes_on_where_it_left_off(run: Run) -> None:
-    """`_detect.paused()` (the benchmark's plain steps between automatic ones): no hook or
+    """`paused_detection()` (the benchmark's plain steps between automatic ones): no hook or
     patch inside; afterwards the same ones are back, on the roots already found."""
     _detect.uninstall()
     plain_reg, plain_fn = _registries(), _functions()
@@ -516,7 +519,7 @@ def test_paused_detection_is_plain_torch_inside_and_goes_on_where_it_left_off(ru
     installed_reg, installed_fn = _registries(), _functions()
     assert model._forward_pre_hooks and installed_fn != plain_fn
     for _ in range(4):
-        with _detect.paused():
+        with paused_detection():
             assert {k: _registries()[k] for k in hooks} == {k: plain_reg[k] for k in hooks}
             assert _functions() == plain_fn
             assert not model._forward_pre_hooks and not model._forward_hooks
@@ -554,7 +557,7 @@ def test_hooks_are_inert_while_the_recorder_is_off() -> None:
         for x in DataLoader(torch.randn(8, 2), batch_size=4):
             model(x).sum().backward()
             opt.step()
-        assert _detect._s.step is None and _detect._s.pending == []
+        assert state.s.step is None and state.s.pending == []
     finally:
         _detect.uninstall()
 
@@ -595,7 +598,7 @@ DCP = """
 def test_distributed_checkpoint_is_patched_when_imported_and_restored() -> None:
     import json
 
-    from procs import run_python
+    from support.procs import run_python
     out = run_python(DCP, env={"PYTHONWARNINGS": "ignore"}, timeout=180).stdout
     result = json.loads(out.split("RESULT ", 1)[1])
     assert result["torch_first"] is False  # instrumenting did not import torch
@@ -654,7 +657,7 @@ def test_global_module_hooks_give_way_to_hooks_on_the_root_only(run: Run) -> Non
 
 
 def test_a_model_first_used_later_is_found_by_rediscovery(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_detect._Roots, "REDISCOVER_EVERY", 4)
+    monkeypatch.setattr(roots.Roots, "REDISCOVER_EVERY", 4)
     first = nn.Linear(4, 1)
     opt = torch.optim.SGD(first.parameters(), lr=0.1)
     _train_steps(first, opt, 3)
@@ -677,9 +680,11 @@ def test_only_our_own_code_is_hidden_from_dynamo() -> None:
     import contextlib
     import os
 
-    codes = _detect._our_code()
-    ours = {os.path.dirname(_detect.__file__)}
+    from otel_train.record import recorder
+
+    codes = compile.our_code()
+    ours = {os.path.dirname(_detect.__file__), os.path.dirname(recorder.__file__)}  # detect/ and record/
     assert codes and {os.path.dirname(code.co_filename) for code in codes} == ours
     helper = contextlib.contextmanager(lambda: iter(())).__code__
     assert helper not in codes
-    assert _detect._forward_pre_hook.__code__ in codes
+    assert forward.forward_pre_hook.__code__ in codes

@@ -1,4 +1,4 @@
-"""Device timing (`otel_train._device`) against a fake asynchronous device: scripted completion
+"""Device timing (`otel_train.record.device`) against a fake asynchronous device: scripted completion
 times, a FakeClock, and a log of every event call and every synchronisation."""
 
 from __future__ import annotations
@@ -8,14 +8,19 @@ import threading
 from typing import Any
 
 import pytest
-from conftest import Harness, by_name
-from fake_device import MS, FakeDevice
+from support.fake_device import MS, FakeDevice
+from support.harness import Harness, by_name
 
 import otel_train
-from otel_train import _device, _recorder, _runtime, semconv
-from otel_train._clock import FakeClock
-from otel_train._recorder import Recorder
-from otel_train._worker import Worker
+from otel_train import _runtime, semconv
+from otel_train.export.worker import Worker
+from otel_train.record import device as _device
+from otel_train.record import direct
+from otel_train.record import recorder as _recorder
+from otel_train.record import span as span_mode
+from otel_train.record.clock import FakeClock
+from otel_train.record.recorder import Recorder
+from otel_train.wire import schema
 
 DUR, LAG, TYPE = semconv.DEVICE_DURATION_S, semconv.DEVICE_LAG_S, semconv.DEVICE_TYPE
 
@@ -185,7 +190,8 @@ def test_cpu_run_has_no_device_attributes_and_host_step_time(harness: Harness) -
                 clock.advance(10 * MS)
         clock.advance(5 * MS)
     assert _device.active().pool is None
-    assert otel_train.span is _recorder._Region  # no accelerator: nothing left to pay for
+    assert span_mode.device_region() is None  # no accelerator: nothing left to pay for
+    assert type(otel_train.span(semconv.SPAN_FORWARD)) is _recorder.Region
     resolver = _runtime.state().worker.resolve
     batch = _recorder.active().drain(1 << 20)
     assert len(batch) >= 2 and resolver(batch) is batch  # handed on as drained: no per-record look
@@ -204,7 +210,7 @@ def test_device_timing_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _device.active() is None
     assert _runtime.state().worker.resolve is None
     assert _runtime.state().worker.recorder.step_end is None
-    assert otel_train.span is _recorder._Region
+    assert span_mode.device_region() is None
     with otel_train.step():
         with otel_train.span(semconv.SPAN_FORWARD, device_time=True):
             harness.clock.advance(MS)
@@ -225,7 +231,7 @@ def test_use_device_picks_the_model_device(harness: Harness) -> None:
     _device.use_device(Module())
     timing = _device.active()
     assert timing.settled and timing.pool is None  # CPU: host time is the truth
-    assert otel_train.span is _recorder._Region
+    assert span_mode.device_region() is None
     harness.finish()
 
 
@@ -353,7 +359,7 @@ def bare() -> Any:
 
 
 def _step(clock: FakeClock, fake: FakeDevice) -> None:
-    with _recorder._Step(None, None):
+    with _recorder.Step(None, None):
         with _device._DeviceRegion(semconv.SPAN_FORWARD):
             fake.launch(10 * MS)
             clock.advance(1 * MS)
@@ -381,10 +387,10 @@ def test_hung_device_keeps_memory_bounded_and_never_blocks(bare: Any) -> None:
     # Everything still reaches the sink, in order, without device time once the device hung.
     sent = len(sink.records) + len(resolver.parked)
     assert sent == 2 * 5005
-    steps = [r[_recorder.W_STEP] for r in sink.records if r[_recorder.W_KIND] == _recorder.KIND_STEP]
+    steps = [r[schema.W_STEP] for r in sink.records if r[schema.W_KIND] == schema.KIND_STEP]
     assert steps == sorted(steps)
-    late = [r for r in sink.records[-50:] if r[_recorder.W_KIND] == _recorder.KIND_SPAN]
-    assert late and all(not r[_recorder.W_DEV] for r in late)
+    late = [r for r in sink.records[-50:] if r[schema.W_KIND] == schema.KIND_SPAN]
+    assert late and all(not r[schema.W_DEV] for r in late)
 
 
 def test_a_record_waits_at_most_max_wait(bare: Any) -> None:
@@ -420,7 +426,7 @@ def test_device_errors_release_records_without_device_time(bare: Any, caplog: py
     fake.errors = True
     with caplog.at_level(logging.WARNING, logger="otel_train"):
         worker.drain()
-    assert len(sink.records) == 2 and all(not r[_recorder.W_DEV] for r in sink.records)
+    assert len(sink.records) == 2 and all(not r[schema.W_DEV] for r in sink.records)
     assert "reading device events failed" in caplog.text
 
 
@@ -443,7 +449,7 @@ def test_abandoned_region_gives_its_event_back(bare: Any) -> None:
     region = _device._DeviceRegion(semconv.SPAN_OPTIMIZER)
     region.__enter__()
     fake.launch(5 * MS)
-    _recorder.abandon(region)  # detection found it was not an optimizer update after all
+    direct.abandon(region)  # detection found it was not an optimizer update after all
     fake.drain()
     worker.drain()
     worker.drain()

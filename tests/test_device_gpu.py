@@ -2,7 +2,7 @@
 
 Skipped as a whole without a GPU. Synchronising calls are counted by wrapping
 `torch.cuda.synchronize`, `torch.cuda.Event.synchronize`, `torch.cuda.Stream.synchronize` and
-`torch.Tensor.item` (`_bench_device.SyncCounter`); event calls are logged per thread by wrapping
+`torch.Tensor.item` (`otel_train.testing.SyncCounter`); event calls are logged per thread by wrapping
 `torch.cuda.Event.query` / `elapsed_time`.
 """
 
@@ -19,8 +19,10 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 import otel_train  # noqa: E402
-from otel_train import _device, _runtime, semconv  # noqa: E402
-from otel_train._bench_device import SyncCounter, train_instrumented  # noqa: E402
+from otel_train import _runtime, semconv  # noqa: E402
+from otel_train.bench.device import train_instrumented  # noqa: E402
+from otel_train.record import device as _device  # noqa: E402
+from otel_train.testing import SyncCounter  # noqa: E402
 
 PHASES = (semconv.SPAN_FORWARD, semconv.SPAN_BACKWARD, semconv.SPAN_OPTIMIZER)
 

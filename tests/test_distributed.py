@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import os
 
-from procs import run_python
+from support.procs import run_python
 
-from otel_train._distributed import (StepIds, detect_run_info, format_traceparent, parse_traceparent,
-                                     region_span_id, step_span_id, trace_id_for)
+from otel_train._distributed import detect_run_info
+from otel_train.wire.ids import (StepIds, format_traceparent, parse_traceparent, region_span_id, step_span_id,
+                                 trace_id_for)
 
 
 def test_ranks_and_run_id_from_torchrun_variables() -> None:
@@ -42,7 +43,7 @@ def test_bad_rank_variable_is_reported(caplog) -> None:
 def test_trace_ids_are_deterministic_across_processes_and_distinct_per_step() -> None:
     code = """
         import json
-        from otel_train._distributed import trace_id_for, step_span_id
+        from otel_train.wire.ids import trace_id_for, step_span_id
         print(json.dumps([trace_id_for("run-a", 5), step_span_id("run-a", 5, 0), step_span_id("run-a", 5, 3)]))
     """
     other = json.loads(run_python(code).stdout)

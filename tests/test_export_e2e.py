@@ -7,12 +7,12 @@ import subprocess
 import uuid
 
 import pytest
-from otlp_receiver import OTLPReceiver
-from procs import clean_env, run_python
+from support.otlp_receiver import OTLPReceiver
+from support.procs import clean_env, run_python
 
 from otel_train import semconv
-from otel_train._distributed import step_span_id, trace_id_for
-from otel_train._sinks import read_spans
+from otel_train.export.otlp_json import read_spans
+from otel_train.wire.ids import step_span_id, trace_id_for
 
 LOOP = """
     import sys, torch

@@ -21,15 +21,22 @@ from typing import Any
 
 import pytest
 
-from otel_train import _recorder
-from otel_train._clock import FakeClock
+from otel_train.record import direct
+from otel_train.record import recorder as _recorder
+from otel_train.record.clock import FakeClock
+from otel_train.wire import schema
 
 _REPO = Path(__file__).resolve().parent.parent
 
+try:
+    import tomllib
+except ImportError:  # Python 3.10: the build checks below are skipped
+    tomllib = None  # type: ignore[assignment]
+
 
 def _c_region() -> type:
-    hotpath = pytest.importorskip("otel_train._hotpath")
-    assert _recorder._Region is hotpath.Region
+    hotpath = pytest.importorskip("otel_train.record._hotpath")
+    assert _recorder.Region is hotpath.Region
     return hotpath.Region
 
 
@@ -42,10 +49,10 @@ def _normalised(records: list[Any]) -> list[Any]:
 
     out = []
     for rec in records:
-        if rec[0] == _recorder.KIND_SPAN:
+        if rec[0] == schema.KIND_SPAN:
             kind, name, s, parent, (step_n, step_seq), t0, t1, attrs, exc, events = rec
             out.append((kind, name, seq(s), seq(parent), (step_n, seq(step_seq)), t0, t1, attrs, exc, events))
-        elif rec[0] == _recorder.KIND_STEP:
+        elif rec[0] == schema.KIND_STEP:
             out.append((rec[0], seq(rec[1]), *rec[2:]))
         else:  # a tag or an event: its step's reference
             kind, (step_n, step_seq), payload = rec
@@ -73,7 +80,7 @@ def _script(region: type, capacity: int = 64, packing: str | None = None) -> tup
     try:
         with region("before.steps"):
             clock.advance(3)
-        step = _recorder._Step(0, None)
+        step = _recorder.Step(0, None)
         with step:
             clock.advance(5)
             with region("outer", lr=0.1, phase="fwd") as outer:
@@ -126,7 +133,7 @@ def _script(region: type, capacity: int = 64, packing: str | None = None) -> tup
             worker = threading.Thread(target=lambda: region("in.thread").__enter__().__exit__(None, None, None))
             worker.start()
             worker.join()
-        _recorder.record("recorded", {"k": "v"}, 5, 6)  # detection's region that already happened
+        direct.record(rec, "recorded", {"k": "v"}, 5, 6)  # detection's region that already happened
         for i in range(70):  # past a small buffer: the oldest go, counted
             with region("fill", i=i):
                 clock.advance(1)
@@ -147,7 +154,7 @@ def test_c_and_python_regions_leave_the_same_records() -> None:
     assert dropped == 20 + 70 - 8 and left_open is None  # 20 records before the 70 that fill it
     assert [r[1] for r in records] == ["fill"] * 8
     full = _script(c_region, capacity=1000)[0]
-    names = [r[1] for r in full if r[0] == _recorder.KIND_SPAN]
+    names = [r[1] for r in full if r[0] == schema.KIND_SPAN]
     assert names[:6] == ["before.steps", "inner", "outer", "fails", "after.step", "moved"]
     inner, outer, fails = full[1], full[2], full[3]
     assert inner[3] == outer[2] and outer[3] is None  # parent seq; the outer one's parent is the step
@@ -161,12 +168,12 @@ def test_c_and_python_regions_leave_the_same_records() -> None:
     assert {t[3] for t in tasks} == {sync_outer[2]} and after_loop[3] == sync_outer[2]
     assert sorted((i[7]["i"], i[3]) for i in inners) == sorted((t[7]["i"], t[2]) for t in tasks)
     assert by_name["in.thread"][0][3] is None and by_name["main.open"][0][3] is None
-    steps = [r for r in full if r[0] == _recorder.KIND_STEP]
+    steps = [r for r in full if r[0] == schema.KIND_STEP]
     assert [(st[2], st[6], st[5], st[8], st[11]) for st in steps] == [
         (0, None, None, None, None), (1, 2, {"lr": 0.5}, ("eval", "checkpoint"), None), (2, None, None, None, None)]
     assert steps[1][10] and steps[0][10] is None and steps[2][10] is None  # the link went to step 1 alone
-    assert [(r[0], r[2]) for r in full if r[0] in (_recorder.KIND_TAG, _recorder.KIND_EVENT)] == [
-        (_recorder.KIND_TAG, "late"), (_recorder.KIND_EVENT, ("between", 1_000_000_056, {"x": 1}))]
+    assert [(r[0], r[2]) for r in full if r[0] in (schema.KIND_TAG, schema.KIND_EVENT)] == [
+        (schema.KIND_TAG, "late"), (schema.KIND_EVENT, ("between", 1_000_000_056, {"x": 1}))]
 
 
 @pytest.mark.parametrize("capacity", [8, 64, 75, 1000])
@@ -188,13 +195,13 @@ def _packing_recorder(capacity: int = 256) -> Any:
 
 
 def test_attribute_values_pack_by_type_and_come_back_the_same_type() -> None:
-    hotpath = pytest.importorskip("otel_train._hotpath")
+    hotpath = pytest.importorskip("otel_train.record._hotpath")
     rec = _packing_recorder()
     values: list[Any] = [1, -5, 2**63 - 1, -(2**63), 0.5, 1.0, True, False, "s", ""]
     aside: list[Any] = [2**63, 2**70, None, [1, 2], (1,), b"x"]  # no slot for these
     _recorder.install(rec)
     try:
-        with _recorder._Step(0, None):
+        with _recorder.Step(0, None):
             for value in values + aside:
                 with hotpath.Region("v", x=value):
                     pass
@@ -207,11 +214,11 @@ def test_attribute_values_pack_by_type_and_come_back_the_same_type() -> None:
     got = [(type(r[7]["x"]), r[7]["x"]) for r in records if r[1] == "v"]
     assert got == [(type(v), v) for v in values + aside]
     assert [r[1] for r in records[:-1]] == ["v"] * len(values + aside) + ["two"]
-    assert records[-2][7] == {"a": 1, "b": 2} and records[-1][0] == _recorder.KIND_STEP
+    assert records[-2][7] == {"a": 1, "b": 2} and records[-1][0] == schema.KIND_STEP
 
 
 def test_the_string_table_is_bounded_and_records_past_it_go_aside() -> None:
-    hotpath = pytest.importorskip("otel_train._hotpath")
+    hotpath = pytest.importorskip("otel_train.record._hotpath")
     rec = _packing_recorder(hotpath.MAX_STRINGS + 100)
     _recorder.install(rec)
     try:
@@ -230,7 +237,7 @@ def test_the_string_table_is_bounded_and_records_past_it_go_aside() -> None:
 def test_a_string_id_follows_the_string_not_the_address_it_had() -> None:
     """Names made at run time and freed at once: the next one usually takes the same memory. An
     id cached by address alone would give the new name the old one's id."""
-    hotpath = pytest.importorskip("otel_train._hotpath")
+    hotpath = pytest.importorskip("otel_train.record._hotpath")
     rec = _packing_recorder(1000)
     _recorder.install(rec)
     try:
@@ -265,12 +272,12 @@ def test_a_c_region_keeps_its_numbers_as_python_sees_them() -> None:
         for field in ("seq", "t0", "t1"):
             with pytest.raises(AttributeError, match=field):
                 getattr(region, field)
-        before = next(_recorder._seq_counter)
+        before = next(_recorder.seq)
         with region:
             clock.advance(5)
             with _recorder._PyRegion("python.inside"):  # the Python region draws from the same counter
                 clock.advance(2)
-        after = next(_recorder._seq_counter)
+        after = next(_recorder.seq)
         assert before < region.seq < after and region.t1 - region.t0 == 7
         python_record, c_record = list(rec.buf)
         assert c_record[2] == region.seq
@@ -310,7 +317,7 @@ def test_packing_switches_only_while_the_buffer_is_empty() -> None:
 def test_unpack_refuses_what_drain_packed_cannot_have_made() -> None:
     """The exporter process unpacks what comes through its pipe: a mismatch is an error, never
     a crash or a record made of someone else's memory."""
-    hotpath = pytest.importorskip("otel_train._hotpath")
+    hotpath = pytest.importorskip("otel_train.record._hotpath")
     rec = _packing_recorder()
     _recorder.install(rec)
     try:
@@ -325,7 +332,7 @@ def test_unpack_refuses_what_drain_packed_cannot_have_made() -> None:
     assert count == 3 and side == [("side",)]
     strings = rec.strings
     segments = hotpath.unpack(slots, side, [True], strings)  # the side record made wire on the way
-    assert [(wire, [r[1] if r[0] == _recorder.KIND_SPAN else r for r in records]) for wire, records in segments] == [
+    assert [(wire, [r[1] if r[0] == schema.KIND_SPAN else r for r in records]) for wire, records in segments] == [
         (False, ["a"]), (True, [("side",)]), (False, ["b"])]
     for bad in [(slots[:-1], side, None, strings), (slots, [], None, strings), (slots, side * 2, None, strings),
                 (slots, side, None, strings[:1]), (slots, side, [True, False], strings)]:
@@ -361,7 +368,7 @@ def test_an_abandoned_c_region_is_no_longer_current() -> None:
         with c_region("enclosing") as enclosing:
             dropped = c_region("dropped").__enter__()
             assert _recorder.current_region() is dropped
-            _recorder.abandon(dropped)
+            direct.abandon(dropped)
             assert _recorder.current_region() is enclosing
         assert [r[1] for r in rec.buf] == ["enclosing"]
     finally:
@@ -371,11 +378,11 @@ def test_an_abandoned_c_region_is_no_longer_current() -> None:
 def test_the_whole_script_records_the_same_without_the_c_module() -> None:
     """Steps, tags, links and events too: the pure-Python classes in a process without `_hotpath`."""
     c_region = _c_region()
-    code = ("import sys; sys.modules['otel_train._hotpath'] = None; sys.path.insert(0, 'tests')\n"
-            "from otel_train import _recorder\n"
-            "assert _recorder._Step is _recorder._PyStep\n"
+    code = ("import sys; sys.modules['otel_train.record._hotpath'] = None; sys.path.insert(0, 'tests')\n"
+            "from otel_train.record import recorder as _recorder\n"
+            "assert _recorder.Step is _recorder._PyStep\n"
             "from test_hotpath import _script\n"
-            "print(repr(_script(_recorder._Region)))\n")
+            "print(repr(_script(_recorder.Region)))\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=_REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == repr(_script(c_region))
@@ -386,16 +393,16 @@ def test_an_event_loop_started_after_the_first_regions_is_still_seen() -> None:
     loop's tasks, each nesting in its own task's regions."""
     _c_region()
     code = ("import sys\n"
-            "from otel_train import _recorder\n"
-            "from otel_train._clock import FakeClock\n"
+            "from otel_train.record import recorder as _recorder\n"
+            "from otel_train.record.clock import FakeClock\n"
             "assert 'asyncio' not in sys.modules\n"
             "rec = _recorder.Recorder(64, FakeClock()); _recorder.install(rec)\n"
-            "with _recorder._Region('before.asyncio'): pass\n"
+            "with _recorder.Region('before.asyncio'): pass\n"
             "import asyncio\n"
             "async def task(i):\n"
-            "    with _recorder._Region('task', i=i):\n"
+            "    with _recorder.Region('task', i=i):\n"
             "        await asyncio.sleep(0)\n"
-            "        with _recorder._Region('inner', i=i):\n"
+            "        with _recorder.Region('inner', i=i):\n"
             "            await asyncio.sleep(0)\n"
             "async def main():\n"
             "    await asyncio.gather(task(0), task(1))\n"
@@ -476,10 +483,10 @@ def test_the_c_hot_path_leaks_nothing(packing: bool) -> None:
             except KeyError:
                 pass
             dropped = c_region("abandoned").__enter__()
-            _recorder.abandon(dropped)
+            direct.abandon(dropped)
         with c_region("between"):
             pass
-        _recorder.record("recorded", {"a": 1}, 1, 2)
+        direct.record(rec, "recorded", {"a": 1}, 1, 2)
         if packing and i % 16 == 0:  # both ways of reading the ring back
             rec.drain(20)
             _, slots, side = rec.drain_packed(20)
@@ -497,28 +504,37 @@ def test_the_c_hot_path_leaks_nothing(packing: bool) -> None:
     assert grown < 2_000, f"{grown} blocks more after 20,000 iterations: something leaks"
 
 
-@pytest.mark.parametrize("name", ["_hotpath", "_encode"])
+def _extensions() -> dict[str, list[str]]:
+    """Each C extension pyproject.toml builds: its sources and the headers it depends on."""
+    if tomllib is None:
+        return {}
+    config = tomllib.loads((_REPO / "pyproject.toml").read_text())
+    return {ext["name"]: ext["sources"] + ext.get("depends", [])
+            for ext in config["tool"]["setuptools"]["ext-modules"]}
+
+
+@pytest.mark.parametrize("name", sorted(_extensions()))
 def test_the_c_module_is_built_where_a_compiler_is(name: str) -> None:
     """The extensions are optional at install, so a broken build would pass silently: not here."""
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None:
         pytest.skip(f"no C compiler ({compiler}): the pure-Python fallbacks are in use")
-    module = importlib.import_module(f"otel_train.{name}")
-
-    source = Path(_recorder.__file__).with_name(f"{name}.c")
-    if source.exists():  # an editable install: the built module must not predate its source
-        assert Path(module.__file__).stat().st_mtime >= source.stat().st_mtime, \
-            f"otel_train/{name}.c changed since the extension was built: pip install -e . again"
+    module = importlib.import_module(name)
+    for source in _extensions()[name]:
+        path = _REPO / source
+        if path.exists():  # an editable install: the built module must not predate its sources
+            assert Path(module.__file__).stat().st_mtime >= path.stat().st_mtime, \
+                f"{source} changed since {name} was built: pip install -e . again"
 
 
 def test_the_recorder_tests_pass_with_the_python_fallback() -> None:
     """No compiler at install time means no `_hotpath`: the package must work the same without it."""
-    code = ("import sys; sys.modules['otel_train._hotpath'] = None\n"
-            "from otel_train import _recorder\n"
-            "assert _recorder._Region is _recorder._PyRegion, _recorder._Region\n"
+    code = ("import sys; sys.modules['otel_train.record._hotpath'] = None\n"
+            "from otel_train.record import recorder as _recorder\n"
+            "assert _recorder.Region is _recorder._PyRegion, _recorder.Region\n"
             "import pytest\n"
             "raise SystemExit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/test_recorder.py',"
-            " 'tests/test_hotpath.py', '-k', 'not python_fallback and not compiler']))\n")
+            " 'tests/test_api.py', 'tests/test_hotpath.py', '-k', 'not python_fallback and not compiler']))\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=_REPO, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "skipped" in proc.stdout  # the C-only tests skip there

@@ -10,7 +10,9 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
 
-from otel_train._otlp import LeanEncoder, LeanSpanBatch, _len_field
+from otel_train.export.otlp import LeanEncoder, LeanSpanBatch, _len_field
+from otel_train.record import direct
+from otel_train.wire import schema
 
 RESOURCE = {"service.name": "svc", "ml.rank": 3, "ml.run.id": "r", "x.ratio": 0.5, "x.flag": True}
 FLAGS = TraceFlags(TraceFlags.SAMPLED)
@@ -98,8 +100,9 @@ def _assemble(records: list, offset: int, fast: bool, rank: int, c_encode: bool 
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from otel_train._distributed import RunInfo
-    from otel_train._metrics import TrainMetrics
-    from otel_train._spans import AttributeCleaner, SpanAssembler
+    from otel_train.export.attributes import AttributeCleaner
+    from otel_train.export.metrics import TrainMetrics
+    from otel_train.export.spans import SpanAssembler
 
     encoder = LeanEncoder(RESOURCE, "otel_train", "1.2")
     reader = InMemoryMetricReader()
@@ -108,7 +111,8 @@ def _assemble(records: list, offset: int, fast: bool, rank: int, c_encode: bool 
     assembler = SpanAssembler(RunInfo(run_id="r", rank=rank), 12345, Resource(RESOURCE), AttributeCleaner(16), out.extend,
                               step_sample=step_sample, metrics=metrics, version="1.2", encoder=encoder)
     assembler.fast = fast
-    assembler.c_encode = c_encode
+    if assembler.fast_path is not None:
+        assembler.fast_path.c_encode = c_encode
     assembler.lean_steps = lean_steps
     assembler.feed_raw(records, offset)
     assembler.flush()
@@ -121,8 +125,8 @@ def _assemble(records: list, offset: int, fast: bool, rank: int, c_encode: bool 
 def mixed_records() -> list:
     """Three steps of usual regions and of every kind the fast path hands to the general one (an
     exception, an event, a list or unusual attribute, a checkpoint sibling), on a fake clock."""
-    from otel_train import _recorder
-    from otel_train._clock import FakeClock
+    from otel_train.record import recorder as _recorder
+    from otel_train.record.clock import FakeClock
 
     class Odd:
         def __str__(self) -> str:
@@ -133,27 +137,27 @@ def mixed_records() -> list:
     _recorder.install(recorder)
     try:
         for n in range(3):
-            with _recorder._Step(n, None):
+            with _recorder.Step(n, None):
                 if n == 1:
                     _recorder.event("step.note", {"k": "v"})  # a step with an event: the general path
-                with _recorder._Region("train.data"):
+                with _recorder.Region("train.data"):
                     clock.advance(1_000)
                 for mb in range(2):
-                    with _recorder._Region("train.forward", **{"train.micro_batch": mb, "x.s": "é" * 20,
+                    with _recorder.Region("train.forward", **{"train.micro_batch": mb, "x.s": "é" * 20,
                                                                "x.f": 0.5, "x.b": True, "x.i": 1}):
-                        with _recorder._Region("inner"):
+                        with _recorder.Region("inner"):
                             clock.advance(2_000_000)
-                with _recorder._Region("train.backward", **{"x.list": [1, 2], "x.odd": Odd()}):
+                with _recorder.Region("train.backward", **{"x.list": [1, 2], "x.odd": Odd()}):
                     clock.advance(3_000)
                 try:
-                    with _recorder._Region("train.optimizer"):
+                    with _recorder.Region("train.optimizer"):
                         _recorder.event("note", {"k": 1})
                         raise ValueError("x")
                 except ValueError:
                     pass
-            with _recorder._Region("train.checkpoint"):
+            with _recorder.Region("train.checkpoint"):
                 clock.advance(50_000_000)
-        with _recorder._Region("outside"):
+        with _recorder.Region("outside"):
             clock.advance(7)
     finally:
         _recorder.install(None)
@@ -189,37 +193,37 @@ def step_records() -> list:
     a GC pause in it, an epoch beyond int64, a tag record that arrives before its step's record
     (an orphan); a checkpoint inside a lean step's time, a step number beyond int64, and a step
     that ends the batch (held until the flush)."""
-    from otel_train import _recorder
-    from otel_train._clock import FakeClock
+    from otel_train.record import recorder as _recorder
+    from otel_train.record.clock import FakeClock
 
     clock = FakeClock()
     recorder = _recorder.Recorder(1024, clock)
     _recorder.install(recorder)
     try:
         for n, epoch in ((0, None), (1, 0), (2, 0), (3, 1), (4, 1), (2**70, 1), (6, 2**70), (7, 2), (8, 2), (9, 2)):
-            step = _recorder.begin_step(n, epoch, {"x.user": 1} if n == 4 else None, clock.now_ns)
+            step = direct.begin_step(n, epoch, {"x.user": 1} if n == 4 else None, clock.now_ns)
             assert step is not None
             for mb in range(2 if n % 2 else 1):
-                with _recorder._Region("train.forward", **{"train.micro_batch": mb}):
+                with _recorder.Region("train.forward", **{"train.micro_batch": mb}):
                     clock.advance(1_000 + n % 97)
                 step.micro_batches = mb + 1
             if n == 2:
                 _recorder.tag("during")
             if n == 8:
-                _recorder.record("train.gc", None, clock.now_ns - 500, clock.now_ns - 100)
+                direct.record(recorder, "train.gc", None, clock.now_ns - 500, clock.now_ns - 100)
             clock.advance(300)
-            _recorder.end_step()
+            direct.end_step()
             if n == 3:
                 _recorder.tag("after")
             if n == 8:  # a checkpoint after step 8: inside step 9's time, which leaves it out
-                _recorder.record("train.checkpoint", None, clock.now_ns + 10, clock.now_ns + 40)
+                direct.record(recorder, "train.checkpoint", None, clock.now_ns + 10, clock.now_ns + 40)
             clock.advance(50)
     finally:
         _recorder.install(None)
     records = list(recorder.buf)
-    step_at = next(i for i, r in enumerate(records) if r[0] == _recorder.KIND_STEP and r[2] == 7)
+    step_at = next(i for i, r in enumerate(records) if r[0] == schema.KIND_STEP and r[2] == 7)
     seq = records[step_at][1]
-    records.insert(step_at - 1, (_recorder.KIND_TAG, (7, seq), "early"))  # before its step record
+    records.insert(step_at - 1, (schema.KIND_TAG, (7, seq), "early"))  # before its step record
     return records
 
 
@@ -230,7 +234,7 @@ def test_lean_steps_encode_exactly_what_the_general_path_does(rank: int, step_sa
     """A usual step record is held and emitted without a wire tuple's attributes cleaned and
     encoded again (`SpanAssembler._lean_step`); the bytes and metrics must be the same as the
     general path's, and every step that cannot go that way must leave it."""
-    from otel_train._spans import SpanAssembler
+    from otel_train.export.spans import SpanAssembler
 
     lean_steps: list[int] = []
     emit_lean = SpanAssembler._emit_lean_step
@@ -260,7 +264,7 @@ def test_int_values_round_trip_through_protobuf_at_every_varint_length() -> None
     negatives as 10-byte two's complement, read back by the official message."""
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-    from otel_train._otlp import _any_value
+    from otel_train.export.otlp import _any_value
 
     values = [0, 1, 127, 128, 16383] + [(1 << k) + d for k in range(14, 63) for d in (-1, 0, 1)]
     values += [-1, -128, -(1 << 31), -(1 << 63), (1 << 63) - 1]

@@ -23,7 +23,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace import Link, SpanKind, Tracer
-from otlp_receiver import BlackHoleListener, OTLPReceiver, free_port
+from support.otlp_receiver import BlackHoleListener, OTLPReceiver, free_port
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -11,11 +11,11 @@ import textwrap
 import time
 
 import pytest
-from otlp_receiver import BlackHoleListener, unreachable_endpoint
-from procs import clean_env, run_python
+from support.otlp_receiver import BlackHoleListener, unreachable_endpoint
+from support.procs import clean_env, run_python
 
 from otel_train import semconv
-from otel_train._sinks import read_spans
+from otel_train.export.otlp_json import read_spans
 
 LOOP = """
     import json, sys, time

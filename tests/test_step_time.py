@@ -15,11 +15,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
-from conftest import Harness, by_name
-from fake_device import MS, FakeDevice
+from support.fake_device import MS, FakeDevice
+from support.harness import Harness, by_name
 
 import otel_train
-from otel_train import _device, _runtime, semconv
+from otel_train import _runtime, semconv
+from otel_train.record import device as _device
 
 PHASES = (semconv.SPAN_FORWARD, semconv.SPAN_BACKWARD, semconv.SPAN_OPTIMIZER)
 DISPATCH_MS = 1  # host time to dispatch one phase
@@ -180,7 +181,7 @@ def test_a_long_run_of_evals_keeps_only_the_siblings_a_step_can_still_overlap(lo
     for i in range(300):
         loop.step(WORK[i % len(WORK)])
         loop.evaluate(work_ms=5, host_ms=1)
-        held.append(len(assembler._siblings))
+        held.append(len(assembler.timeline.siblings))
     reported, truth, spans = loop.finish()
     assert reported == pytest.approx(truth, rel=1e-4)
     assert len(by_name(spans, semconv.SPAN_EVAL)) == 300

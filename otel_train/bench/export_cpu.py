@@ -1,0 +1,108 @@
+"""The export pipeline in isolation: CPU per span of each stage between the buffer and the wire."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from otel_train import semconv
+from otel_train.bench.workload import CLIP_SPAN, PHASE_ATTR
+
+
+def _small_step_records(steps: int) -> list[Any]:
+    """The hot-path tuples of `steps` small-benchmark steps (9 regions each), recorded by a
+    private recorder with empty region bodies."""
+    from otel_train.record import recorder as _recorder
+    from otel_train.record.clock import SystemClock
+
+    recorder = _recorder.Recorder(steps * 16, SystemClock())
+    previous = _recorder.active()
+    _recorder.install(recorder)
+    try:
+        for n in range(steps):
+            with _recorder.Step(n, None):
+                for mb in range(2):
+                    for name in (semconv.SPAN_DATA, semconv.SPAN_FORWARD, semconv.SPAN_BACKWARD):
+                        with _recorder.Region(name, **{PHASE_ATTR: mb}):
+                            pass
+                with _recorder.Region(semconv.SPAN_OPTIMIZER):
+                    with _recorder.Region(CLIP_SPAN):
+                        pass
+    finally:
+        _recorder.install(previous)
+    return list(recorder.buf)
+
+
+def bench_export_cpu(steps: int, rounds: int) -> dict[str, float]:
+    """CPU per span of each stage between the buffer and the wire, measured alone (best of
+    `rounds`): the worker's pickling, in the training process, and in the exporter process the
+    unpickling, span assembly with metrics, and OTLP encoding, on the fast path (its region
+    loop in C where `_encode` was built, and then its Python fallback too: `*_fast_python`)
+    and on the general path (what a record with an exception, an event or device time takes,
+    and what every record took before the fast path). Inside a real run the exporter shares cores
+    with training and pays about twice this (`exporter_cpu_us_per_step*`)."""
+    import gc
+
+    from otel_train.record.clock import SystemClock, wall_offset
+
+    records = _small_step_records(steps)
+    offset = wall_offset(SystemClock())
+    # As in the exporter process (`gc.freeze()` after its setup): this process's heap (models,
+    # the SDK) is not what a collection triggered here would have to scan there.
+    gc.collect()
+    gc.freeze()
+    try:
+        return _export_cpu(records, offset, rounds)
+    finally:
+        gc.unfreeze()
+
+
+def _export_cpu(records: list[Any], offset: int, rounds: int) -> dict[str, float]:
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.resources import Resource
+
+    from otel_train._distributed import RunInfo
+    from otel_train.export.attributes import AttributeCleaner
+    from otel_train.export.fast_path import _encode
+    from otel_train.export.metrics import TrainMetrics
+    from otel_train.export.otlp import LeanEncoder
+    from otel_train.export.pipe import dumps, loads
+    from otel_train.export.spans import SpanAssembler
+    from otel_train.export.worker import _SLICE
+
+    resource = {"service.name": "bench", "ml.run.id": "bench", "ml.rank": 0}
+    cpu = time.process_time_ns
+    best: dict[str, float] = {}
+
+    def keep(name: str, ns: int, count: int) -> None:
+        best[name] = min(best.get(name, float("inf")), ns / count / 1e3)
+
+    for _ in range(rounds):
+        t0 = cpu()
+        payloads = [dumps(("batch", [(False, records[i:i + _SLICE])], offset, {}))
+                    for i in range(0, len(records), _SLICE)]
+        keep("export_pickle_us_per_span", cpu() - t0, len(records))
+        variants = [("fast", True, True)] + ([("fast_python", True, False)] if _encode is not None else []) \
+            + [("general", False, False)]
+        for label, fast, c_encode in variants:
+            encoder = LeanEncoder(resource, semconv.SCOPE_NAME, "bench")
+            metrics = TrainMetrics(Resource(resource), None, 60_000, [InMemoryMetricReader()])
+            out: list[Any] = []
+            assembler = SpanAssembler(RunInfo(run_id="bench"), 1, Resource(resource), AttributeCleaner(2048),
+                                      out.extend, metrics=metrics, encoder=encoder)
+            assembler.fast = fast
+            assembler.fast_path.c_encode = c_encode  # type: ignore[union-attr]
+            t0 = cpu()
+            messages = [loads(payload) for payload in payloads]
+            t1 = cpu()
+            for message in messages:
+                assembler.feed_raw(message[1][0][1], offset)
+            assembler.flush()
+            t2 = cpu()
+            encoder.batches(out, 2048, 1 << 20)
+            t3 = cpu()
+            keep("export_unpickle_us_per_span", t1 - t0, len(records))
+            keep(f"export_assemble_us_per_span_{label}", t2 - t1, len(records))
+            keep(f"export_encode_us_per_span_{label}", t3 - t2, len(records))
+            keep(f"export_total_us_per_span_{label}", t3 - t0, len(records))
+    return best

@@ -1,0 +1,43 @@
+"""The `otel-train` command line: one parser, a subcommand per module.
+
+    otel-train run train.py [args...]      run a script instrumented (like opentelemetry-instrument)
+    otel-train bench overhead [--quick] [--rounds N] [--step large|small|both] [--mode M]
+                              [--targets-only] [--block-steps N] [--design blocks|groups]
+                                           what instrumentation costs, against a baseline in the same run
+    otel-train bench device [--steps N]    device timing: synchronisations added, device vs profiler time
+
+Each command is a module here with `add_parser(subparsers)` and `run(args, parser) -> int`
+(`run.py`, `bench.py`); a new command adds its module to `COMMANDS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from otel_train.cli import bench, run
+
+#: The commands, in `--help` order.
+COMMANDS = {"run": run, "bench": bench}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="otel-train", description="OpenTelemetry for PyTorch training.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS.values():
+        command.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    if argv[:1] == ["run"]:
+        return run.run_argv(argv[1:], parser)  # everything after the script belongs to the script
+    args = parser.parse_args(argv)
+    return COMMANDS[args.command].run(args, parser)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""Automatic step and phase detection for unmodified PyTorch training loops (internal; imports torch).
+
+`install()` puts in every hook family and `uninstall()` takes every one out; the instrumentor
+(`otel_train.instrumentation`) calls them, and framework integrations (`integrations/`) refine
+what they see. What each source becomes (CONVENTIONS.md §3):
+
+| source                                                        | span                              | module        |
+|---------------------------------------------------------------|-----------------------------------|---------------|
+| global module forward pre/post hooks, outermost module only   | `train.forward`, or `train.eval`  | `forward`     |
+| `torch.autograd.backward` (patched; `Tensor.backward` calls it) | `train.backward`                | `backward`    |
+| global optimizer step pre/post hooks                          | `train.optimizer`, step boundary  | `optimizer`   |
+| `GradScaler.step` (also when it skips the optimizer's step)   | `train.optimizer`, step boundary  | `optimizer`   |
+| `Optimizer.zero_grad`, `Module.zero_grad`, `clip_grad_norm_`  | `train.optimizer` inside a step   | `optimizer`   |
+| `_BaseDataLoaderIter.__next__` and the `Tensor.to` calls after it | `train.data`                  | `data`        |
+| forwards without gradients or in eval mode, framework loops   | `train.eval`                      | `eval`        |
+| `torch.save`, `torch.distributed.checkpoint.save/load`        | `train.checkpoint`                | `checkpoint`  |
+| `gc.callbacks` (full collections, or any pause >= 1 ms)       | `train.gc`                        | `gc_pauses`   |
+| `torch.distributed` collectives                               | `train.collective`                | `collectives` |
+
+How these become steps (boundaries, micro-batches, epochs, siblings): `machine`. The state
+they share: `state`. Which modules carry the forward hooks: `roots`. What is patched, and its
+undoing: `patches`. torch.compile: `compile`.
+
+Everything on the hot path returns at once when the recorder is off (`recorder._rec is None`)
+or while torch.compile traces. It only creates, enters and leaves regions and opens and closes
+steps.
+"""
+
+from otel_train.detect.install import claim, install, installed, uninstall
+
+__all__ = ["claim", "install", "installed", "uninstall"]

@@ -1,0 +1,68 @@
+"""Backward passes: `torch.autograd.backward` (which `Tensor.backward` calls) is patched.
+
+Each call is `train.backward` (per micro-batch). DDP's gradient all-reduce runs inside it in
+C++ and is part of it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from otel_train.detect.compile import dynamo_compiling, tc
+from otel_train.detect.machine import train_activity
+from otel_train.detect.patches import Patches
+from otel_train.detect.state import BACKWARD, OPTIMIZER, PH_BWD, active, mb_attrs, region
+from otel_train.detect.state import s as _s
+from otel_train.record import recorder
+
+patches = Patches()
+
+
+def backward_patch(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`torch.autograd.backward` inside a `train.backward` region.
+
+    The patched function itself, not a wrapper called by one (`patches.Patches.wrap`'s lean
+    form): it runs every micro-batch, and each Python frame between torch's operations costs a
+    few µs of cold cache."""
+    s = _s
+
+    @functools.wraps(original)
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        if dynamo_compiling() or tc._is_compiling_flag or s.bwd_depth or s.eval_explicit:
+            return original(*args, **kwargs)
+        r = recorder._rec
+        if r is None and (r := active()) is None:
+            return original(*args, **kwargs)
+        step = train_activity(r, s, r.now(), PH_BWD)
+        live = region(BACKWARD, mb_attrs(s.mb)).__enter__()
+        s.bwd_depth = 1
+        try:
+            out = original(*args, **kwargs)
+        except BaseException as err:
+            live.__exit__(type(err), err, None)
+            raise
+        else:
+            live.__exit__(None, None, None)
+        finally:
+            s.bwd_depth = 0
+            s.mb_bwd = True
+            if step is not None and step is s.step:
+                step.micro_batches = s.mb + 1
+            if live.rec is not None:
+                s.last_end = live.t1
+            if s.opt_closure and s.opt_depth and s.opt_region is None:
+                s.opt_region = region(OPTIMIZER).__enter__()  # the update after the closure
+        return out
+    return backward
+
+
+def install() -> None:
+    patches.replace(torch.autograd, "backward", backward_patch)
+
+
+def uninstall() -> None:
+    patches.undo()

@@ -1,0 +1,95 @@
+"""Forward passes: global module forward pre/post hooks, outermost module only.
+
+The outermost forward of a module in training mode with gradients is `train.forward` (per
+micro-batch); one under `no_grad()` / `inference_mode()`, or of a module in `.eval()` mode, is
+evaluation (`eval.eval_forward`). Calls of loss modules (`nn.MSELoss()(out, y)`) are not
+forwards of their own. Which modules carry the hooks: `roots`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.nn.modules.loss import _Loss
+
+from otel_train.detect.compile import dynamo_compiling, tc
+from otel_train.detect.data import to_switch
+from otel_train.detect.eval import eval_forward
+from otel_train.detect.machine import train_activity
+from otel_train.detect.roots import roots
+from otel_train.detect.state import FORWARD, FWD_AUX, FWD_EVAL, FWD_TRAIN, PH_FWD, active, mb_attrs, region
+from otel_train.detect.state import s as _s
+from otel_train.record import direct, recorder
+
+
+def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
+    if dynamo_compiling() or tc._is_compiling_flag:
+        return None
+    s = _s
+    if s.fwd_depth:
+        s.fwd_depth += 1
+        return None
+    if s.fetching:
+        return None  # a transform module inside a batch fetch
+    if to_switch.armed:
+        to_switch.disarm()  # the batch is on its way in: no more copies of it to count
+    if roots.discovering:
+        roots.seen.add(module)
+    r = recorder._rec
+    if r is None:
+        if not s.lazy or not torch.is_grad_enabled() or (r := active()) is None:
+            return None
+    t = r.now()
+    if isinstance(module, _Loss):
+        s.fwd_kind = FWD_AUX  # a loss module called on the model's output is not another forward
+    elif torch.is_grad_enabled() and module.training:
+        if s.opt_depth and s.opt_region is not None and recorder.current_region() is s.opt_region:
+            # optimizer.step(closure): the closure's forward and backward are not the update.
+            direct.abandon(s.opt_region)
+            s.opt_region = None
+            s.opt_closure = True
+        step = train_activity(r, s, t, PH_FWD, module)
+        s.fwd_region = region(FORWARD, mb_attrs(s.mb)).__enter__()
+        s.mb_fwd = True
+        if step is not None and step is s.step:
+            step.micro_batches = s.mb + 1
+        s.fwd_kind = FWD_TRAIN
+    else:
+        s.fwd_kind = eval_forward(r, s, t)
+        if s.fwd_kind == FWD_EVAL:
+            s.eval_module = module
+    s.fwd_depth = 1
+    return None
+
+
+def forward_hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+    if dynamo_compiling() or tc._is_compiling_flag:
+        return None
+    s = _s
+    if not s.fwd_depth:
+        return None
+    s.fwd_depth -= 1
+    if s.fwd_depth:
+        return None
+    kind = s.fwd_kind
+    if kind == FWD_TRAIN:
+        live = s.fwd_region
+        s.fwd_region = None
+        if live is not None:
+            live.__exit__(None, None, None)
+            if live.rec is not None:
+                s.last_end = live.t1
+    elif kind == FWD_EVAL:
+        r = recorder._rec
+        if r is not None and s.eval_t0 is not None:
+            s.eval_t1 = r.now()
+    return None
+
+
+def install() -> None:
+    roots.start()
+
+
+def uninstall() -> None:
+    roots.remove_all()

@@ -1,0 +1,222 @@
+"""The step machine: which training phase begins a step, which ends it, and what is a sibling.
+
+A step is one optimizer update: it spans from the previous boundary (the end of the last step's
+update, or of the checkpoint / evaluation that followed it) to the end of its own update (the
+optimizer step, and the zero_grad or collective that comes right after it). It opens lazily,
+at the first training phase after a boundary, backdated to that boundary, so the end of a loop
+leaves no empty step behind. An optimizer step does not close the step at once, since another
+optimizer may follow (a GAN's generator after its discriminator); the step is closed, at the
+end of its last update, by what comes next:
+
+- in a loop that pulls batches from a DataLoader: the next batch fetch (a loop that makes
+  several updates per batch with one optimizer gives itself away at the first batch's second
+  update, which still counts in the first step; from then on the next forward closes a step);
+- otherwise: the next forward (or backward) pass;
+- a checkpoint or an evaluation pass (they are siblings of the step, never inside it);
+- the end of training (a framework callback, `uninstrument()`, or interpreter exit).
+
+Batch fetches are held until a forward shows what they were for: the training step that
+follows, or an evaluation. A forward after a backward starts a new micro-batch of the same step
+(`train.micro_batch`; `train.micro_batches` on the step): gradient accumulation. A loop with no
+optimizer at all (manual `p.data.add_` updates) gets one step per forward/backward cycle. The
+epoch is counted from the training loader's iterators, unless a framework says it.
+
+The hook families (`forward`, `backward`, `optimizer`, `data`, `eval`, `checkpoint`,
+`gc_pauses`, `collectives`) call in here; what each one sees is in its module. State is per
+process (`state.s`) and assumes one training thread.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import weakref
+
+import torch
+
+from otel_train.detect.roots import roots
+from otel_train.detect.state import DATA, EVAL, P_ITER, P_SRC, P_T0, PH_FWD, PH_OPT, State, mb_attrs
+from otel_train.detect.state import s as _s
+from otel_train.record import direct, recorder
+from otel_train.record.recorder import Recorder, Step
+
+
+def ours(r: Recorder, s: State) -> bool:
+    """The open step is the one detection opened (not the user's explicit `otel_train.step()`)."""
+    return s.step is not None and r.step is s.step
+
+
+def manual(s: State) -> bool:
+    """True in a loop that updates its weights without any torch optimizer."""
+    if s.uses_opt is None:
+        # Once per process, at the first ambiguous moment (forward after backward, no
+        # optimizer step yet): gradient accumulation or a manual update?
+        # At C speed (tens of ns per live object, no Python call each); type(), not isinstance(),
+        # so no object's __class__ property runs (some warn, e.g. torch.distributed.reduce_op).
+        s.uses_opt = any(map(issubclass, map(type, gc.get_objects()), itertools.repeat(torch.optim.Optimizer)))
+    return not s.uses_opt
+
+
+def complete(s: State) -> bool:
+    """The open step's update is done: what comes next may close it."""
+    return s.opt_end is not None or (s.mb_bwd and manual(s))
+
+
+def begin(r: Recorder, s: State, t: int) -> Step | None:
+    """Open a step for a training phase at `t`, backdated to the boundary or its first fetch."""
+    t0 = t
+    if s.pending:
+        for entry in s.pending:
+            if entry[P_T0] < t0:
+                t0 = entry[P_T0]
+        if not s.epoch_fixed:
+            track_epoch(s)
+    if s.boundary is not None and s.boundary < t0:
+        t0 = s.boundary
+    # `direct.begin_step` written out: this runs every step.
+    step = Step(None, s.epoch, None)
+    step.__enter__()
+    if step.rec is None:
+        step = None
+    else:
+        step.t0 = t0
+    s.step = step
+    s.mb = 0
+    s.mb_fwd = s.mb_bwd = False
+    s.opt_end = s.last_end = None
+    s.stepped.clear()
+    return step
+
+
+def close(r: Recorder, s: State, t1: int) -> None:
+    """Close the step detection opened at `t1`, which becomes the next step's boundary."""
+    step = s.step
+    s.step = None
+    s.opt_end = None
+    if step is not None and r.step is step:
+        recorder.close_step(r, step, t1 if t1 > step.t0 else step.t0, None)  # `direct.end_step`, written out
+        if roots.discovering or not step.n % roots.REDISCOVER_EVERY:
+            roots.step_closed(step.n)
+    if s.boundary is None or s.boundary < t1:
+        s.boundary = t1
+
+
+def close_if_complete(r: Recorder, s: State, t: int) -> None:
+    """Before a sibling (checkpoint, evaluation): end our step if its update is done."""
+    if ours(r, s) and complete(s):
+        close(r, s, s.opt_end if s.opt_end is not None else t)
+
+
+def train_activity(r: Recorder, s: State, t: int, phase: int, module: object = None) -> Step | None:
+    """A training phase starts at `t`: close what it ends, open the step it belongs to."""
+    if s.eval_t0 is not None and not s.eval_explicit:
+        if module is not None and module is not s.eval_module and s.eval_data and not s.pending:
+            # Another module's no-grad forward on the very batch this one now trains on (no
+            # fetch in between): a teacher, not an evaluation. The batch goes back to the step.
+            s.pending, s.eval_data = s.eval_data, []
+            s.eval_t0 = s.eval_t1 = s.eval_module = None
+        else:
+            end_eval(r, s)
+    step = r.step
+    if isinstance(step, Step):
+        if step is not s.step:
+            return step  # the user's explicit `otel_train.step()` rules; phases only
+        if phase != PH_OPT:
+            new_mb = s.mb_bwd and (phase == PH_FWD or not s.mb_fwd)
+            if s.opt_end is not None and not s.data_driven:
+                close(r, s, s.opt_end)  # a new forward after an optimizer step begins a new step
+                step = None
+            elif new_mb:
+                if s.opt_end is None and manual(s):
+                    close(r, s, first_pending(s, t))
+                    step = None
+                else:
+                    s.mb += 1
+                    s.mb_fwd = s.mb_bwd = False
+    if not isinstance(step, Step):
+        step = begin(r, s, t)
+    if s.pending:
+        resolve_pending(r, s)
+    return step
+
+
+def first_pending(s: State, t: int) -> int:
+    for entry in s.pending:
+        if entry[P_T0] < t:
+            t = entry[P_T0]
+    return t
+
+
+def resolve_pending(r: Recorder, s: State) -> None:
+    """The batches fetched (and zero_grads made) before this training phase belong to its step."""
+    attrs = mb_attrs(s.mb)
+    parent = recorder.current_region()
+    sources = []
+    for name, t0, t1, src, _ in s.pending:
+        direct.record(r, name, attrs if name is DATA else None, t0, t1, parent)
+        if src is not None:
+            sources.append(src)
+    s.pending.clear()
+    if sources:
+        if s.data_driven is None:
+            s.data_driven = True
+        if s.train_src is None or not any(src is s.train_src for src in sources):
+            s.train_src = sources[-1]
+
+
+def track_epoch(s: State) -> None:
+    """A new pass over the training batches is a new epoch: a new iterator of the training
+    loader, or a training loader never seen before (one built per epoch)."""
+    data = [entry for entry in s.pending if entry[P_ITER] is not None]
+    if not data:
+        return
+    if s.train_src is None or not any(entry[P_SRC] is s.train_src for entry in data):
+        s.train_src = data[-1][P_SRC]
+    for entry in data:
+        it = entry[P_ITER]
+        if entry[P_SRC] is s.train_src and (s.train_iter is None or s.train_iter() is not it):
+            s.epoch = 0 if s.epoch is None else s.epoch + 1
+            s.train_iter = weakref.ref(it)  # weak: a dead iterator must shut its workers down
+
+
+def end_eval(r: Recorder, s: State) -> None:
+    """The evaluation pass in progress (explicit or detected) is over: record it as a sibling."""
+    t0 = s.eval_t0
+    t1 = s.eval_t1 if s.eval_t1 is not None else t0
+    region = s.eval_region
+    s.eval_t0 = s.eval_t1 = s.eval_module = s.eval_region = None
+    s.eval_data = []
+    s.eval_explicit = False
+    if region is not None:  # an explicit pass: a live region (device-timed, parent of user spans)
+        region.__exit__(None, None, None)
+        t1 = region.t1 if region.rec is not None else t1
+    elif t0 is not None and t1 is not None:
+        direct.record(r, EVAL, None, t0, t1)
+    if t1 is None:
+        return
+    if s.step is None and (s.boundary is None or s.boundary < t1):
+        s.boundary = t1
+
+
+def set_epoch(epoch: int | None) -> None:
+    """A framework knows the epoch: it wins over the one counted from DataLoader iterators."""
+    _s.epoch = epoch
+    _s.epoch_fixed = epoch is not None
+
+
+def finish() -> None:
+    """Training is over: close the evaluation pass and the last step at their real ends."""
+    r = recorder._rec
+    s = _s
+    s.pending.clear()
+    if r is None:
+        s.step = None
+        return
+    if s.eval_t0 is not None:
+        if s.eval_explicit:
+            s.eval_t1 = r.now()
+        end_eval(r, s)
+    if ours(r, s):
+        end = s.opt_end if s.opt_end is not None else s.last_end
+        close(r, s, end if end is not None else r.now())
+    s.step = None

@@ -1,0 +1,283 @@
+"""The fast path: the usual region and step straight to OTLP bytes, with no span object between.
+
+A training run repeats itself: the same names, the same one or two attributes, one step after
+another. So a usual record (a region with no exception, event or device time; a step with no
+user attributes, tags, events, links or exception) is encoded from cached pieces: a span's name
+and attribute fields as one `body` (per name, or per name and its one attribute), a step's
+trace id, span id and `train.step` fields once per step. Everything else goes the general way
+(`spans.SpanAssembler`), which builds the same message from cleaned attributes.
+
+The region loop is C (`_encode.regions`, `_encode.packed_regions` for slots as the recorder
+packed them) where that was built, `regions_python` otherwise; `tests/test_fast_path.py` holds the
+two to the same bytes, durations and leftover records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from otel_train import semconv
+from otel_train.export.attributes import SCALARS, AttributeCleaner
+from otel_train.export.otlp import (KIND_INTERNAL, REGION_HEAD, REGION_HEAD_PARENT, REGION_PREFIXES,
+                                    REGION_PREFIXES_MAX, TAIL_LOCAL, LeanEncoder, region_prefix)
+from otel_train.export.span_ids import SpanIds
+from otel_train.export.step_timeline import SIBLING_TAGS, HeldStep
+from otel_train.wire.ids import MASK64, REGION_ID_MULTIPLIER, wire_id
+from otel_train.wire.schema import KIND_SPAN, KIND_STEP, W_STEP, W_T0, W_T1, step_wire_attrs
+
+try:  # the loop in C (`_encode.c`); `FastPath.regions_python` is the fallback
+    from otel_train.export import _encode
+    _encode.bind(KIND_SPAN, REGION_ID_MULTIPLIER)
+except ImportError:
+    _encode = None  # type: ignore[assignment]
+
+_CACHE_MAX = 4096  # bodies, steps and attribute fields remembered; each cache is cleared past this
+_NO_STEP_YET = object()  # `regions_python` before its first region: equal to no step number
+
+#: What the fast path keeps of a step: its trace id field, the step span's id (wire form), the
+#: encoded `train.step` attribute, whether the step is sampled, and the step span's parent id
+#: (rank 0's step span, wire form; None on rank 0).
+StepFields = tuple[bytes, int | None, bytes, bool, int | None]
+
+
+class FastPath:
+    """Encodes usual records for one run and rank, caching what repeats."""
+
+    def __init__(self, encoder: LeanEncoder, cleaner: AttributeCleaner, ids: SpanIds,
+                 sampled: Callable[[int | None], bool]) -> None:
+        self.encoder = encoder
+        self.cleaner = cleaner
+        self.ids = ids
+        self.sampled = sampled
+        self.c_encode = True  # the loops in C where `_encode` was built (tests compare them with Python)
+        self.bodies: dict[Any, bytes] = {}  # `body`'s: name field + user attribute fields
+        self.steps: dict[int | None, StepFields] = {}  # `step`'s
+        self._attr_kvs: dict[tuple[str, Any, type, Any], bytes] = {}
+        self._lean_kvs: dict[tuple[int | None, int], bytes] = {}  # `lean_step`'s, by (epoch, micro-batches)
+
+    # -- regions -----------------------------------------------------------------------
+    def regions(self, records: Iterable[tuple[Any, ...]], offset: int, out: list[Any],
+                durations: dict[str, list[int]]) -> list[tuple[Any, ...]]:
+        """The usual regions among `records` (hot-path tuples, `offset` their perf-to-wall
+        offset) straight to OTLP bytes into `out`, their host durations into `durations` (name
+        -> ns); returns the other records, in order, for the general path."""
+        rest: list[tuple[Any, ...]] = []
+        loop = _encode.regions if _encode is not None and self.c_encode else self.regions_python
+        loop(records, offset, self.ids.salt, self.bodies, self.steps, self.body, self.step, durations, out, rest)
+        return rest
+
+    def can_take_packed(self) -> bool:
+        """Whether `packed` can take a packed drain (the C loop is built and on)."""
+        return self.c_encode and _encode is not None
+
+    def packed(self, slots: bytes, side: list[Any], strings: list[str], offset: int, out: list[Any],
+               durations: dict[str, list[int]]) -> tuple[int, list[tuple[Any, ...]]]:
+        """`regions` for a packed drain (`RecorderBase.drain_packed`'s slots and side records,
+        `strings` the recorder's string table so far), with no tuple made for a usual region.
+        Returns the number of records the drain held, and the records left for the general path."""
+        rest: list[tuple[Any, ...]] = []
+        count: int = _encode.packed_regions(slots, side, strings, offset, self.ids.salt, self.bodies, self.steps,
+                                            self.body, self.step, durations, out, rest)
+        return count, rest
+
+    @staticmethod
+    def regions_python(records: Iterable[tuple[Any, ...]], offset: int, salt: int, bodies: dict[Any, bytes],
+                       steps: dict[Any, StepFields], make_body: Callable[[str, Any], bytes | None],
+                       make_step: Callable[[Any], StepFields], durations: dict[str, list[int]],
+                       out: list[Any], rest: list[tuple[Any, ...]]) -> None:
+        """`_encode.regions` in Python, the same arguments: the usual regions encoded into `out`,
+        their host durations into `durations`, the other records into `rest`; cache misses
+        call `make_body` (`body`) and `make_step` (`step`). `LeanEncoder.region` and
+        `wire.ids.region_wire_id` are written out: every call here is paid per span."""
+        keep, emit, join = rest.append, out.append, b"".join
+        pack, pack_parent = REGION_HEAD.pack, REGION_HEAD_PARENT.pack
+        head_len, head_parent_len = REGION_HEAD.size + len(TAIL_LOCAL), REGION_HEAD_PARENT.size + len(TAIL_LOCAL)
+        last_step: Any = _NO_STEP_YET
+        trace_field, step_wire, step_kv, sampled = b"", None, b"", True
+        for record in records:
+            if record[0] != KIND_SPAN or record[8] is not None or record[9] is not None:
+                keep(record)  # a step or a note, an exception, an event
+                continue
+            _, name, seq, parent_seq, (step_n, step_seq), t0, t1, attrs, _, _ = record
+            if not attrs:
+                body = bodies.get(name)
+            elif len(attrs) == 1:  # the usual user attribute
+                ((key, value),) = attrs.items()
+                try:
+                    body = bodies.get((name, key, type(value), value))
+                except TypeError:  # unhashable: a list value
+                    keep(record)
+                    continue
+            else:
+                body = None
+            if body is None:
+                body = make_body(name, attrs)
+                if body is None:  # a checkpoint, eval or GC sibling, or an unusual attribute value
+                    keep(record)
+                    continue
+            spans = durations.get(name)
+            if spans is None:
+                spans = durations[name] = []
+            spans.append(t1 - t0)
+            if step_n != last_step:
+                last_step = step_n
+                trace_field, step_wire, step_kv, sampled, _ = steps.get(step_n) or make_step(step_n)
+            if not sampled:
+                continue
+            t0 += offset
+            t1 += offset
+            span_wire = ((seq * REGION_ID_MULTIPLIER) ^ salt) & MASK64 or 1
+            if parent_seq is not None:
+                parent_wire = ((parent_seq * REGION_ID_MULTIPLIER) ^ salt) & MASK64 or 1
+            elif step_seq is not None:
+                parent_wire = step_wire
+            else:
+                parent_wire = None
+            if parent_wire:
+                head = pack_parent(trace_field, b"\x12\x08", span_wire, b"\x22\x08", parent_wire, KIND_INTERNAL,
+                                   0x39, t0, 0x41, t1)
+                length = head_parent_len + len(body) + len(step_kv)
+            else:
+                head = pack(trace_field, b"\x12\x08", span_wire, KIND_INTERNAL, 0x39, t0, 0x41, t1)
+                length = head_len + len(body) + len(step_kv)
+            emit(join((REGION_PREFIXES[length] if length < REGION_PREFIXES_MAX else region_prefix(length),
+                       head, body, step_kv, TAIL_LOCAL)))
+
+    def body(self, name: str, attrs: Mapping[Any, Any] | None) -> bytes | None:
+        """A fast region's name field and user attribute fields, cached in `bodies` when it has
+        none or one attribute; None sends the record the general way."""
+        if name in SIBLING_TAGS:
+            return None
+        bodies = self.bodies
+        if len(bodies) >= _CACHE_MAX:
+            bodies.clear()
+        name_field = self.encoder.name_field(name)
+        if not attrs:
+            bodies[name] = name_field
+            return name_field
+        user = self._attrs(name, attrs)
+        if user is None:
+            return None
+        body = name_field + user
+        if len(attrs) == 1:  # hashable: `_attrs` looked it up
+            ((key, value),) = attrs.items()
+            bodies[(name, key, type(value), value)] = body
+        return body
+
+    def _attrs(self, name: str, attrs: Mapping[Any, Any]) -> bytes | None:
+        """User attributes as encoded `KeyValue` fields, cached per span name, key, type and
+        value; None sends the record the general way (an unhashable or unusual value)."""
+        cache = self._attr_kvs
+        parts = []
+        try:
+            for key, value in attrs.items():
+                encoded = cache.get((name, key, type(value), value))
+                if encoded is None:
+                    encoded = self._attr_kv(name, key, value)
+                    if encoded is None:
+                        return None
+                parts.append(encoded)
+        except TypeError:  # unhashable: a list value
+            return None
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _attr_kv(self, name: str, key: Any, value: Any) -> bytes | None:
+        if type(value) not in SCALARS or not isinstance(key, str):
+            return None  # the general path converts it and says so
+        if len(self._attr_kvs) >= _CACHE_MAX:
+            self._attr_kvs.clear()
+        encoded = self.encoder.attributes(self.cleaner.clean(name, {key: value}))
+        self._attr_kvs[(name, key, type(value), value)] = encoded
+        return encoded
+
+    # -- steps -------------------------------------------------------------------------
+    def step(self, step_n: int | None) -> StepFields:
+        """What the fast path needs of step `step_n` (`StepFields`), cached in `steps`."""
+        if len(self.steps) >= _CACHE_MAX:
+            self.steps.clear()
+        ids = self.ids
+        if step_n is None:
+            found: StepFields = (LeanEncoder.trace_field(ids.trace(None)), None, b"", True, None)
+        else:
+            root = None if ids.run.rank == 0 else ids.root_step(step_n)
+            root_wire = wire_id(root) if root else None
+            trace, span = ids.step_bytes.both(step_n) if type(step_n) is int else (None, None)
+            if trace is not None and span is not None:  # the usual step: the ids' bytes as they go on the wire
+                found = (b"\x0a\x10" + trace, int.from_bytes(span, "little"), self._step_number(step_n),
+                         self.sampled(step_n), root_wire)
+            else:
+                found = (LeanEncoder.trace_field(ids.trace(step_n)), wire_id(ids.step_span(step_n)),
+                         self._step_number(step_n), self.sampled(step_n), root_wire)
+        self.steps[step_n] = found
+        return found
+
+    def _step_number(self, step_n: Any) -> bytes:
+        """The encoded `train.step` attribute."""
+        if type(step_n) is int and -(1 << 63) <= step_n < (1 << 63):
+            return self.encoder.int_attribute(semconv.TRAIN_STEP, step_n)
+        return self.encoder.attributes(self.cleaner.clean(semconv.SPAN_STEP, {semconv.TRAIN_STEP: step_n}))
+
+    def lean_step(self, record: tuple[Any, ...], offset: int) -> tuple[tuple[Any, ...], int, bytes] | None:
+        """A usual step record as the recorder appended it (the hot path's KIND_STEP tuple): no
+        user attributes, tags, events, links or exception, and int step number, epoch and
+        micro-batch count. Returns its wire tuple, its end (wall ns) and its epoch and
+        micro-batch fields encoded already, to be held with them (`HeldStep.lean`) and emitted
+        from them unless a note joins it (`lean_step_span`). None: not such a record."""
+        _, seq, n, t0, t1, attrs, epoch, micro_batches, tags, events, links, exc = record
+        if (attrs or tags or events or links or exc is not None or type(n) is not int
+                or type(micro_batches) is not int or (epoch is not None and type(epoch) is not int)):
+            return None
+        wire_attrs = step_wire_attrs(None, epoch, micro_batches)
+        lean = self._lean_kvs.get((epoch, micro_batches))
+        if lean is None:
+            lean = self._lean_fields(epoch, micro_batches, wire_attrs)
+            if lean is None:
+                return None
+        t1 += offset
+        return (KIND_STEP, semconv.SPAN_STEP, seq, None, n, seq, t0 + offset, t1, wire_attrs, None, None, None,
+                False, None), t1, lean
+
+    def _lean_fields(self, epoch: int | None, micro_batches: int, attrs: dict[str, Any]) -> bytes | None:
+        """The encoded epoch and micro-batch fields (`attrs`) `lean_step` holds a step with
+        (cached), None where the cleaner would change a value (past 64 bits)."""
+        if any(not -(1 << 63) <= value < (1 << 63) for value in attrs.values()):
+            return None
+        if len(self._lean_kvs) >= _CACHE_MAX:
+            self._lean_kvs.clear()
+        lean = self._lean_kvs[(epoch, micro_batches)] = self.encoder.attributes(attrs)
+        return lean
+
+    def lean_step_span(self, held: HeldStep) -> bytes:
+        """A step `lean_step` made that nothing was added to since, from its encoded fields."""
+        wire = held.wire
+        step_n = wire[W_STEP]
+        trace_field, step_wire, step_kv, _, root_wire = self.steps.get(step_n) or self.step(step_n)
+        encoder = self.encoder
+        return encoder.region(semconv.SPAN_STEP, trace_field, step_wire, root_wire, wire[W_T0], wire[W_T1],
+                              held.lean + step_kv + encoder.float_attribute(semconv.TRAIN_STEP_TIME_S, held.time_s),
+                              remote=root_wire is not None)
+
+    def step_span(self, step_n: int, t0: int, t1: int, attrs: Mapping[str, Any]) -> bytes:
+        """A step with no events, links or status, from its cleaned attributes."""
+        trace_field, step_wire, step_kv, _, root_wire = self.steps.get(step_n) or self.step(step_n)
+        encoder = self.encoder
+        kv = encoder.kv
+        parts = []
+        for key, value in attrs.items():
+            if key == semconv.TRAIN_STEP:
+                parts.append(step_kv)
+            elif key == semconv.TRAIN_STEP_TIME_S:
+                parts.append(encoder.float_attribute(key, value))
+            else:
+                parts.append(kv(key, value))
+        return encoder.region(semconv.SPAN_STEP, trace_field, step_wire, root_wire, t0, t1, b"".join(parts),
+                              remote=root_wire is not None)
+
+
+def unpack(slots: bytes, side: list[Any], wire: list[bool] | None, strings: list[str]) -> Any:
+    """A packed drain back as runs of records (`pipe.Segments`), as the recorder's own `unpack`
+    gives them (the same C, `wire/slots.h`, built into `_encode`)."""
+    if _encode is None:
+        raise RuntimeError("otel_train: a packed drain reached an exporter without its C module")
+    return _encode.unpack(slots, side, wire, strings)

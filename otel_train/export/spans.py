@@ -1,0 +1,291 @@
+"""Span assembly: records in, spans out (the trace shape of CONVENTIONS.md §2), metrics on the way.
+
+Three kinds of input, one output:
+
+- `feed_raw(records, offset)`: the hot path's tuples as the recorder appended them (the usual
+  case). The usual regions go by the fast path (`fast_path.FastPath`: straight to OTLP bytes),
+  usual steps by its lean step form, everything else the general way below.
+- `feed_packed(slots, side, strings, offset)`: a packed drain (`RecorderBase.drain_packed`),
+  the same, read where the slots lie.
+- `feed(wire records)`: wire tuples (`wire.schema`), records the worker converted already
+  (device time, force-ended at shutdown): the general way.
+
+The general way turns a record into a span with its final ids, parent and timestamps: a
+`ReadableSpan` (for the SDK's span processors and the HTTP and file exporters), or with a lean
+`encoder` (OTLP/gRPC) a plain tuple it encodes at export (`otlp.LeanEncoder`). Regions are
+emitted at once; a step is held until the next one (`step_timeline.StepTimeline`: late tags and
+events, its siblings, its own time). Every record, sampled out or not, feeds the metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import nullcontext
+from itertools import repeat
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from otel_train import semconv
+from otel_train._distributed import RunInfo
+from otel_train.export.attributes import AttributeCleaner, add_device
+from otel_train.export.fast_path import FastPath
+from otel_train.export.metrics import TrainMetrics
+from otel_train.export.otlp import LeanEncoder
+from otel_train.export.span_ids import SpanIds
+from otel_train.export.step_timeline import SIBLING_TAGS, HeldStep, StepTimeline
+from otel_train.wire.ids import parse_traceparent
+from otel_train.wire.schema import (KIND_EVENT, KIND_SPAN, KIND_STEP, KIND_TAG, W_ATTRS, W_DEV, W_ERROR, W_EVENTS,
+                                    W_LINKS, W_NAME, W_PARENT, W_SEQ, W_STEP, W_STEP_SEQ, W_T0, W_T1, W_TRUNC,
+                                    tuple_to_wire)
+
+_log = logging.getLogger("otel_train")
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NO_LOCK = nullcontext()
+
+
+class SpanAssembler:
+    """Records in, spans out through `emit`; metrics observed on the way.
+
+    What comes out is a `ReadableSpan`, or with an `encoder` (the lean OTLP/gRPC path) a plain
+    tuple the encoder encodes at export or, for the usual region and step, its encoded bytes
+    already (`fast_path`).
+    """
+
+    def __init__(self, run: RunInfo, salt: int, resource: Resource, cleaner: AttributeCleaner,
+                 emit: Callable[[list[Any]], None], step_sample: int = 1, metrics: TrainMetrics | None = None,
+                 version: str = "", encoder: LeanEncoder | None = None) -> None:
+        self.run = run
+        self.salt = salt
+        self.resource = resource
+        self.cleaner = cleaner
+        self.emit = emit
+        self.step_sample = step_sample
+        self.metrics = metrics
+        self.scope = InstrumentationScope(semconv.SCOPE_NAME, version)
+        self.encoder = encoder  # if set: plain tuples (or bytes) for it, not ReadableSpans
+        self.ids = SpanIds(run, salt)
+        self.timeline = StepTimeline()
+        self.fast_path = FastPath(encoder, cleaner, self.ids, self.sampled) if encoder is not None else None
+        self.fast = encoder is not None  # the fast path may take usual records (tests turn it off)
+        self.lean_steps = True  # usual step records by the fast path's lean form (tests turn it off)
+        self._windows: dict[str, tuple[Any, list[Any]]] = {}
+        self.spans_built = 0
+
+    # -- in ----------------------------------------------------------------------------
+    def feed(self, records: Iterable[tuple[Any, ...]]) -> None:
+        """Wire tuples (`wire.schema`)."""
+        out: list[Any] = []
+        for wire in records:
+            self._dispatch(wire, out)
+        self._emit_all(out)
+
+    def feed_raw(self, records: Iterable[tuple[Any, ...]], offset: int) -> None:
+        """Hot-path tuples as the recorder appended them, with the perf-to-wall `offset`."""
+        out: list[Any] = []
+        # One lock for the batch: the fast path adds to metric windows itself.
+        with self.metrics.lock if self.metrics is not None else _NO_LOCK:
+            if self.fast:
+                durations: dict[str, list[int]] = {}
+                records = self.fast_path.regions(records, offset, out, durations)  # type: ignore[union-attr]
+                self._observe_durations(durations)
+            self._dispatch_records(records, offset, out)
+        self._emit_all(out)
+
+    def can_feed_packed(self) -> bool:
+        """Whether `feed_packed` can take a packed drain (the C fast path is built and on)."""
+        return self.fast and self.fast_path is not None and self.fast_path.can_take_packed()
+
+    def feed_packed(self, slots: bytes, side: list[Any], strings: list[str], offset: int) -> int:
+        """`feed_raw` for a packed drain, with no tuple made for a usual region. Only where
+        `can_feed_packed()`. Returns the number of records the drain held."""
+        out: list[Any] = []
+        durations: dict[str, list[int]] = {}
+        with self.metrics.lock if self.metrics is not None else _NO_LOCK:
+            count, rest = self.fast_path.packed(slots, side, strings, offset, out, durations)  # type: ignore[union-attr]
+            self._observe_durations(durations)
+            self._dispatch_records(rest, offset, out)
+        self._emit_all(out)
+        return count
+
+    def flush(self) -> None:
+        """Emit every held step (at shutdown, or when a caller must see everything now)."""
+        out: list[Any] = []
+        for held in self.timeline.release_all():
+            self._emit_step(held, out)
+        self._emit_all(out)
+
+    def _emit_all(self, out: list[Any]) -> None:
+        if out:
+            self.spans_built += len(out)
+            self.emit(out)
+
+    # -- records -----------------------------------------------------------------------
+    def _dispatch_records(self, records: Iterable[Any], offset: int, out: list[Any]) -> None:
+        """Hot-path records the fast path left: a usual step record the lean way, the rest as wire tuples."""
+        lean = self.fast_path if self.fast and self.lean_steps else None
+        for record in records:
+            if lean is not None and type(record) is tuple and record[0] == KIND_STEP:
+                found = lean.lean_step(record, offset)
+                if found is not None:
+                    self._hold(*found, out)
+                    continue
+            self._dispatch(tuple_to_wire(record, offset), out)
+
+    def _dispatch(self, wire: tuple[Any, ...], out: list[Any]) -> None:
+        kind = wire[0]
+        if kind == KIND_SPAN:
+            self._on_span(wire, out)
+        elif kind == KIND_STEP:
+            self._on_step(wire, out)
+        elif kind == KIND_TAG:
+            self.timeline.tag(wire[W_STEP], wire[W_STEP_SEQ], wire[W_NAME])
+        elif kind == KIND_EVENT:
+            self.timeline.event(wire[W_STEP_SEQ], (wire[W_NAME], wire[W_T0], wire[W_ATTRS]))
+
+    def _on_span(self, wire: tuple[Any, ...], out: list[Any]) -> None:
+        name, step_n, step_seq = wire[W_NAME], wire[W_STEP], wire[W_STEP_SEQ]
+        attrs = self.cleaner.clean(name, wire[W_ATTRS])
+        dev = wire[W_DEV]
+        if dev:
+            add_device(attrs, dev)
+        if step_n is not None:
+            attrs[semconv.TRAIN_STEP] = step_n
+        sibling_tag = SIBLING_TAGS.get(name)
+        parent_seq = wire[W_PARENT]
+        if sibling_tag is not None:
+            # Checkpoint / eval / GC: never inside a step; the step they belong to is tagged.
+            # With device time, the sibling holds the timeline from when the device started it
+            # (before that the device was finishing the step's work) until both host and device
+            # are done with it (async eval work may outlive its host span).
+            s0, s1 = wire[W_T0], wire[W_T1]
+            if dev:
+                s0 += max(0, dev.get(semconv.WIRE_DEV_START_NS, 0))
+                s1 += max(0, dev.get(semconv.WIRE_DEV_END_NS, 0))
+            self.timeline.sibling(s0, s1)
+            if step_n is not None:
+                self.timeline.tag(step_n, step_seq, sibling_tag)
+        if parent_seq is not None:
+            parent_id = self.ids.region(parent_seq)
+        elif step_seq is not None and sibling_tag is None:
+            parent_id = self.ids.step_span(step_n)
+        else:
+            parent_id = None
+        if self.metrics is not None:
+            self.metrics.observe(name, (wire[W_T1] - wire[W_T0]) / 1e9, attrs)
+        if not self.sampled(step_n):
+            return
+        out.append(self._build(name, self.ids.trace(step_n), self.ids.region(wire[W_SEQ]),
+                               parent_id, False, wire, attrs, wire[W_EVENTS], None))
+
+    def _on_step(self, wire: tuple[Any, ...], out: list[Any]) -> None:
+        t1 = wire[W_T1]
+        # The step's boundary is when the device finished its last work (its end event, mapped
+        # to the host clock), not when the host finished dispatching it: under asynchronous
+        # dispatch the host runs ahead (MaxText #4270). Without device time (CPU, or no event
+        # to spare), the host end is the boundary, which on CPU is the same thing.
+        dev = wire[W_DEV]
+        self._hold(wire, t1 + dev[semconv.WIRE_DEV_END_NS] if dev and semconv.WIRE_DEV_END_NS in dev else t1, None,
+                   out)
+
+    def _hold(self, wire: tuple[Any, ...], end: int, lean: bytes | None, out: list[Any]) -> None:
+        for earlier in self.timeline.hold(wire, end, lean):
+            self._emit_step(earlier, out)
+
+    def _emit_step(self, held: HeldStep, out: list[Any]) -> None:
+        wire = held.wire
+        step_n = wire[W_STEP]
+        if held.lean is not None and not held.tags and not held.events:
+            self._emit_lean_step(held, out)
+            return
+        attrs = self.cleaner.clean(semconv.SPAN_STEP, wire[W_ATTRS])
+        if wire[W_DEV]:
+            add_device(attrs, wire[W_DEV])
+        attrs[semconv.TRAIN_STEP] = step_n
+        attrs[semconv.TRAIN_STEP_TIME_S] = held.time_s
+        if held.tags:
+            attrs[semconv.TRAIN_STEP_TAGS] = tuple(sorted(set(held.tags)))
+        if self.metrics is not None:
+            self.metrics.observe_step(held.time_s, attrs)
+        if not self.sampled(step_n):
+            return
+        if self.fast and not (held.events or wire[W_LINKS] or wire[W_ERROR] or wire[W_TRUNC]):
+            out.append(self.fast_path.step_span(step_n, wire[W_T0], wire[W_T1], attrs))  # type: ignore[union-attr]
+            return
+        parent = self.ids.root_step(step_n)
+        out.append(self._build(semconv.SPAN_STEP, self.ids.trace(step_n), self.ids.step_span(step_n), parent,
+                               parent is not None, wire, attrs, held.events, wire[W_LINKS]))
+
+    def _emit_lean_step(self, held: HeldStep, out: list[Any]) -> None:
+        """`_emit_step` for a step the fast path held (`FastPath.lean_step`) that nothing was added
+        to since: the same metric and the same bytes, from its encoded fields."""
+        if self.metrics is not None:
+            self.metrics.observe_step_time(held.time_s)
+        if self.sampled(held.wire[W_STEP]):
+            out.append(self.fast_path.lean_step_span(held))  # type: ignore[union-attr]
+
+    # -- helpers -----------------------------------------------------------------------
+    def sampled(self, step_n: int | None) -> bool:
+        """Whether step `step_n`'s spans are exported (OTEL_TRAIN_STEP_SAMPLE); metrics see every step."""
+        return step_n is None or self.step_sample == 1 or step_n % self.step_sample == 0
+
+    def _build(self, name: str, trace_id: int, span_id: int, parent_id: int | None, parent_remote: bool,
+               wire: tuple[Any, ...], attrs: dict[str, Any], events: Any, links: Any) -> Any:
+        """A `ReadableSpan`, or in lean mode the plain tuple `otlp.LeanEncoder` encodes."""
+        if wire[W_TRUNC]:
+            attrs[semconv.TRUNCATED] = True
+        error = wire[W_ERROR]
+        if error:
+            attrs[semconv.ERROR_TYPE] = error
+        link_ids = self._link_ids(links)
+        if self.encoder is not None:
+            return (name, trace_id, span_id, parent_id, parent_remote, wire[W_T0], wire[W_T1], attrs,
+                    [(n, t, self.cleaner.clean(n, a)) for n, t, a in events] if events else None,
+                    link_ids, StatusCode.ERROR.value if error else 0, error)
+        return ReadableSpan(
+            name=name,
+            context=SpanContext(trace_id, span_id, False, _SAMPLED),
+            parent=SpanContext(trace_id, parent_id, parent_remote, _SAMPLED) if parent_id else None,
+            resource=self.resource,
+            attributes=attrs,
+            events=[Event(n, self.cleaner.clean(n, a), t) for n, t, a in events] if events else (),
+            links=[Link(SpanContext(t, s, True, _SAMPLED)) for t, s in link_ids],
+            kind=SpanKind.INTERNAL,
+            status=Status(StatusCode.ERROR, error) if error else Status(StatusCode.UNSET),
+            start_time=wire[W_T0],
+            end_time=wire[W_T1],
+            instrumentation_scope=self.scope,
+        )
+
+    def _link_ids(self, carriers: Any) -> list[tuple[int, int]]:
+        if not carriers:
+            return []
+        links = []
+        for carrier in carriers:
+            ids = parse_traceparent(carrier)
+            if ids is None:
+                _log.warning("otel_train: link(%r) is not a W3C trace context (a dict with 'traceparent' "
+                             "as made by otel_train.inject()); it is ignored.", carrier)
+                continue
+            links.append(ids)
+        return links
+
+    def _observe_durations(self, durations: Mapping[str, list[int]]) -> None:
+        """The host durations of a batch's fast regions, by name, into their metric windows."""
+        for name, durations_ns in durations.items():
+            try:
+                bounds, windows = self._windows[name]
+            except KeyError:
+                bounds, windows = self._windows[name] = (self.metrics.span_windows(name) if self.metrics is not None
+                                                         else ((), []))
+            if windows:
+                seconds = [ns / 1e9 for ns in durations_ns]
+                buckets = Counter(map(bisect_left, repeat(bounds), seconds))
+                for window in windows:
+                    window.add_all(buckets, seconds)

@@ -1,0 +1,108 @@
+"""Steps held until the next one: what a step's own time is, and the notes that join it late.
+
+A step span is held until the next step's record arrives, for three reasons: tags and events
+recorded after it ended (`otel_train.tag("checkpoint")` after the loop body) still reach it;
+the checkpoint, eval and GC spans that follow it (its siblings) are known by then; and its own
+time (`train.step.time_s`) runs from the previous step's boundary to its own, less its
+siblings' time. Records arrive in recording order, so a note whose step is not held yet (an
+orphan) waits for it, bounded (`_MAX_ORPHANS`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from otel_train import semconv
+from otel_train.wire.schema import KIND_EVENT, KIND_TAG, W_ATTRS, W_EVENTS, W_SEQ, W_STEP, W_T0
+
+_MAX_ORPHANS = 1024  # tags/events waiting for a step record that may never come
+
+#: The spans that are siblings of steps, never inside one, and the tag each puts on its step.
+SIBLING_TAGS = {semconv.SPAN_CHECKPOINT: semconv.TAG_CHECKPOINT, semconv.SPAN_EVAL: semconv.TAG_EVAL,
+                semconv.SPAN_GC: semconv.TAG_GC}
+
+
+class HeldStep:
+    """A step waiting for the next one. `lean`: the encoded `train.epoch` / `train.micro_batches`
+    fields of a usual step (`FastPath.lean_step`), which is emitted without cleaning or
+    re-encoding those while nothing is added to it."""
+
+    __slots__ = ("wire", "tags", "events", "time_s", "lean")
+
+    def __init__(self, wire: tuple[Any, ...], time_s: float, lean: bytes | None = None) -> None:
+        self.wire = wire
+        self.tags: list[str] = list(wire[W_ATTRS].pop(semconv.TRAIN_STEP_TAGS, ()))
+        self.events: list[tuple[str, int, Any]] = list(wire[W_EVENTS] or ())
+        self.time_s = time_s
+        self.lean = lean
+
+
+class StepTimeline:
+    """The held steps, the siblings' time, and the notes still waiting for their step."""
+
+    def __init__(self) -> None:
+        self.held: dict[int, HeldStep] = {}
+        self.orphans: dict[int, list[tuple[int, Any]]] = {}
+        self.siblings: deque[tuple[int, int]] = deque(maxlen=256)
+        self.prev_step_end: int | None = None
+
+    def hold(self, wire: tuple[Any, ...], end: int, lean: bytes | None = None) -> list[HeldStep]:
+        """Hold step `wire`, whose boundary is `end`, until the next step: its own time runs from
+        the previous step's boundary, less its siblings' time; the notes that came before it
+        join it. Returns the steps held before it, now complete, oldest first."""
+        prev = self.prev_step_end
+        start = prev if prev is not None and prev < end else wire[W_T0]
+        own_ns = (end - start) - self.sibling_ns(start, end)
+        self.prev_step_end = end
+        held = HeldStep(wire, max(own_ns, 0) / 1e9, lean)
+        seq = wire[W_SEQ]
+        for kind, payload in self.orphans.pop(seq, ()):
+            (held.tags if kind == KIND_TAG else held.events).append(payload)
+        done = [self.held.pop(earlier) for earlier in [s for s in self.held if s < seq]] if self.held else []
+        self.held[seq] = held
+        return done
+
+    def release_all(self) -> list[HeldStep]:
+        """Every held step, oldest first (at shutdown, or when a caller must see everything now)."""
+        return [self.held.pop(seq) for seq in sorted(self.held)]
+
+    def sibling(self, start: int, end: int) -> None:
+        """A checkpoint, eval or GC span took [start, end]: no step's own time."""
+        self.siblings.append((start, end))
+
+    def tag(self, step_n: int, step_seq: int | None, tag: str) -> None:
+        """Tag step `step_n` (`step_seq`, when known, names it exactly)."""
+        held = self.held.get(step_seq) if step_seq is not None else None
+        if held is None:
+            held = next((h for h in self.held.values() if h.wire[W_STEP] == step_n), None)
+        if held is not None:
+            held.tags.append(tag)
+        elif step_seq is not None:
+            self._orphan(step_seq, KIND_TAG, tag)
+
+    def event(self, step_seq: int, payload: Any) -> None:
+        """An event (`payload`: name, wall ns, attributes) for the step with seq `step_seq`."""
+        held = self.held.get(step_seq)
+        if held is not None:
+            held.events.append(payload)
+        else:
+            self._orphan(step_seq, KIND_EVENT, payload)
+
+    def _orphan(self, step_seq: int, kind: int, payload: Any) -> None:
+        if len(self.orphans) >= _MAX_ORPHANS and step_seq not in self.orphans:
+            self.orphans.pop(next(iter(self.orphans)))
+        self.orphans.setdefault(step_seq, []).append((kind, payload))
+
+    def sibling_ns(self, start: int, end: int) -> int:
+        """The time within [start, end] that checkpoint, eval and GC spans took. A sibling that
+        ended by `start` is forgotten: steps arrive in order, so no later step can overlap it
+        (kept, a long run's 256 of them were summed again at every step)."""
+        siblings = self.siblings
+        if not siblings:
+            return 0
+        if siblings[0][1] <= start:
+            live = [(s0, s1) for s0, s1 in siblings if s1 > start]
+            siblings.clear()
+            siblings.extend(live)
+        return sum(max(0, min(s1, end) - max(s0, start)) for s0, s1 in siblings)

@@ -1,0 +1,378 @@
+"""Device time without synchronisation: events on the current stream, resolved by the worker.
+
+What it does
+------------
+With device timing on (`OTEL_TRAIN_DEVICE_TIMING=auto`, the default), a timed region
+(`train.forward`, `train.backward`, `train.optimizer`, `train.collective`, `train.checkpoint`,
+`train.eval`, any `otel_train.span(..., device_time=True)`) records one device event on the
+current stream when it is entered and one when it is left, and every `train.step` records one
+event when it ends. Recording is all the training thread does: `event.record()`, which only
+enqueues a marker behind the work already queued. The worker thread polls the events with
+`query()` and reads `elapsed_time` only once both have completed; until then the record is
+parked (and everything recorded after it, so a step never overtakes its phases). Then the span
+gets `device.duration_s` (device time between its two events), `device.lag_s` (how long after
+the host dispatched the region the device started it: the queue in front of it) and
+`device.type`; the step's end event becomes the boundary `train.step.time_s` is measured from
+(`export.step_timeline`). No `synchronize()`, `Event.synchronize()`, `.item()` or blocking
+`elapsed_time` is ever called on the training thread.
+
+Which device: the first accelerator the process has initialised (`torch.cuda`, `torch.xpu`,
+then MPS when it holds memory; torch is looked up in `sys.modules`, never imported here), or
+the device an integration names with `use_device(model or tensor or "cuda:0")`. The choice is
+made lazily: while no accelerator is in use, the first regions and every step end look again,
+so `init()` may run before `model.cuda()`. On CPU, work runs synchronously with the host, so
+host durations already are device durations and host step boundaries already are honest:
+no events are recorded and no `device.*` attribute is added (identical numbers would only
+cost bytes), and `train.step.time_s` keeps its host definition. Other accelerators get the
+generic `torch.Event(device, enable_timing=True)` when their backend supports timing.
+
+Events come from a bounded pool and go back to it once read, so a steady state allocates
+none. When the pool is empty (a hung kernel keeps every event pending), new regions get no
+device time (`skipped` counts them); parked records beyond `max_parked`, or parked longer than
+`max_wait_s`, are released without device attributes (`unresolved` counts them) and their
+events wait in a limbo list until they complete. Nothing grows without bound and nothing waits.
+
+Known limits: events are recorded on the *current* stream of the *current* device, so work on
+other streams is timed only as far as the current stream waits for it, and a process driving
+several devices without `set_device` times the current one. Regions are skipped while a CUDA
+graph is being captured.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from otel_train import semconv
+from otel_train.record import recorder as _recorder
+from otel_train.record import span
+from otel_train.record.device_resolver import MAX_PARKED, MAX_WAIT_NS, DeviceResolver
+from otel_train.record.recorder import Region, Step
+
+_log = logging.getLogger("otel_train")
+
+_POOL_SIZE = 4096  # events alive at most (pooled, parked, in limbo or the reference)
+_REGION_PROBES = 64  # regions that look for an accelerator before steps alone keep looking
+
+
+class DeviceEvent(Protocol):
+    """The event API the resolver needs; torch.cuda/xpu/mps.Event and torch.Event have it."""
+
+    def record(self) -> None: ...
+
+    def query(self) -> bool: ...
+
+    def elapsed_time(self, end_event: Any) -> float: ...
+
+
+EventFactory = Callable[[], DeviceEvent]
+
+
+# --- event factories ---------------------------------------------------------------
+def torch_events(device_type: str, index: int | None = None) -> tuple[EventFactory, Callable[[], bool] | None] | None:
+    """(factory, skip_if) for timing events on `device_type`, or None when it has none."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    if device_type == "cuda":
+        if not torch.cuda.is_available():
+            return None
+        event_cls = torch.cuda.Event
+        return (lambda: event_cls(enable_timing=True)), torch.cuda.is_current_stream_capturing
+    if device_type == "xpu":
+        if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
+            return None
+        event_cls = torch.xpu.Event
+        return (lambda: event_cls(enable_timing=True)), None
+    if device_type == "mps":
+        event_cls = torch.mps.event.Event
+        return (lambda: event_cls(enable_timing=True)), None
+    if device_type in ("cpu", "meta") or not hasattr(torch, "Event"):
+        return None
+    device = torch.device(device_type, index) if index is not None else torch.device(device_type)
+    try:
+        probe = torch.Event(device=device, enable_timing=True)
+        del probe
+    except Exception as err:  # noqa: BLE001 - a backend without timing events
+        _log.info("otel_train: %s has no timing events (%s); its spans carry host time only.", device_type, err)
+        return None
+    generic = torch.Event
+    return (lambda: generic(device=device, enable_timing=True)), None
+
+
+class EventPool:
+    """A bounded free list of timing events; `take` records one on the current stream."""
+
+    __slots__ = ("factory", "size", "free", "created", "skipped", "skip_if", "failed")
+
+    def __init__(self, factory: EventFactory, size: int = _POOL_SIZE,
+                 skip_if: Callable[[], bool] | None = None) -> None:
+        self.factory = factory
+        self.size = size
+        self.free: list[DeviceEvent] = []  # list.pop/append are atomic: no lock between threads
+        self.created = 0
+        self.skipped = 0
+        self.skip_if = skip_if
+        self.failed = False
+
+    def take(self) -> DeviceEvent | None:
+        """An event recorded on the current stream now, or None (pool empty, capture, error)."""
+        skip_if = self.skip_if
+        if skip_if is not None and skip_if():
+            self.skipped += 1
+            return None
+        try:
+            event = self.free.pop()
+        except IndexError:
+            if self.created >= self.size or self.failed:
+                self.skipped += 1
+                return None
+            self.created += 1
+            try:
+                event = self.factory()
+            except Exception as err:  # noqa: BLE001 - never raise into the training loop
+                self._fail(err)
+                return None
+        try:
+            event.record()
+        except Exception as err:  # noqa: BLE001
+            self._fail(err)
+            return None
+        return event
+
+    def give(self, event: DeviceEvent) -> None:
+        if not self.failed:
+            self.free.append(event)
+
+    def _fail(self, err: Exception) -> None:
+        self.skipped += 1
+        if not self.failed:
+            self.failed = True
+            self.free.clear()  # with nothing to pop and nothing given back, `take` stops recording
+            _log.warning("otel_train: recording a device event failed (%s); device timing is off from here.", err)
+
+
+# --- per-process state ------------------------------------------------------------
+class DeviceTiming:
+    """Which device is timed and with what events; the hot path sees only its pool."""
+
+    def __init__(self, pool_size: int = _POOL_SIZE) -> None:
+        self.pool_size = pool_size
+        self.pool: EventPool | None = None
+        self.device_type: str | None = None
+        self.settled = False  # an explicit choice (or an accelerator) was made: stop probing
+        self.built: bool | None = None  # this torch build has an accelerator (known at the first probe)
+        self.region_probes = _REGION_PROBES
+        self.dropped: deque[DeviceEvent] = deque()  # events of abandoned regions (training thread)
+        self.recorder: _recorder.Recorder | None = None  # whose `step_end` this is (`install`)
+
+    @property
+    def skipped(self) -> int:
+        return self.pool.skipped if self.pool is not None else 0
+
+    def use(self, factory: EventFactory, device_type: str, skip_if: Callable[[], bool] | None = None) -> None:
+        """Time with events from `factory` (integrations with their own events, and tests)."""
+        global _pool
+        self.pool = EventPool(factory, self.pool_size, skip_if)
+        self.device_type = device_type
+        self.settled = True
+        if _timing is self:
+            _pool = self.pool
+            _publish()
+
+    def use_device(self, where: Any) -> bool:
+        """Time the device `where` lives on (a module, tensor, torch.device or string)."""
+        device_type, index = _device_of(where)
+        if device_type is None:
+            return False
+        if self.settled and self.device_type == device_type:
+            return True
+        events = torch_events(device_type, index)
+        if events is None:
+            # CPU (or no timing events): host time is the truth; stop looking.
+            self.settled = True
+            if _timing is self:
+                _publish()
+            return False
+        self.use(events[0], device_type, events[1])
+        return True
+
+    def probe(self) -> bool:
+        """Look for an accelerator the process has initialised; True once one is timed."""
+        if self.settled:
+            return self.pool is not None
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return False
+        try:
+            if self.built is None:
+                self.built = _accelerator_built(torch)
+            if not self.built:
+                # A CPU-only build: nothing can ever be timed; stop paying for the look each step.
+                self.settled = True
+                if _timing is self:
+                    _publish()
+                return False
+            if torch.cuda.is_initialized():
+                return self.use_device("cuda")
+            xpu = getattr(torch, "xpu", None)
+            if xpu is not None and xpu.is_initialized():
+                return self.use_device("xpu")
+            if torch.backends.mps.is_available() and torch.mps.current_allocated_memory() > 0:
+                return self.use_device("mps")
+        except Exception as err:  # noqa: BLE001 - an odd build; never raise into training
+            _log.debug("otel_train: device probe failed: %s", err)
+            self.settled = True
+            if _timing is self:
+                _publish()
+        return False
+
+    def region_probe(self) -> bool:
+        """A region looking for the device (only the first `_REGION_PROBES` do)."""
+        if self.settled or self.region_probes <= 0:
+            return False
+        self.region_probes -= 1
+        if self.probe():
+            return True
+        if self.region_probes <= 0 and _timing is self:
+            _publish()  # steps keep looking; regions stop paying for it
+        return False
+
+    def on_step_end(self, step: Step) -> None:
+        """`Recorder.step_end` hook: the step's end event, its device-synchronised boundary."""
+        pool = self.pool
+        if pool is None:
+            if self.settled or not self.probe():
+                return
+            pool = self.pool
+        step.dev = pool.take()  # type: ignore[union-attr]
+
+
+def _accelerator_built(torch: Any) -> bool:
+    """Whether this torch build has any accelerator `probe` looks for (compile-time facts)."""
+    xpu = getattr(torch, "xpu", None)
+    return bool(torch.backends.cuda.is_built() or torch.backends.mps.is_built()
+                or (xpu is not None and getattr(xpu, "_is_compiled", lambda: True)()))
+
+
+def _device_of(where: Any) -> tuple[str | None, int | None]:
+    if isinstance(where, str):
+        kind, _, index = where.partition(":")
+        return kind, int(index) if index.isdigit() else None
+    device = getattr(where, "device", None)
+    if device is None and hasattr(where, "parameters"):  # an nn.Module: its first parameter
+        for param in where.parameters():
+            device = param.device
+            break
+    if device is None and hasattr(where, "type"):
+        device = where
+    if device is None:
+        return None, None
+    return device.type, device.index
+
+
+# --- the hot path -----------------------------------------------------------------
+_timing: DeviceTiming | None = None
+_pool: EventPool | None = None  # read by `_DeviceRegion`; None until a device is chosen
+
+
+class _DeviceRegion(Region):
+    """A region that also records device events at entry and exit (cheap: `record()` only).
+
+    `timed` says whether this one asks for device time: `device_time=` when given, else
+    whether its name is one of `semconv.DEVICE_TIMED_SPANS`.
+    """
+
+    # `ev1`: its end event. The pure-Python region has that slot already, so that a region made
+    # as `Region` can become this class in place (`recorder._py_retarget`).
+    __slots__ = () if hasattr(Region, "ev1") else ("ev1",)
+
+    def __init__(self, name: str, *, device_time: bool | None = None, **attrs: Any) -> None:
+        self.name = name
+        self.attrs = attrs
+        self.events = self.dev = None  # as `Region.__init__`, without its extra call
+        self.timed = name in _DEVICE_TIMED if device_time is None else device_time
+
+    def drop_events(self) -> None:
+        """`direct.abandon`: the region will never be recorded; its start event goes back."""
+        event = getattr(self, "dev", None)
+        if event is not None:
+            self.dev = None
+            timing = _timing
+            if timing is not None:
+                timing.dropped.append(event)  # the worker returns it once complete
+
+    def __enter__(self) -> _DeviceRegion:
+        Region.__enter__(self)  # reads t0 before the event is recorded (the anchor relies on it)
+        if self.timed and self.rec is not None:
+            pool = _pool
+            if pool is None:
+                timing = _timing
+                if timing is None or not timing.region_probe():
+                    self.dev = None
+                    return self
+                pool = _pool
+            self.dev = pool.take()  # type: ignore[union-attr]
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self.timed and self.rec is not None and self.dev is not None:
+            pool = _pool
+            # Recorded before the record is appended: the worker must never see half of it.
+            self.ev1 = pool.take() if pool is not None else None
+        Region.__exit__(self, exc_type, exc, tb)
+
+
+_DEVICE_TIMED = frozenset(semconv.DEVICE_TIMED_SPANS)
+
+
+def _publish() -> None:
+    """Tell `otel_train.span` (and functions decorated with it) which regions to make now.
+
+    `_DeviceRegion` while a device is timed or the first regions may still find one; the
+    plain `Region` otherwise, so a CPU-only run pays nothing for device timing (`span.py`).
+    Likewise the recorder's `step_end` hook: none once no device can be timed (a Python call a
+    step saved).
+    """
+    timing = _timing
+    if timing is not None and timing.recorder is not None:
+        timing.recorder.step_end = timing.on_step_end if timing.pool is not None or not timing.settled else None
+    wanted = timing is not None and (timing.pool is not None or
+                                     (not timing.settled and timing.region_probes > 0))
+    cls = _DeviceRegion if wanted else None
+    if span.device_region() is not cls:
+        span.set_device_region(cls)
+
+
+def use_device(where: Any) -> None:
+    """Tell device timing where the model lives (a module, tensor, torch.device or "cuda:0")."""
+    timing = _timing
+    if timing is not None:
+        timing.use_device(where)
+
+
+def active() -> DeviceTiming | None:
+    return _timing
+
+
+def install(recorder: _recorder.Recorder, pool_size: int = _POOL_SIZE, max_parked: int = MAX_PARKED,
+            max_wait_s: float = MAX_WAIT_NS / 1e9) -> DeviceResolver:
+    """Turn device timing on for `recorder`; returns the Worker's `resolve` hook."""
+    global _timing, _pool
+    timing = DeviceTiming(pool_size)
+    _timing, _pool = timing, None
+    timing.recorder = recorder
+    recorder.step_end = timing.on_step_end
+    if not timing.probe():
+        _publish()
+    return DeviceResolver(timing, recorder.clock, max_parked, int(max_wait_s * 1e9))
+
+
+def uninstall() -> None:
+    """Turn device timing off (shutdown, or a forked child, which must not touch the parent's events)."""
+    global _timing, _pool
+    _timing, _pool = None, None
+    _publish()

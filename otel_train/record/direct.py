@@ -1,0 +1,65 @@
+"""Recording from hooks: what automatic detection does where a `with` block cannot be used.
+
+A hook often learns what a region was only once it is over (a batch fetch turns out to feed
+an evaluation; a GC pause is measured by two callbacks), opens a step in one hook and closes it
+in another, or finds that a region it entered was not what it seemed. These functions do that
+with the recorder's own records: not the public API (`otel_train.span` / `step` are).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from otel_train.record import recorder
+from otel_train.record.recorder import Recorder, Region, Step, close_step
+from otel_train.wire.schema import KIND_SPAN, NO_STEP
+
+
+def begin_step(n: int | None = None, epoch: int | None = None, attrs: dict[str, Any] | None = None,
+               t0: int | None = None) -> Step | None:
+    """Open a step without a `with` block; `t0` (perf ns) backdates it to the previous boundary."""
+    step = Step(n, epoch, attrs)
+    step.__enter__()
+    if step.rec is None:
+        return None
+    if t0 is not None:
+        step.t0 = t0
+    return step
+
+
+def end_step(t1: int | None = None) -> Step | None:
+    """Close the open step (if any) and return it; `t1` (perf ns) sets its end, default now."""
+    r = recorder._rec
+    if r is None or not isinstance(r.step, Step):
+        return None
+    step = r.step
+    close_step(r, step, r.now() if t1 is None else t1, None)
+    return step
+
+
+def record(r: Recorder, name: str, attrs: dict[str, Any] | None, t0: int, t1: int,
+           parent: Region | None = None) -> None:
+    """Append a region that already happened (`t0`..`t1`, perf ns) to recorder `r` (the one in
+    force: the caller has it at hand), in the open step or the one just ended."""
+    # `_parent_seq` and `_step_ref` written out: automatic detection calls this for every batch
+    # fetch, and two calls fewer are ~4 a step.
+    step = r.step
+    r.append((KIND_SPAN, name, next(recorder.seq), parent.seq if parent is not None and parent.rec is r else None,
+              step.ref if step is not None else NO_STEP, t0, t1, attrs or None, None, None))
+
+
+def abandon(region: Region) -> None:
+    """Leave an entered region without recording it (detection found it was not what it seemed)."""
+    if getattr(region, "rec", None) is None or hasattr(region, "t1"):
+        return
+    drop = getattr(region, "drop_events", None)  # a device region hands its start event back
+    if drop is not None:
+        drop()
+    hotpath = recorder._hotpath
+    if hotpath is not None and isinstance(region, hotpath.Region):
+        hotpath.leave(region)
+        return
+    try:
+        recorder._current.reset(region.token)
+    except ValueError:  # left in another context
+        recorder._current.set(region.parent)

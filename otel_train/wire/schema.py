@@ -1,0 +1,108 @@
+"""The record schema: what the training process hands the export side, in each of its forms.
+
+Both sides import this module, and neither imports the other: the exporter process never
+loads the training hot path (`otel_train.record`), and the hot path never loads the SDK.
+
+A record leaves the hot path in one of three forms:
+
+- a **hot-path tuple**, appended by a region's or step's exit (`record.recorder`, the C
+  `_hotpath`). Plain values only, so the garbage collector never tracks a buffered record:
+
+      region: (KIND_SPAN, name, seq, parent_seq, (step_n, step_seq), t0, t1, attrs, exc, events)
+      step:   (KIND_STEP, seq, n, t0, t1, attrs, epoch, micro_batches, tags, events, links, exc)
+      notes:  (KIND_TAG, (step_n, step_seq), tag)
+              (KIND_EVENT, (step_n, step_seq), (name, t, attrs))
+
+  Times are perf-counter ns; `exc` the exception class (its name, once pickled), or
+  `Truncated`; `events` a list of (name, t, attrs); `(step_n, step_seq)` is the step a region
+  ran in (`NO_STEP` before the first, step_seq None between steps).
+- a **slot** of the packed ring: the usual region's numbers and string indices in a fixed-size
+  C struct (`wire/slots.h`), unpacked into the same region tuple.
+- a **wire tuple** (`tuple_to_wire`, fields `W_*`), with wall-clock times: what the worker
+  sends for a record it had to convert (device time, force-ended at shutdown), and what the span
+  assembler's general path reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from otel_train import semconv
+
+# Record kinds (the first field of every form).
+KIND_SPAN = 0
+KIND_STEP = 1
+KIND_TAG = 2  # a tag for a step that has already ended (checkpoint after step N)
+KIND_EVENT = 3  # an event for a step that has already ended
+
+#: The step reference of a region recorded before the first step.
+NO_STEP = (None, None)
+
+
+class Truncated:
+    """Put in a record's `exc` when shutdown force-ends it: the span gets `otel_train.truncated`."""
+
+
+# The wire tuple's fields: kind, name, seq, parent_seq, step_n, step_seq, t0_wall_ns, t1_wall_ns,
+# attrs, events [(name, wall_ns, attrs)], links [carrier], error (type name), truncated, dev.
+W_KIND, W_NAME, W_SEQ, W_PARENT, W_STEP, W_STEP_SEQ, W_T0, W_T1, W_ATTRS, W_EVENTS, W_LINKS, \
+    W_ERROR, W_TRUNC, W_DEV = range(14)
+
+
+def wall_events(events: list[tuple[str, int, Any]] | None, offset: int) -> list[tuple[str, int, Any]] | None:
+    """A record's events with their times moved to the wall clock (`offset`: wall - perf ns)."""
+    if not events:
+        return None
+    return [(name, t + offset, attrs) for name, t, attrs in events]
+
+
+def error_of(exc: Any) -> tuple[str | None, bool]:
+    """(exception type name or None, truncated?) from a record's `exc`."""
+    if exc is None:
+        return None, False
+    if exc is Truncated:
+        return None, True
+    if isinstance(exc, str):  # the exception class's name, as the exporter process receives it
+        return exc, False
+    return exc.__name__, False
+
+
+def step_wire_attrs(attrs: Any, epoch: Any, micro_batches: int, tags: Any = None) -> dict[str, Any]:
+    """A step's wire attributes: its user attributes, then epoch, micro-batch count and tags."""
+    out = dict(attrs) if attrs else {}
+    if epoch is not None:
+        out[semconv.TRAIN_EPOCH] = epoch
+    if micro_batches:
+        out[semconv.TRAIN_MICRO_BATCHES] = micro_batches
+    if tags:
+        out[semconv.TRAIN_STEP_TAGS] = [*tags]
+    return out
+
+
+def step_wire(seq: int, n: int, t0: int, t1: int, attrs: Any, epoch: Any, micro_batches: int, tags: Any,
+              events: Any, links: Any, exc: Any, dev: Any, offset: int) -> tuple[Any, ...]:
+    """A step's wire tuple from its fields (a hot-path step tuple's, and `dev`)."""
+    out = step_wire_attrs(attrs, epoch, micro_batches, tags)
+    error, truncated = error_of(exc)
+    return (KIND_STEP, semconv.SPAN_STEP, seq, None, n, seq, t0 + offset, t1 + offset, out,
+            wall_events(events, offset),
+            [dict(c) if isinstance(c, Mapping) else c for c in links] if links else None, error, truncated, dev)
+
+
+def tuple_to_wire(record: tuple[Any, ...], offset: int) -> tuple[Any, ...]:
+    """One hot-path tuple as a wire tuple; `offset` maps perf ns to wall ns."""
+    kind = record[0]
+    if kind == KIND_SPAN:
+        _, name, seq, parent_seq, (step_n, step_seq), t0, t1, attrs, exc, events = record
+        error, truncated = error_of(exc) if exc is not None else (None, False)
+        return (KIND_SPAN, name, seq, parent_seq, step_n, step_seq, t0 + offset, t1 + offset, attrs or None,
+                wall_events(events, offset), None, error, truncated, None)
+    if kind == KIND_STEP:
+        return step_wire(*record[1:], None, offset)
+    _, (step_n, step_seq), payload = record
+    if kind == KIND_TAG:
+        return (KIND_TAG, payload, 0, None, step_n, step_seq, 0, 0, None, None, None, None, False, None)
+    name, t, attrs = payload
+    return (KIND_EVENT, name, 0, None, step_n, step_seq, t + offset, t + offset, attrs, None, None, None, False,
+            None)

@@ -1,0 +1,107 @@
+"""A fake asynchronous accelerator for device-timing tests: one stream, scripted, no sleeping.
+
+The host clock is a `FakeClock`. `launch(ns)` enqueues work the way a kernel launch does:
+it returns at once and the stream runs the work after whatever is already queued. An event
+recorded on the stream completes when the stream reaches it. Nothing moves by itself: the
+test advances the clock, or the simulated training code synchronises (`wait_until`, `drain`:
+what `loss.item()` or a device-to-host copy does in a real loop).
+
+Every call on every event is logged with the calling thread, and every synchronising call
+(`synchronize()`, or `elapsed_time` before both events completed, which would block on a real
+device) is counted in `syncs`, so a test can assert the training thread only ever called
+`record()` and nothing ever synchronised.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections import Counter
+
+from otel_train.record.clock import FakeClock
+
+MS = 1_000_000
+NEVER = float("inf")
+
+
+def _f32(value: float) -> float:
+    # cudaEventElapsedTime returns a float32 of milliseconds.
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+class FakeDevice:
+    def __init__(self, clock: FakeClock, launch_latency_ns: int = 0) -> None:
+        self.clock = clock
+        self.latency = launch_latency_ns
+        self.busy_until: float = clock.now_ns
+        self.hung = False
+        self.syncs: list[tuple[str, str]] = []  # (thread name, what)
+        self.calls: Counter[tuple[int, str]] = Counter()  # (thread ident, method) -> count
+        self.created = 0
+        self.errors = False
+
+    # -- what the simulated training code does --------------------------------------------
+    def launch(self, ns: int) -> float:
+        """Enqueue `ns` of device work now; returns when (host clock) it will be done."""
+        start = max(self.clock.now_ns + self.latency, self.busy_until)
+        self.busy_until = NEVER if self.hung else start + ns
+        return self.busy_until
+
+    def wait_until(self, t: float) -> None:
+        """The training code blocks until host time `t` (its own sync: `.item()`, a D2H copy)."""
+        assert t != NEVER, "the scenario waits on a hung device"
+        self.clock.now_ns = max(self.clock.now_ns, int(t))
+
+    def drain(self) -> None:
+        self.wait_until(self.busy_until)
+
+    def hang(self) -> None:
+        """Every event recorded from now on never completes (a hung kernel)."""
+        self.hung = True
+        self.busy_until = NEVER
+
+    # -- the event factory handed to device timing ----------------------------------------
+    def event(self) -> FakeEvent:
+        self.created += 1
+        return FakeEvent(self)
+
+    def calls_on(self, thread_ident: int) -> dict[str, int]:
+        return {method: n for (ident, method), n in self.calls.items() if ident == thread_ident}
+
+    def _log(self, method: str) -> None:
+        self.calls[(threading.get_ident(), method)] += 1
+
+
+class FakeEvent:
+    def __init__(self, device: FakeDevice) -> None:
+        self.device = device
+        self.done_at: float | None = None
+
+    def record(self) -> None:
+        dev = self.device
+        dev._log("record")
+        self.done_at = max(dev.clock.now_ns + dev.latency, dev.busy_until)
+        dev.busy_until = self.done_at
+
+    def query(self) -> bool:
+        dev = self.device
+        dev._log("query")
+        if dev.errors:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return self.done_at is not None and dev.clock.now_ns >= self.done_at
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        dev = self.device
+        dev._log("elapsed_time")
+        now = dev.clock.now_ns
+        if self.done_at is None or end.done_at is None or now < self.done_at or now < end.done_at:
+            dev.syncs.append((threading.current_thread().name, "elapsed_time before completion"))
+            raise RuntimeError("CUDA error: device not ready")
+        return _f32((end.done_at - self.done_at) / MS)
+
+    def synchronize(self) -> None:
+        dev = self.device
+        dev._log("synchronize")
+        dev.syncs.append((threading.current_thread().name, "Event.synchronize"))
+        if self.done_at is not None:
+            dev.wait_until(self.done_at)
