@@ -5,6 +5,9 @@
                               [--targets-only] [--block-steps N]
                                            what instrumentation costs, against a baseline in the same run
     otel-train bench device [--steps N]    device timing: synchronisations added, device vs profiler time
+    otel-train diagnose PATH [--json]      stragglers, clock skew, slow steps, goodput (otel_train.analyze)
+    otel-train report PATH [-o FILE]       a self-contained HTML report of a run
+    otel-train export --format perfetto PATH [-o FILE]   Chrome trace JSON for Perfetto
 """
 
 from __future__ import annotations
@@ -12,6 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+
+from otel_train.analyze.commands import COMMANDS as ANALYSIS_COMMANDS
+from otel_train.analyze.commands import add_commands, run_command
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
                                "judged by group of 200 steps (--rounds groups; no --block-steps)")
     device = bench_sub.add_parser("device", help="device timing: synchronisations and device durations")
     device.add_argument("--steps", type=int, default=50, help="training steps per variant (default 50)")
+    add_commands(sub)  # diagnose, report, export (otel_train.analyze)
     return parser
 
 
@@ -66,6 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from otel_train.run import main as run_main
         return run_main(argv[1:])
     args = parser.parse_args(argv)
+    if args.command in ANALYSIS_COMMANDS:
+        return run_command(args)
     if args.command == "bench" and args.bench == "overhead":
         from otel_train._bench import run_overhead
         if args.rounds < 3:

@@ -1,0 +1,109 @@
+"""The analysis subcommands of `otel-train`: `diagnose`, `report`, `export`.
+
+    otel-train diagnose PATH [--json]                  stragglers, clock skew, slow steps, goodput
+    otel-train report PATH [-o report.html]            one self-contained HTML page
+    otel-train export --format perfetto PATH [-o trace.json]   Chrome trace JSON (Perfetto, chrome://tracing)
+
+PATH: a run directory of the embedded default (`./otel-train/<run id>/`), its parent, one
+`traces-rank<R>.jsonl`, or an OTLP JSON lines dump (`reader`). `add_commands` registers them on
+the CLI's subparsers; `run_command` runs one and returns the exit status (2 for bad input, with
+one message on stderr naming the problem and what is accepted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+COMMANDS = ("diagnose", "report", "export")
+FORMATS = ("perfetto",)
+
+
+def add_commands(sub: Any) -> None:
+    """Register the subcommands on `sub` (an `argparse` subparsers object)."""
+    path_help = ("a run directory (./otel-train/<run id>/), its parent (the latest run is read), one "
+                 "traces-rank<R>.jsonl, or an OTLP JSON lines dump")
+    diag = sub.add_parser("diagnose", help="stragglers, clock skew, slow steps and goodput of a run",
+                          description="Read a run's trace files and say where the time went.")
+    diag.add_argument("path", help=path_help)
+    diag.add_argument("--json", action="store_true", help="print JSON instead of text")
+    report = sub.add_parser("report", help="one self-contained HTML page of a run (timeline, phases, goodput)",
+                            description="Write an HTML report: verdict, Gantt of steps x ranks, phase chart, "
+                                        "goodput. No network needed to view it.")
+    report.add_argument("path", help=path_help)
+    report.add_argument("-o", "--output", default="report.html", help="the HTML file to write (default report.html)")
+    export = sub.add_parser("export", help="convert a run's spans for other viewers (Perfetto)",
+                            description="Convert a run's spans: --format perfetto writes Chrome Trace Event "
+                                        "JSON that ui.perfetto.dev and chrome://tracing open.")
+    export.add_argument("path", help=path_help)
+    export.add_argument("--format", required=True, help="output format: perfetto")
+    export.add_argument("-o", "--output", default=None, help="the file to write (default trace.json)")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the parsed subcommand; return its exit status."""
+    from otel_train.analyze.reader import InputError
+
+    try:
+        if args.command == "diagnose":
+            return _diagnose(args)
+        if args.command == "report":
+            return _report(args)
+        if args.command == "export":
+            return _export(args)
+    except InputError as e:
+        print(f"otel-train {args.command}: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"otel-train {args.command}: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    raise ValueError(f"not an analysis command: {args.command!r}")
+
+
+def _note(d: Any) -> None:
+    if d.note:
+        print(f"otel-train: {d.note}", file=sys.stderr)
+
+
+def _diagnose(args: argparse.Namespace) -> int:
+    from otel_train.analyze.diagnose import analyse, to_json
+    from otel_train.analyze.text import render
+
+    d = analyse(args.path)
+    _note(d)
+    if args.json:
+        json.dump(to_json(d), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render(d))
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from otel_train.analyze.diagnose import analyse
+    from otel_train.analyze.report import write_report
+
+    d = analyse(args.path)
+    _note(d)
+    size = write_report(d, args.output)
+    print(f"otel-train report: wrote {args.output} ({size / 1024:.0f} KiB): {d.headline}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from otel_train.analyze.reader import InputError
+
+    if args.format not in FORMATS:
+        raise InputError(f"--format {args.format!r} is not a known format; use one of: {', '.join(FORMATS)}")
+    from otel_train.analyze.diagnose import analyse
+    from otel_train.analyze.perfetto import write_trace
+
+    d = analyse(args.path)
+    _note(d)
+    out = args.output or "trace.json"
+    events = write_trace(d, out)
+    print(f"otel-train export: wrote {out} ({events} trace events); open it in https://ui.perfetto.dev "
+          f"or chrome://tracing")
+    return 0
