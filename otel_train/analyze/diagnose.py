@@ -114,8 +114,8 @@ def to_json(d: Diagnosis) -> dict[str, Any]:
         "last_step": d.steps[-1] if d.steps else None, "spans": d.spans, "unreadable_lines": d.bad_lines,
         "headline": d.headline,
         "balanced": d.ranks_verdict.balanced,
-        "stragglers": [asdict(x) | {"lost_s": x.lost_ns * s} for x in d.ranks_verdict.stragglers],
-        "occasional_stragglers": [asdict(x) | {"lost_s": x.lost_ns * s} for x in d.ranks_verdict.occasional],
+        "stragglers": [_seconds(asdict(x)) for x in d.ranks_verdict.stragglers],
+        "occasional_stragglers": [_seconds(asdict(x)) for x in d.ranks_verdict.occasional],
         "step_time_by_rank_s": {str(r): v * s for r, v in d.ranks_verdict.per_rank_median_ns.items()},
         "clock_skew": {"reference_rank": d.skew.reference, "source": d.skew.source,
                        "steps_used": d.skew.steps_used, "residual_s": d.skew.residual_ns * s,
@@ -124,8 +124,7 @@ def to_json(d: Diagnosis) -> dict[str, Any]:
         "per_step": [{"step": x.step, "ranks": x.ranks, "min_s": x.min_ns * s, "median_s": x.median_ns * s,
                       "max_s": x.max_ns * s, "min_rank": x.min_rank, "max_rank": x.max_rank,
                       "slow": x.step in set(d.slow_steps),
-                      "stragglers": [{k: (v * s if k.endswith("_ns") else v) for k, v in asdict(st).items()}
-                                     for st in x.stragglers]}
+                      "stragglers": [_seconds(asdict(st)) for st in x.stragglers]}
                      for x in d.step_ranks],
         "slow_steps": d.slow_steps,
         "warmup_steps": sorted(d.warmup),
@@ -138,3 +137,9 @@ def to_json(d: Diagnosis) -> dict[str, Any]:
         "phase_shares": d.shares,
         "pipeline": None if d.pipeline is None else asdict(d.pipeline) | {"line": d.pipeline.line()},
     }
+
+
+def _seconds(fields: dict[str, Any]) -> dict[str, Any]:
+    """`*_ns` fields as `*_s` seconds."""
+    return {(k[:-3] + "_s" if k.endswith("_ns") else k): (v * 1e-9 if k.endswith("_ns") else v)
+            for k, v in fields.items()}
