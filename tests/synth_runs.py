@@ -256,6 +256,66 @@ def _step(plan: Plan, writers: list[_RankWriter], n: int, t: int, rng: random.Ra
     return end
 
 
+#: Pipeline scenarios: (trainer's dispatch wait ms a step, actors' generate ms, actors' idle ms between calls)
+PIPELINES = {
+    "inference-bound": (30.0, 95.0, 5.0),
+    "data-transfer-bound": (30.0, 40.0, 60.0),
+    "training-bound": (0.5, 30.0, 70.0),
+    "balanced": (1.0, 90.0, 10.0),
+}
+
+
+def write_pipeline(kind: str, path: str | os.PathLike[str], steps: int = 40, actors: int = 3) -> None:
+    """One OTLP JSON lines dump (a receiver's view): a trainer whose steps wait in
+    `pipeline.dispatch_wait`, and `actors` inference processes calling `infer.generate`,
+    timed as `PIPELINES[kind]` says, plus their capacity metrics."""
+    wait_ms, gen_ms, idle_ms = PIPELINES[kind]
+    rng = random.Random(1)
+    plan = Plan(ranks=1, run_id=f"pipe-{kind}")
+    trainer = {"service.name": "trainer", "ml.run.id": plan.run_id, "ml.rank": 0, "ml.world_size": 1,
+               "ml.role": "trainer", "ml.restart": 0, "service.instance.id": "trainer-0"}
+    lines = []
+    spans, t = [], T0
+    for n in range(steps):
+        parent = f"{step_span_id(plan.run_id, n, 0):016x}"
+        cur = t
+        for name, d in (("pipeline.dispatch_wait", wait_ms), ("train.forward", 30.0), ("train.backward", 60.0),
+                        ("train.optimizer", 10.0)):
+            spans.append(_raw(plan.run_id, name, n, cur, cur + int(d * MS), parent, rng))
+            cur += int(d * MS)
+        spans.append(_raw(plan.run_id, "train.step", n, t, cur, None, rng, span_id=parent))
+        t = cur
+    lines.append({"resourceSpans": [{"resource": {"attributes": _kv(trainer)}, "scopeSpans": [{"spans": spans}]}]})
+    end = t
+    for a in range(actors):
+        res = {"service.name": "actor", "ml.run.id": plan.run_id, "ml.role": "inference", "ml.rank": a,
+               "service.instance.id": f"actor-{a}"}
+        spans, cur = [], T0 + a * MS
+        while cur < end:
+            g = int(gen_ms * MS)
+            spans.append({**_raw(plan.run_id, "infer.generate", None, cur, cur + g, None, rng),
+                          "traceId": f"{rng.getrandbits(128):032x}"})
+            cur += g + int(idle_ms * MS)
+        lines.append({"resourceSpans": [{"resource": {"attributes": _kv(res)}, "scopeSpans": [{"spans": spans}]}]})
+        util = gen_ms / (gen_ms + idle_ms)
+        lines.append({"resourceMetrics": [{"resource": {"attributes": _kv(res)}, "scopeMetrics": [{"metrics": [
+            {"name": "infer.capacity", "unit": "{sample}/s", "gauge": {"dataPoints": [
+                {"startTimeUnixNano": str(T0), "timeUnixNano": str(end), "asDouble": 8 * 1000 / gen_ms * util}]}}]}]}]})
+    with open(path, "w", encoding="utf-8") as f:
+        for doc in lines:
+            f.write(json.dumps(doc) + "\n")
+
+
+def _raw(run_id: str, name: str, step: int | None, t0: int, t1: int, parent: str | None, rng: random.Random,
+         span_id: str | None = None) -> dict[str, Any]:
+    s: dict[str, Any] = {"traceId": f"{trace_id_for(run_id, step):032x}", "spanId": span_id or f"{rng.getrandbits(64):016x}",
+                         "name": name, "startTimeUnixNano": str(t0), "endTimeUnixNano": str(t1),
+                         "attributes": _kv({"train.step": step} if step is not None else {})}
+    if parent:
+        s["parentSpanId"] = parent
+    return s
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="write a scripted run (for measuring diagnose)")
     parser.add_argument("out")

@@ -267,9 +267,10 @@ def _span(s: dict[str, Any], proc: Process) -> Span | None:
 def iter_metric_points(sources: Sources, stats: Stats | None = None) -> Iterator[MetricPoint]:
     """Every metric data point in `sources` (metric files, and metric lines in a dump)."""
     stats = stats if stats is not None else Stats()
-    paths = list(sources.metrics) + [p for p in sources.traces if not _TRACES_RE.match(p.name)]
-    for path in paths:
-        for doc in _documents(path, stats):
+    dumps = [p for p in sources.traces if not _TRACES_RE.match(p.name)]
+    for path in list(sources.metrics) + dumps:
+        # A dump's lines were counted when its spans were read.
+        for doc in _documents(path, stats if path not in dumps else Stats()):
             for rm in doc.get("resourceMetrics", ()):
                 proc = _process(rm.get("resource", {}))
                 for sm in rm.get("scopeMetrics", ()):

@@ -9,8 +9,9 @@ times barely differ between ranks even when one rank is late: the late rank's de
 2. An occurrence *absorbed a wait* when its ends agree across ranks while its starts do not
    (end spread at most half the start spread): ranks arrived at different times and left
    together. That is a collective, or DDP's backward (its all-reduce completes inside it).
-3. A rank's lateness is how much less than the median rank it spent in those occurrences: the
-   time the others waited for it. The straggler is the rank whose compute ended last.
+3. A rank's lateness is how much less than the other ranks' median it spent in those
+   occurrences: the time the others waited for it. The straggler is the rank whose compute
+   ended last.
 
 A rank is named in a step when its lateness is at least `THRESHOLD` (5 %) of the step's median
 time and above the clock-alignment noise: below 5 % fixing the rank could not speed the step up
@@ -45,7 +46,7 @@ class Straggler:
     """One late rank in one step, with the evidence."""
 
     rank: int
-    late_ns: int  # how long the median rank waited for it
+    late_ns: int  # how long the other ranks (their median) waited for it
     wait_phase: str  # where the others waited
     own_wait_ns: int  # its own time in that phase
     others_wait_ns: int  # the median rank's time there
@@ -106,6 +107,16 @@ def _totals(rs: RankStep) -> dict[str, int]:
     return totals
 
 
+def _median_without(values: list[int], i: int) -> float:
+    """The median of sorted `values` without the item at `i` (the other ranks' median)."""
+    m = len(values) - 1
+
+    def at(j: int) -> int:
+        return values[j] if j < i else values[j + 1]
+
+    return float(at(m // 2)) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2.0
+
+
 def analyse_step(step: int, per: Mapping[int, RankStep], skew: Skew, threshold: float = THRESHOLD
                  ) -> StepRanks:
     """The cross-rank spread of step `step` and its stragglers (`per`: rank -> RankStep)."""
@@ -126,11 +137,11 @@ def analyse_step(step: int, per: Mapping[int, RankStep], skew: Skew, threshold: 
         start_spread, end_spread = max(starts) - min(starts), max(ends) - min(ends)
         if start_spread < floor or end_spread * 2 > start_spread:
             continue  # no wait absorbed here
-        d = {r: occ[r][key][1] - occ[r][key][0] for r in per}
-        m = median(list(d.values()))
-        for r in per:
-            late[r] += int(m - d[r])
-        wait_by_key.append((int(m - min(d.values())), key))
+        ordered = sorted((occ[r][key][1] - occ[r][key][0], r) for r in per)
+        values = [v for v, _ in ordered]
+        for i, (v, r) in enumerate(ordered):
+            late[r] += int(_median_without(values, i) - v)
+        wait_by_key.append((int(_median_without(values, 0) - values[0]), key))
     if not wait_by_key:
         return out
     wait_key = max(wait_by_key)[1]

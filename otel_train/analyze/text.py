@@ -46,7 +46,7 @@ def render(d: Diagnosis) -> str:
             ", ".join(f"{name} {share:.0%}" for name, share in d.shares.items() if share >= 0.005))
     if d.pipeline is not None:
         add("")
-        add("Pipeline: " + d.pipeline.line())
+        add(d.pipeline.line())
     return "\n".join(lines) + "\n"
 
 
