@@ -458,17 +458,24 @@ class SpanAssembler:
             self._siblings.append((s0, s1))
             if step_n is not None:
                 self._add_tag(step_n, step_seq, sibling_tag)
+        remote = False
         if parent_seq is not None:
             parent_id = region_span_id(self.salt, parent_seq)
         elif step_seq is not None and sibling_tag is None:
             parent_id = self._step_span_id(step_n)
+        elif sibling_tag is not None and step_n is not None:
+            # A sibling of its step has the step's parent: rank 0's step span (none on rank 0).
+            # So a step's trace has one root, rank 0's step, whatever the ranks' clocks say;
+            # Jaeger names a trace after its earliest root, and another rank's eval is not it.
+            parent_id = self._root_step_id(step_n)
+            remote = parent_id is not None
         else:
             parent_id = None
         self._observe_span(name, wire, attrs)
         if not self._sampled(step_n):
             return
         out.append(self._build(name, self._trace_id(step_n), region_span_id(self.salt, wire[W_SEQ]),
-                               parent_id, False, wire, attrs, wire[W_EVENTS], None))
+                               parent_id, remote, wire, attrs, wire[W_EVENTS], None))
 
     def _lean_step(self, record: tuple[Any, ...], offset: int, out: list[Any]) -> bool:
         """`_on_step` for a usual step record as the recorder appended it (`_recorder`'s KIND_STEP
