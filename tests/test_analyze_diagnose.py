@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -177,4 +176,3 @@ def test_accepted_formats_are_named_in_errors() -> None:
 def test_to_json_is_plain(tmp_path: Path) -> None:
     write_run(Plan(ranks=2, steps=5), tmp_path)
     json.dumps(to_json(analyse(tmp_path)))
-    shutil.rmtree(tmp_path)
