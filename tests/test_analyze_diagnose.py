@@ -176,3 +176,22 @@ def test_accepted_formats_are_named_in_errors() -> None:
 def test_to_json_is_plain(tmp_path: Path) -> None:
     write_run(Plan(ranks=2, steps=5), tmp_path)
     json.dumps(to_json(analyse(tmp_path)))
+
+
+def test_a_receivers_dump_is_read(fresh_receiver, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    """Two real runs exported over OTLP to the suite's receiver, dumped as OTLP JSON lines."""
+    from procs import REPO, run_python
+
+    for run_id, steps in (("dump-a", "12"), ("dump-b", "3")):
+        run_python(script=REPO / "examples" / "quickstart.py", args=["--steps", steps], cwd=tmp_path,
+                   env={"OTEL_EXPORTER_OTLP_ENDPOINT": fresh_receiver.grpc_endpoint, "OTEL_TRAIN_RUN_ID": run_id})
+    assert not (tmp_path / "otel-train").exists()  # everything went to the receiver
+    assert fresh_receiver.dump_jsonl(str(tmp_path / "all.jsonl")) >= 4
+    assert main(["diagnose", str(tmp_path / "all.jsonl")]) == 2
+    assert "holds 2 runs (dump-a, dump-b); name one with --run" in capsys.readouterr().err
+    d = analyse(tmp_path / "all.jsonl", run_id="dump-a")
+    assert d.run_id == "dump-a" and d.steps == list(range(12))
+    assert {rs.step for per in d.data.by_step().values() for rs in per.values() if "eval" in rs.tags} == {9}
+    assert d.goodput.startup_from == "init" and d.goodput.totals["eval"] > 0
+    fresh_receiver.dump_jsonl(str(tmp_path / "b.jsonl"), run_id="dump-b")
+    assert analyse(tmp_path / "b.jsonl").steps == [0, 1, 2]

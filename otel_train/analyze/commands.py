@@ -28,16 +28,20 @@ def add_commands(sub: Any) -> None:
     diag = sub.add_parser("diagnose", help="stragglers, clock skew, slow steps and goodput of a run",
                           description="Read a run's trace files and say where the time went.")
     diag.add_argument("path", help=path_help)
+    run_help = "the run to read when PATH holds several (a receiver's dump): its ml.run.id"
+    diag.add_argument("--run", help=run_help)
     diag.add_argument("--json", action="store_true", help="print JSON instead of text")
     report = sub.add_parser("report", help="one self-contained HTML page of a run (timeline, phases, goodput)",
                             description="Write an HTML report: verdict, Gantt of steps x ranks, phase chart, "
                                         "goodput. No network needed to view it.")
     report.add_argument("path", help=path_help)
+    report.add_argument("--run", help=run_help)
     report.add_argument("-o", "--output", default="report.html", help="the HTML file to write (default report.html)")
     export = sub.add_parser("export", help="convert a run's spans for other viewers (Perfetto)",
                             description="Convert a run's spans: --format perfetto writes Chrome Trace Event "
                                         "JSON that ui.perfetto.dev and chrome://tracing open.")
     export.add_argument("path", help=path_help)
+    export.add_argument("--run", help=run_help)
     export.add_argument("--format", required=True, help="output format: perfetto")
     export.add_argument("-o", "--output", default=None, help="the file to write (default trace.json)")
 
@@ -71,7 +75,7 @@ def _diagnose(args: argparse.Namespace) -> int:
     from otel_train.analyze.diagnose import analyse, to_json
     from otel_train.analyze.text import render
 
-    d = analyse(args.path)
+    d = analyse(args.path, run_id=args.run)
     _note(d)
     if args.json:
         json.dump(to_json(d), sys.stdout, indent=1)
@@ -85,7 +89,7 @@ def _report(args: argparse.Namespace) -> int:
     from otel_train.analyze.diagnose import analyse
     from otel_train.analyze.report import write_report
 
-    d = analyse(args.path)
+    d = analyse(args.path, run_id=args.run)
     _note(d)
     size = write_report(d, args.output)
     print(f"otel-train report: wrote {args.output} ({size / 1024:.0f} KiB): {d.headline}")
@@ -100,7 +104,7 @@ def _export(args: argparse.Namespace) -> int:
     from otel_train.analyze.diagnose import analyse
     from otel_train.analyze.perfetto import write_trace
 
-    d = analyse(args.path)
+    d = analyse(args.path, run_id=args.run)
     _note(d)
     out = args.output or "trace.json"
     events = write_trace(d, out)

@@ -47,14 +47,16 @@ class Diagnosis:
     data: RunData = field(repr=False)
 
 
-def analyse(path: str | Path, workers: int | None = None) -> Diagnosis:
-    """Read `path` (see `reader.find_sources`) and diagnose the run (`workers`: see `load`)."""
+def analyse(path: str | Path, workers: int | None = None, run_id: str | None = None) -> Diagnosis:
+    """Read `path` (see `reader.find_sources`) and diagnose the run (`workers`, `run_id`: see
+    `load.load`)."""
     sources = reader.find_sources(path)
     stats = reader.Stats()
-    data, capacities = load(sources, stats, workers)
+    data, capacities = load(sources, stats, workers, run_id)
     if not data.steps:
         detail = f" ({stats.bad_lines} unreadable lines)" if stats.bad_lines else ""
-        raise reader.InputError(f"{sources.label}: no train.step spans in {stats.spans} spans read{detail}; "
+        which = f" of run {run_id!r}" if run_id else ""
+        raise reader.InputError(f"{sources.label}: no train.step spans{which} in {stats.spans} spans read{detail}; "
                                 f"expected {reader.ACCEPTED}")
     by_step = data.by_step()
     skew = estimate(by_step)

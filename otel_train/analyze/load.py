@@ -22,31 +22,37 @@ PARALLEL_MIN_BYTES = 48 << 20
 _CAPACITIES = (semconv.METRIC_INFER_CAPACITY, semconv.METRIC_TRAIN_CAPACITY)
 
 
-def load(sources: reader.Sources, stats: reader.Stats, workers: int | None = None) -> tuple[RunData, dict[str, float]]:
-    """(the run's data, its capacities' last values); `workers` None picks by size and cores."""
+def load(sources: reader.Sources, stats: reader.Stats, workers: int | None = None, run_id: str | None = None
+         ) -> tuple[RunData, dict[str, float]]:
+    """(the run's data, its capacities' last values); `workers` None picks by size and cores;
+    `run_id` keeps one run of a dump holding several (else several runs are an `InputError`)."""
     files = list(sources.traces)
     if workers is None:
         size = sum(f.stat().st_size for f in files)
         workers = min(os.cpu_count() or 1, 8, len(files)) if size >= PARALLEL_MIN_BYTES else 1
     if workers <= 1 or len(files) < 2:
-        data = build(reader.iter_blocks(sources, stats), stats)
+        data = build(reader.iter_blocks(sources, stats, run_id), stats)
     else:
         chunks = [files[i::workers] for i in range(workers)]
         with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-            parts = list(pool.map(_build_files, chunks))
+            parts = list(pool.map(_build_files, chunks, [run_id] * len(chunks)))
         data = RunData()
         for part, part_stats in parts:
             _merge(data, part)
             stats.lines += part_stats.lines
             stats.bad_lines += part_stats.bad_lines
             stats.spans += part_stats.spans
-    return data, _read_metrics(sources, data, stats)
+    runs = sorted(data.run_ids)
+    if len(runs) > 1:
+        raise reader.InputError(f"{sources.label}: holds {len(runs)} runs ({', '.join(runs[:8])}"
+                                f"{', ...' if len(runs) > 8 else ''}); name one with --run RUN_ID")
+    return data, _read_metrics(sources, data, stats, run_id)
 
 
-def _build_files(paths: list[Path]) -> tuple[RunData, reader.Stats]:
+def _build_files(paths: list[Path], run_id: str | None) -> tuple[RunData, reader.Stats]:
     stats = reader.Stats()
     sources = reader.Sources(paths, [], "")
-    return build(reader.iter_blocks(sources, stats), stats), stats
+    return build(reader.iter_blocks(sources, stats, run_id), stats), stats
 
 
 def _merge(into: RunData, part: RunData) -> None:
@@ -75,14 +81,16 @@ def _merge(into: RunData, part: RunData) -> None:
     for name, n in part.other_spans.items():
         into.other_spans[name] = into.other_spans.get(name, 0) + n
     into.spans += part.spans
+    into.run_ids |= part.run_ids
 
 
-def _read_metrics(sources: reader.Sources, data: RunData, stats: reader.Stats) -> dict[str, float]:
+def _read_metrics(sources: reader.Sources, data: RunData, stats: reader.Stats, run_id: str | None
+                  ) -> dict[str, float]:
     """Each process's `otel_train.init` (its metric points' earliest start) into `data`; the
     capacities' last values, averaged over processes."""
     last: dict[tuple[str, str], tuple[int, float]] = {}
     init = data.init_ns
-    for p in reader.iter_metric_points(sources, stats):
+    for p in reader.iter_metric_points(sources, stats, run_id):
         if p.proc.role != semconv.ROLE_INFERENCE and p.start:
             key = (p.proc.rank, p.proc.restart)
             if p.start < init.get(key, p.start + 1):

@@ -122,6 +122,7 @@ class RunData:
     last_ns: dict[ProcKey, int] = field(default_factory=dict)   # latest span end per process
     init_ns: dict[ProcKey, int] = field(default_factory=dict)   # otel_train.init, from metrics
     other_spans: dict[str, int] = field(default_factory=dict)   # names not analysed, counted
+    run_ids: set[str] = field(default_factory=set)  # every trainer process's ml.run.id
     spans: int = 0
 
     @property
@@ -166,6 +167,7 @@ def build(blocks: Iterable[tuple[Process, list[dict[str, Any]]]], stats: Stats |
             continue
         key = (proc.rank, proc.restart)
         data.processes.setdefault(key, proc)
+        data.run_ids.add(proc.run_id)
         per = steps.get(key)
         if per is None:
             per = steps[key] = {}

@@ -221,15 +221,18 @@ def _documents(path: Path, stats: Stats) -> Iterator[dict[str, Any]]:
                 stats.bad_lines += 1
 
 
-def iter_blocks(sources: Sources, stats: Stats | None = None, paths: list[Path] | None = None
+def iter_blocks(sources: Sources, stats: Stats | None = None, run_id: str | None = None
                 ) -> Iterator[tuple[Process, list[dict[str, Any]]]]:
     """(process, its raw OTLP JSON span dicts) per resource block, in file order: the fast path
-    for readers that look at a few fields of every span (`model.build`)."""
+    for readers that look at a few fields of every span (`model.build`). With `run_id`, only
+    that run's processes."""
     stats = stats if stats is not None else Stats()
-    for path in sources.traces if paths is None else paths:
+    for path in sources.traces:
         for doc in _documents(path, stats):
             for rs in doc.get("resourceSpans", ()):
                 proc = _process(rs.get("resource", {}))
+                if run_id is not None and proc.run_id != run_id:
+                    continue
                 for ss in rs.get("scopeSpans", ()):
                     spans = ss.get("spans")
                     if spans:
@@ -264,8 +267,10 @@ def _span(s: dict[str, Any], proc: Process) -> Span | None:
     return span
 
 
-def iter_metric_points(sources: Sources, stats: Stats | None = None) -> Iterator[MetricPoint]:
-    """Every metric data point in `sources` (metric files, and metric lines in a dump)."""
+def iter_metric_points(sources: Sources, stats: Stats | None = None, run_id: str | None = None
+                       ) -> Iterator[MetricPoint]:
+    """Every metric data point in `sources` (metric files, and metric lines in a dump); with
+    `run_id`, only that run's."""
     stats = stats if stats is not None else Stats()
     dumps = [p for p in sources.traces if not _TRACES_RE.match(p.name)]
     for path in list(sources.metrics) + dumps:
@@ -273,6 +278,8 @@ def iter_metric_points(sources: Sources, stats: Stats | None = None) -> Iterator
         for doc in _documents(path, stats if path not in dumps else Stats()):
             for rm in doc.get("resourceMetrics", ()):
                 proc = _process(rm.get("resource", {}))
+                if run_id is not None and proc.run_id != run_id:
+                    continue
                 for sm in rm.get("scopeMetrics", ()):
                     for metric in sm.get("metrics", ()):
                         yield from _points(metric, proc)
