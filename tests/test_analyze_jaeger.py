@@ -52,9 +52,15 @@ def _converted(files: list[Path], out: Path) -> list[dict]:
     return json.loads(out.read_text())["data"]
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[Path]]:
+    """The 1-rank and the 2-rank run, made once for the module."""
+    return {ranks: _run(tmp_path_factory.mktemp(f"ranks{ranks}"), f"jaeger-{ranks}", ranks) for ranks in (1, 2)}
+
+
 @pytest.mark.parametrize("ranks", [1, 2])
-def test_a_run_in_jaeger(tmp_path: Path, ranks: int) -> None:
-    files = _run(tmp_path, f"jaeger-{ranks}", ranks)
+def test_a_run_in_jaeger(tmp_path: Path, ranks: int, runs: dict[int, list[Path]]) -> None:
+    files = runs[ranks]
     # the eval step's trace: rank 1's eval must not become the trace's name
     shown = _view(files, tmp_path / "view", "--trace-index", "1", "--details")
     assert shown["transforms"][0]["traces"] == STEPS
@@ -79,3 +85,18 @@ def test_a_run_in_jaeger(tmp_path: Path, ranks: int) -> None:
         root_ranks = {t["value"] for s in trace["spans"] if not s["references"]
                       for t in trace["processes"][s["processID"]]["tags"] if t["key"] == "ml.rank"}
         assert root_ranks == {0}  # other ranks' siblings hang under rank 0's step, like their steps
+
+
+def test_the_labelled_export_names_ranks_and_steps(tmp_path: Path, runs: dict[int, list[Path]]) -> None:
+    """`otel-train export --format jaeger`: Jaeger UI JSON, each rank a service, each step named."""
+    from otel_train.cli import main
+
+    run_dir = runs[2][0].parent
+    assert main(["export", "--format", "jaeger", str(run_dir), "-o", str(tmp_path / "jaeger.json")]) == 0
+    shown = _view([tmp_path / "jaeger.json"], tmp_path / "view", "--trace-index", "1")
+    titles = sorted(item["title"].rsplit(" ", 1)[0] for item in shown["search"]["items"])
+    assert titles == sorted(f"quickstart rank 0: train.step {n}" for n in range(STEPS))
+    assert shown["trace"]["overview"]["Services"] == "2"
+    services = {row["service"] for row in shown["trace"]["rows"]}
+    assert services == {"quickstart rank 0", "quickstart rank 1"}
+    assert shown["console"] == [] and shown["errors_trace_page"] == []

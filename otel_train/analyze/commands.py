@@ -3,6 +3,7 @@
     otel-train diagnose PATH [--json]                  stragglers, clock skew, slow steps, goodput
     otel-train report PATH [-o report.html]            one self-contained HTML page
     otel-train export --format perfetto PATH [-o trace.json]   Chrome trace JSON (Perfetto, chrome://tracing)
+    otel-train export --format jaeger PATH [-o jaeger.json]    Jaeger UI JSON, ranks and steps labelled
 
 PATH: a run directory of the embedded default (`./otel-train/<run id>/`), its parent, one
 `traces-rank<R>.jsonl`, or an OTLP JSON lines dump (`reader`). `add_commands` registers them on
@@ -18,7 +19,7 @@ import sys
 from typing import Any
 
 COMMANDS = ("diagnose", "report", "export")
-FORMATS = ("perfetto",)
+FORMATS = ("perfetto", "jaeger")
 
 
 def add_commands(sub: Any) -> None:
@@ -37,13 +38,16 @@ def add_commands(sub: Any) -> None:
     report.add_argument("path", help=path_help)
     report.add_argument("--run", help=run_help)
     report.add_argument("-o", "--output", default="report.html", help="the HTML file to write (default report.html)")
-    export = sub.add_parser("export", help="convert a run's spans for other viewers (Perfetto)",
+    export = sub.add_parser("export", help="convert a run's spans for other viewers (Perfetto, Jaeger UI)",
                             description="Convert a run's spans: --format perfetto writes Chrome Trace Event "
-                                        "JSON that ui.perfetto.dev and chrome://tracing open.")
+                                        "JSON that ui.perfetto.dev and chrome://tracing open; --format jaeger "
+                                        "writes Jaeger UI JSON with each rank a service and each step named, "
+                                        "for Jaeger's JSON File upload.")
     export.add_argument("path", help=path_help)
     export.add_argument("--run", help=run_help)
-    export.add_argument("--format", required=True, help="output format: perfetto")
-    export.add_argument("-o", "--output", default=None, help="the file to write (default trace.json)")
+    export.add_argument("--format", required=True, help="output format: perfetto or jaeger")
+    export.add_argument("-o", "--output", default=None,
+                        help="the file to write (default trace.json, or jaeger.json for --format jaeger)")
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -102,10 +106,19 @@ def _export(args: argparse.Namespace) -> int:
     if args.format not in FORMATS:
         raise InputError(f"--format {args.format!r} is not a known format; use one of: {', '.join(FORMATS)}")
     from otel_train.analyze.diagnose import analyse
-    from otel_train.analyze.perfetto import write_trace
 
     d = analyse(args.path, run_id=args.run)
     _note(d)
+    if args.format == "jaeger":
+        from otel_train.analyze.jaeger import write_jaeger
+        from otel_train.analyze.reader import find_sources
+
+        out = args.output or "jaeger.json"
+        traces = write_jaeger(d, find_sources(args.path), out, run_id=args.run)
+        print(f"otel-train export: wrote {out} ({traces} traces); in Jaeger UI: Search, JSON File, pick it")
+        return 0
+    from otel_train.analyze.perfetto import write_trace
+
     out = args.output or "trace.json"
     events = write_trace(d, out)
     print(f"otel-train export: wrote {out} ({events} trace events); open it in https://ui.perfetto.dev "
