@@ -308,8 +308,9 @@ def write_pipeline(kind: str, path: str | os.PathLike[str], steps: int = 40, act
 
 def _raw(run_id: str, name: str, step: int | None, t0: int, t1: int, parent: str | None, rng: random.Random,
          span_id: str | None = None) -> dict[str, Any]:
-    s: dict[str, Any] = {"traceId": f"{trace_id_for(run_id, step):032x}", "spanId": span_id or f"{rng.getrandbits(64):016x}",
-                         "name": name, "startTimeUnixNano": str(t0), "endTimeUnixNano": str(t1),
+    s: dict[str, Any] = {"traceId": f"{trace_id_for(run_id, step):032x}",
+                         "spanId": span_id or f"{rng.getrandbits(64):016x}", "name": name,
+                         "startTimeUnixNano": str(t0), "endTimeUnixNano": str(t1),
                          "attributes": _kv({"train.step": step} if step is not None else {})}
     if parent:
         s["parentSpanId"] = parent

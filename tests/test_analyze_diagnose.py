@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from otlp_receiver import OTLPReceiver
 from synth_runs import PIPELINES, Plan, write_pipeline, write_run
 
 from otel_train.analyze import reader
@@ -178,7 +179,8 @@ def test_to_json_is_plain(tmp_path: Path) -> None:
     json.dumps(to_json(analyse(tmp_path)))
 
 
-def test_a_receivers_dump_is_read(fresh_receiver, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+def test_a_receivers_dump_is_read(fresh_receiver: OTLPReceiver, tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
     """Two real runs exported over OTLP to the suite's receiver, dumped as OTLP JSON lines."""
     from procs import REPO, run_python
 

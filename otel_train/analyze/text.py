@@ -58,7 +58,7 @@ def _ranks(d: Diagnosis, add) -> None:  # type: ignore[no-untyped-def]
         add("")
         return
     if rv.balanced:
-        add(f"  balanced: no rank made the others wait 5 % of the run's step time or more "
+        add(f"  balanced: no rank made the others wait 5% of the run's step time or more "
             f"({rv.steps_analysed} steps analysed)")
     for s in rv.stragglers:
         add(f"  straggler: rank {s.rank}, late in {s.steps} of {rv.steps_analysed} steps; the other ranks "
@@ -67,7 +67,7 @@ def _ranks(d: Diagnosis, add) -> None:  # type: ignore[no-untyped-def]
         if ev:
             add("    " + ev)
     if rv.occasional:
-        add("  occasionally late (below 5 % of the run's step time): " +
+        add("  occasionally late (below 5% of the run's step time): " +
             ", ".join(f"rank {x.rank} in {x.steps} step{'s' if x.steps != 1 else ''} ({dur(x.lost_ns)})"
                       for x in rv.occasional[:8]) + (" ..." if len(rv.occasional) > 8 else ""))
     medians = rv.per_rank_median_ns
