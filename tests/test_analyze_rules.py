@@ -80,6 +80,8 @@ def test_breakdown_headline() -> None:
     assert breakdown_headline({"train.data": 0.31, "train.forward": 0.5}) == "data wait 31% of step time"
     assert breakdown_headline({"train.data": 0.02, "train.forward": 0.3, "train.backward": 0.6}) == \
         "backward 60% of step time"
+    assert breakdown_headline({"train.forward": 0.05, "(outside phase spans)": 0.79}) == \
+        "79% of step time outside phase spans (code between the phases)"
 
 
 def test_the_rules_import_nothing_heavy() -> None:

@@ -21,6 +21,8 @@ from otel_train.analyze.reader import Process, Span, Stats, _span, _value
 PHASES: tuple[str, ...] = (semconv.SPAN_DATA, semconv.SPAN_FORWARD, semconv.SPAN_BACKWARD,
                            semconv.SPAN_OPTIMIZER, semconv.SPAN_COLLECTIVE, semconv.SPAN_DISPATCH_WAIT)
 SIBLINGS: tuple[str, ...] = semconv.STEP_SIBLING_SPANS
+#: The pseudo-phase of a step's time that no phase span covers.
+OUTSIDE = "(outside phase spans)"
 _PHASE_CODE = {name: i for i, name in enumerate(PHASES)}
 _SIBLING_SET = frozenset(SIBLINGS)
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from otel_train.analyze.diagnose import Diagnosis, to_json
 from otel_train.analyze.goodput import CATEGORIES
-from otel_train.analyze.model import PHASES, RankStep, RunData
+from otel_train.analyze.model import OUTSIDE, PHASES, RankStep, RunData
 from otel_train.analyze.skew import Skew
 from otel_train.analyze.slow import median
 
@@ -35,7 +35,6 @@ WINDOW_STEPS = 24
 MAX_RANKS = 32
 MAX_BARS = 600
 MAX_LISTED = 200
-OUTSIDE = "(outside phase spans)"
 
 
 def _ms(ns: float) -> float:

@@ -32,13 +32,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from otel_train.analyze.model import PHASES, RankStep
+from otel_train.analyze.model import OUTSIDE, PHASES, RankStep
 from otel_train.analyze.skew import Skew
 from otel_train.analyze.slow import median
 
 THRESHOLD = 0.05
 MIN_STEPS = 2
-OUTSIDE = "(outside phase spans)"
 
 
 @dataclass

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from otel_train import semconv
-from otel_train.analyze.model import PHASES, Interval, RankStep
+from otel_train.analyze.model import OUTSIDE, PHASES, Interval, RankStep
 
 WAIT_SHARE = 0.10
 UTILISATION = 0.80
@@ -94,7 +94,7 @@ def phase_shares(steps: Iterable[RankStep]) -> dict[str, float]:
     if not total:
         return {}
     shares = {name: sums[code] / total for code, name in enumerate(PHASES) if sums[code]}
-    shares["(outside phase spans)"] = max(0.0, 1.0 - sum(shares.values()))
+    shares[OUTSIDE] = max(0.0, 1.0 - sum(shares.values()))
     return shares
 
 
@@ -104,13 +104,15 @@ _PLAIN = {semconv.SPAN_DATA: "data wait", semconv.SPAN_DISPATCH_WAIT: "waiting f
 
 
 def breakdown_headline(shares: Mapping[str, float]) -> str:
-    """'data wait 31 % of step time' when data wait is notable (>= 10 %), else the largest phase."""
+    """'data wait 31% of step time' when data wait is notable (>= 10 %), else the largest phase
+    (or the time outside any phase span, when that is larger)."""
     if not shares:
         return "no step phases recorded"
     data = shares.get(semconv.SPAN_DATA, 0.0)
     if data >= WAIT_SHARE:
         return f"data wait {data:.0%} of step time"
     name = max((n for n in shares if n in _PLAIN), key=lambda n: shares[n], default=None)
-    if name is None:
-        return "step time not broken down into phases"
+    outside = shares.get(OUTSIDE, 0.0)
+    if name is None or outside > shares[name]:
+        return f"{outside:.0%} of step time outside phase spans (code between the phases)"
     return f"{_PLAIN[name]} {shares[name]:.0%} of step time"
