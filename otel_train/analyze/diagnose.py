@@ -73,7 +73,9 @@ def analyse(path: str | Path, workers: int | None = None, run_id: str | None = N
     good = account(data, skew, list(job_step_ns.values()))
     trainer_steps = [rs for per in by_step.values() for rs in per.values()]
     pipe = pipeline_verdict(trainer_steps, data.pipeline, capacities)
-    shares = phase_shares(trainer_steps)
+    # The breakdown describes the steady state: a run's warm-up is accounted as compilation.
+    steady = [rs for n, per in by_step.items() if n not in warm for rs in per.values()]
+    shares = phase_shares(steady or trainer_steps)
     return Diagnosis(sources.label, sources.note, data.run_id, data.ranks, data.world_size, list(by_step),
                      stats.spans, stats.bad_lines, skew, step_ranks, rv, job_step_ns, slow_steps, warm, good, pipe,
                      shares, headline(rv, pipe, shares, len(data.ranks)), good.restarts, data)

@@ -42,7 +42,7 @@ def render(d: Diagnosis) -> str:
     _slow(d, add)
     _goodput(d, add)
     if d.shares:
-        add("Phases (share of step time, all ranks): " +
+        add(f"Phases (share of step time, all ranks{', after the warm-up' if d.warmup else ''}): " +
             ", ".join(f"{name} {share:.0%}" for name, share in d.shares.items() if share >= 0.005))
     if d.pipeline is not None:
         add("")
