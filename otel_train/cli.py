@@ -7,7 +7,7 @@
     otel-train bench device [--steps N]    device timing: synchronisations added, device vs profiler time
     otel-train diagnose PATH [--json]      stragglers, clock skew, slow steps, goodput (otel_train.analyze)
     otel-train report PATH [-o FILE]       a self-contained HTML report of a run
-    otel-train export --format perfetto PATH [-o FILE]   Chrome trace JSON for Perfetto
+    otel-train export --format perfetto|jaeger PATH [-o FILE]   trace JSON for Perfetto / Jaeger UI
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ straggler analysis names nobody.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -95,6 +96,6 @@ def estimate(by_step: Mapping[int, Mapping[int, RankStep]]) -> Skew:
     offsets = {ref: 0}
     residuals: list[float] = []
     for r, ds in diffs.items():
-        offsets[r] = int(median(ds))
+        offsets[r] = math.floor(median(ds))  # floor, not int(): shifting a rank shifts this exactly
         residuals.extend(abs(d - offsets[r]) for d in ds)
     return Skew(ref, dict(sorted(offsets.items())), int(median(residuals)) if residuals else 0, used, source)
