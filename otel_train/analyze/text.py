@@ -119,12 +119,13 @@ def _steps(d: Diagnosis, add) -> None:  # type: ignore[no-untyped-def]
     add(f"Steps with a straggler: {sum(1 for s in d.step_ranks if s.stragglers)} of {len(d.step_ranks)}"
         + (f" (the {len(ranked)} worst; --json lists every step)" if ranked else ""))
     if ranked:
-        add(f"  {'step':>6}  {'min':>9}  {'median':>9}  {'max':>9}  {'straggler':>9}  {'late':>9}  "
+        add(f"  {'step':>6}  {'min (rank)':>15}  {'median':>9}  {'max (rank)':>15}  {'straggler':>9}  {'late':>9}  "
             f"{'others waited in':<17} slowest phase on it")
     for s in ranked:
         st = s.stragglers[0]
         more = f" +{len(s.stragglers) - 1}" if len(s.stragglers) > 1 else ""
-        add(f"  {s.step:>6}  {dur(s.min_ns):>9}  {dur(s.median_ns):>9}  {dur(s.max_ns):>9}  "
+        add(f"  {s.step:>6}  {dur(s.min_ns) + f' ({s.min_rank})':>15}  {dur(s.median_ns):>9}  "
+            f"{dur(s.max_ns) + f' ({s.max_rank})':>15}  "
             f"{'rank ' + str(st.rank) + more:>9}  {dur(st.late_ns):>9}  {st.wait_phase:<17} "
             f"{st.slow_phase} {dur(st.slow_phase_ns)} (others {dur(st.others_phase_ns)})")
     add("")
