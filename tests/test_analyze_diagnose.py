@@ -197,3 +197,15 @@ def test_a_receivers_dump_is_read(fresh_receiver: OTLPReceiver, tmp_path: Path,
     assert d.goodput.startup_from == "init" and d.goodput.totals["eval"] > 0
     fresh_receiver.dump_jsonl(str(tmp_path / "b.jsonl"), run_id="dump-b")
     assert analyse(tmp_path / "b.jsonl").steps == [0, 1, 2]
+
+
+def test_other_trace_files_of_a_run_directory_are_read(tmp_path: Path) -> None:
+    """An inference actor's file beside the ranks' (whatever it is named) joins the run."""
+    write_pipeline("inference-bound", tmp_path / "dump.jsonl")
+    lines = (tmp_path / "dump.jsonl").read_text().splitlines()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "traces-rank0.jsonl").write_text(lines[0] + "\n")
+    (run / "traces-inference-actors.jsonl").write_text("\n".join(lines[1:]) + "\n")
+    d = analyse(run)
+    assert d.pipeline is not None and d.pipeline.verdict == "inference-bound" and d.pipeline.actors == 3

@@ -2,8 +2,9 @@
 
 Accepted inputs (`find_sources`):
 
-- the embedded default's run directory, `./otel-train/<run id>/`: every `traces-rank*.jsonl`
-  and `metrics-rank*.jsonl` in it;
+- the embedded default's run directory, `./otel-train/<run id>/`: every `traces-*.jsonl`
+  (`traces-rank<R>.jsonl` in rank order, then any other, e.g. an inference actor's) and
+  `metrics-*.jsonl` in it;
 - the output directory above it (`./otel-train/`): its most recently written run, named on
   stderr by the caller;
 - one file: a rank's `traces-rank<R>.jsonl` (its `metrics-rank<R>.jsonl` beside it is read
@@ -38,8 +39,10 @@ try:  # about 5x faster on these lines; optional
 except ImportError:  # pragma: no cover - depends on the environment
     _loads = json.loads
 
-_TRACES_RE = re.compile(r"^traces-rank(\d+)\.jsonl$")
-_METRICS_RE = re.compile(r"^metrics-rank(\d+)\.jsonl$")
+# A run directory's files: traces-rank<R>.jsonl, and any other traces-<name>.jsonl (an
+# inference actor's, say); the same for metrics.
+_TRACES_RE = re.compile(r"^traces-(.+)\.jsonl$")
+_METRICS_RE = re.compile(r"^metrics-(.+)\.jsonl$")
 
 
 class InputError(ValueError):
@@ -123,7 +126,7 @@ def find_sources(path: str | Path) -> Sources:
         metrics: list[Path] = []
         m = _TRACES_RE.match(p.name)
         if m:
-            beside = p.with_name(f"metrics-rank{m.group(1)}.jsonl")
+            beside = p.with_name(f"metrics-{m.group(1)}.jsonl")
             metrics = [beside] if beside.is_file() else []
         return Sources([p], metrics, str(p))
     traces, metrics = _run_files(p)
@@ -138,9 +141,16 @@ def find_sources(path: str | Path) -> Sources:
     return Sources(traces, metrics, str(runs[-1]), note)
 
 
+def _order(name: str) -> tuple[int, int, str]:
+    """rank0, rank1, ..., rank10 in number order, then other names."""
+    if name.startswith("rank") and name[4:].isdigit():
+        return (0, int(name[4:]), "")
+    return (1, 0, name)
+
+
 def _run_files(d: Path) -> tuple[list[Path], list[Path]]:
     def ranked(pattern: re.Pattern[str]) -> list[Path]:
-        found = [(int(m.group(1)), f) for f in d.iterdir() if (m := pattern.match(f.name)) and f.is_file()]
+        found = [(_order(m.group(1)), f) for f in d.iterdir() if (m := pattern.match(f.name)) and f.is_file()]
         return [f for _, f in sorted(found)]
     return ranked(_TRACES_RE), ranked(_METRICS_RE)
 
@@ -272,7 +282,7 @@ def iter_metric_points(sources: Sources, stats: Stats | None = None, run_id: str
     """Every metric data point in `sources` (metric files, and metric lines in a dump); with
     `run_id`, only that run's."""
     stats = stats if stats is not None else Stats()
-    dumps = [p for p in sources.traces if not _TRACES_RE.match(p.name)]
+    dumps = [p for p in sources.traces if not _TRACES_RE.match(p.name)]  # metrics share their lines
     for path in list(sources.metrics) + dumps:
         # A dump's lines were counted when its spans were read.
         for doc in _documents(path, stats if path not in dumps else Stats()):
