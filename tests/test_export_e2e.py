@@ -75,7 +75,8 @@ def _assert_trace_shape(spans: list[dict], run_id: str, steps: int, rank: int = 
             if span["name"] != "train.optimizer":
                 assert span["attributes"][semconv.TRAIN_MICRO_BATCH] in (0, 1)
     (ckpt,) = [s for s in spans if s["name"] == "train.checkpoint"]
-    assert ckpt["parent_span_id"] is None and ckpt["trace_id"] == step_spans[1]["trace_id"]
+    # a sibling of its step: the step's parent (none on rank 0, rank 0's step span on the others)
+    assert ckpt["parent_span_id"] == step_spans[1]["parent_span_id"] and ckpt["trace_id"] == step_spans[1]["trace_id"]
     resource = spans[0]["resource"]
     assert resource[semconv.SERVICE_NAME] == "e2e-trainer"
     assert resource[semconv.ML_RUN_ID] == run_id and resource[semconv.ML_RANK] == rank

@@ -242,6 +242,27 @@ def test_rank_other_than_zero_parents_its_step_to_rank_zero(monkeypatch: pytest.
     assert step.resource.attributes[semconv.ML_WORLD_SIZE] == 2
 
 
+def test_siblings_on_other_ranks_share_their_steps_parent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank's checkpoint/eval/GC span is a sibling of its step: both children of rank 0's step,
+    so every step trace has a single root (rank 0's step), the span Jaeger names the trace after."""
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    h = Harness()
+    with otel_train.step(3):
+        h.clock.advance(5)
+    with otel_train.span(semconv.SPAN_EVAL):
+        h.clock.advance(5)
+    with otel_train.span(semconv.SPAN_CHECKPOINT):
+        h.clock.advance(5)
+    spans = h.finish()
+    (step,) = by_name(spans, semconv.SPAN_STEP)
+    siblings = by_name(spans, semconv.SPAN_EVAL) + by_name(spans, semconv.SPAN_CHECKPOINT)
+    assert len(siblings) == 2
+    for sibling in siblings:
+        assert sibling.parent.span_id == step.parent.span_id == step_span_id("test-run", 3, 0)
+        assert sibling.parent.is_remote and sibling.context.trace_id == step.context.trace_id
+
+
 def test_step_sampling_keeps_metrics_for_every_step() -> None:
     h = Harness(step_sample=2)
     for _ in range(6):

@@ -5,9 +5,12 @@
                               [--targets-only] [--block-steps N] [--design blocks|groups]
                                            what instrumentation costs, against a baseline in the same run
     otel-train bench device [--steps N]    device timing: synchronisations added, device vs profiler time
+    otel-train diagnose PATH [--json]      stragglers, clock skew, slow steps, goodput
+    otel-train report PATH [-o FILE]       a self-contained HTML report of a run
+    otel-train export --format perfetto|jaeger PATH [-o FILE]   trace JSON for Perfetto / Jaeger UI
 
 Each command is a module here with `add_parser(subparsers)` and `run(args, parser) -> int`
-(`run.py`, `bench.py`); a new command adds its module to `COMMANDS`.
+(`run.py`, `bench.py`, `analysis.py`, which has three); a new command adds its module to `COMMANDS`.
 """
 
 from __future__ import annotations
@@ -16,17 +19,17 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from otel_train.cli import bench, run
+from otel_train.cli import analysis, bench, run
 
 #: The commands, in `--help` order.
-COMMANDS = {"run": run, "bench": bench}
+COMMANDS = {"run": run, "bench": bench, "diagnose": analysis, "report": analysis, "export": analysis}
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="otel-train", description="OpenTelemetry for PyTorch training.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in COMMANDS.values():
-        command.add_parser(sub)
+    for module in dict.fromkeys(COMMANDS.values()):
+        module.add_parser(sub)
     return parser
 
 

@@ -171,10 +171,17 @@ class SpanAssembler:
             self.timeline.sibling(s0, s1)
             if step_n is not None:
                 self.timeline.tag(step_n, step_seq, sibling_tag)
+        remote = False
         if parent_seq is not None:
             parent_id = self.ids.region(parent_seq)
         elif step_seq is not None and sibling_tag is None:
             parent_id = self.ids.step_span(step_n)
+        elif sibling_tag is not None and step_n is not None:
+            # A sibling of its step has the step's parent: rank 0's step span (none on rank 0).
+            # So a step's trace has one root, rank 0's step, whatever the ranks' clocks say;
+            # Jaeger names a trace after its earliest root, and another rank's eval is not it.
+            parent_id = self.ids.root_step(step_n)
+            remote = parent_id is not None
         else:
             parent_id = None
         if self.metrics is not None:
@@ -182,7 +189,7 @@ class SpanAssembler:
         if not self.sampled(step_n):
             return
         out.append(self._build(name, self.ids.trace(step_n), self.ids.region(wire[W_SEQ]),
-                               parent_id, False, wire, attrs, wire[W_EVENTS], None))
+                               parent_id, remote, wire, attrs, wire[W_EVENTS], None))
 
     def _on_step(self, wire: tuple[Any, ...], out: list[Any]) -> None:
         t1 = wire[W_T1]

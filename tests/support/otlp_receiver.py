@@ -332,6 +332,13 @@ def to_otlp_json(message: Message) -> str:
     return json.dumps(document)
 
 
+def _resource_run_id(resource_doc: dict[str, Any]) -> str | None:
+    for item in resource_doc.get("resource", {}).get("attributes", []):
+        if item.get("key") == "ml.run.id":
+            return item.get("value", {}).get("stringValue")
+    return None
+
+
 def _decompress(body: bytes, encoding: str | None) -> bytes:
     encoding = (encoding or "identity").strip().lower()
     if encoding in ("", "identity"):
@@ -607,6 +614,29 @@ class OTLPReceiver:
             for r in self.requests
             if signal is None or r.signal == signal
         )
+
+    def dump_jsonl(self, path: str, run_id: str | None = None,
+                   signals: tuple[str, ...] = ("traces", "metrics")) -> int:
+        """Write what arrived as OTLP JSON lines, the OpenTelemetry Collector file exporter's
+        format (and the embedded default's), which ``otel-train diagnose`` reads: one
+        ``Export*ServiceRequest`` per line, in arrival order. With ``run_id``, only resources
+        whose ``ml.run.id`` is that. Returns the number of lines written."""
+        lines = 0
+        with open(path, "w", encoding="utf-8") as out:
+            for request in self.requests:
+                if request.signal not in signals:
+                    continue
+                doc = json.loads(to_otlp_json(request.message))
+                if run_id is not None:
+                    for key in ("resourceSpans", "resourceMetrics", "resourceLogs"):
+                        if key in doc:
+                            doc[key] = [r for r in doc[key] if _resource_run_id(r) == run_id]
+                            if not doc[key]:
+                                doc = {}
+                if doc:
+                    out.write(json.dumps(doc, separators=(",", ":")) + "\n")
+                    lines += 1
+        return lines
 
     # -- flattened views ---------------------------------------------------- #
 

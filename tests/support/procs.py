@@ -31,3 +31,15 @@ def run_python(code: str | None = None, *, script: str | os.PathLike[str] | None
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
     return proc
+
+
+def jaeger_view_script() -> Path:
+    """The real Jaeger UI's driver, `../shared/jaeger-ui/jaeger_view.py` beside the checkout (or
+    above a worktree's parent); `$JAEGER_UI_DIR` overrides. May not exist: tests skip then."""
+    override = os.environ.get("JAEGER_UI_DIR")
+    candidates = [Path(override)] if override else [REPO.parent / "shared" / "jaeger-ui",
+                                                   REPO.parent.parent / "shared" / "jaeger-ui"]
+    for folder in candidates:
+        if (folder / "jaeger_view.py").exists():
+            return folder / "jaeger_view.py"
+    return candidates[0] / "jaeger_view.py"

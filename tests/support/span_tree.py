@@ -91,7 +91,7 @@ def tree(spans: Iterable[Any]) -> Tree:
 
 def check_invariants(t: Tree, times: bool = True) -> None:
     """What holds for every run: consecutive 0-based steps; each child names its step; siblings
-    are roots tagging the step they follow; with `times`, children lie inside their step, steps do
+    have their step's parent (roots on rank 0) and tag the step they follow; with `times`, children lie inside their step, steps do
     not overlap and no sibling lies inside a step."""
     assert list(t.steps) == list(range(len(t.steps))), f"steps not 0..n-1: {list(t.steps)}"
     for view in t.steps.values():
@@ -102,10 +102,12 @@ def check_invariants(t: Tree, times: bool = True) -> None:
                 assert view.span["start_ns"] <= child["start_ns"] <= child["end_ns"] <= view.span["end_ns"], \
                     f"{child['name']} outside step {view.n}"
     for sibling in t.siblings:
-        assert sibling["parent_span_id"] is None, sibling
         n = sibling["attributes"].get(semconv.TRAIN_STEP)
         if n is None:
+            assert sibling["parent_span_id"] is None, sibling
             continue
+        # a sibling of its step: the same parent (rank 0's step span; none on rank 0)
+        assert sibling["parent_span_id"] == t.steps[n].span["parent_span_id"], sibling
         tag = {semconv.SPAN_EVAL: semconv.TAG_EVAL, semconv.SPAN_CHECKPOINT: semconv.TAG_CHECKPOINT,
                semconv.SPAN_GC: semconv.TAG_GC}[sibling["name"]]
         assert tag in t.steps[n].tags, f"{sibling['name']} after step {n} did not tag it"

@@ -1,0 +1,148 @@
+"""A run's goodput from its `RunData`: the intervals each rank's spans give `goodput.paint`.
+
+Every rank is painted over the same job window (skew-corrected: from the first
+`otel_train.init` of any rank to the last span end of any rank), so each rank's categories add
+up to the job's wall time and their mean is the job's breakdown. Before a rank's own start the
+job is starting up; after its last span, the time is `other`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from otel_train import semconv
+from otel_train.analyze import goodput as gp
+from otel_train.analyze.model import PHASES, RankStep, RunData
+from otel_train.analyze.skew import Skew
+from otel_train.analyze.slow import ideal_step_time, slow_bound
+
+_SIBLING_CATEGORY = {semconv.SPAN_CHECKPOINT: gp.CHECKPOINT, semconv.SPAN_EVAL: gp.EVAL, semconv.SPAN_GC: gp.GC}
+_DATA_CODES = frozenset(PHASES.index(p) for p in (semconv.SPAN_DATA, semconv.SPAN_DISPATCH_WAIT))
+COMPILE_TAG = "compile"
+
+
+@dataclass
+class Goodput:
+    """The job's breakdown (mean over ranks, ns) and each rank's goodput."""
+
+    start_ns: int = 0
+    end_ns: int = 0
+    totals: dict[str, float] = field(default_factory=dict)
+    per_rank: dict[int, float] = field(default_factory=dict)
+    redone_steps: int = 0  # step attempts lost to restarts (all ranks)
+    restarts: int = 0  # highest ml.restart seen
+    startup_from: str = "init"  # "init" (metrics' start time) or "first span"
+
+    @property
+    def wall_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    @property
+    def goodput(self) -> float:
+        wall = sum(self.totals.values())
+        return self.totals.get(gp.PRODUCTIVE, 0.0) / wall if wall else 0.0
+
+
+def job_window(data: RunData, skew: Skew) -> tuple[int, int, str]:
+    """(start, end, what the start is) of the job on the reference clock."""
+    start, end, source = sys.maxsize, 0, "init"
+    for key, first in data.first_ns.items():
+        off = skew.of(key[0])
+        init = data.init_ns.get(key)
+        if init is None:
+            source = "first span"
+        start = min(start, (init if init is not None and init < first else first) - off)
+        end = max(end, data.last_ns[key] - off)
+    return (start, end, source) if end else (0, 0, source)
+
+
+def account(data: RunData, skew: Skew, job_step_ns: Sequence[int]) -> Goodput:
+    """The run's goodput; `job_step_ns` is the job's step times (for the warm-up's ideal)."""
+    start, end, source = job_window(data, skew)
+    out = Goodput(start, end, startup_from=source)
+    if end <= start:
+        out.totals = dict.fromkeys(gp.CATEGORIES, 0.0)
+        return out
+    bound = slow_bound(job_step_ns) or 0.0
+    ideal = ideal_step_time(job_step_ns) or 0.0
+    by_rank: dict[int, list[tuple[int, int]]] = {}
+    for rank, restart in data.steps:
+        by_rank.setdefault(rank, []).append((rank, restart))
+    for rank, restart in data.processes:
+        if (rank, restart) not in data.steps and data.processes[(rank, restart)].role == semconv.ROLE_TRAINER:
+            by_rank.setdefault(rank, []).append((rank, restart))
+    siblings: dict[int, list[tuple[int, int, str]]] = {}
+    for s in data.siblings:
+        siblings.setdefault(s.rank, []).append((s.start, s.end, _SIBLING_CATEGORY[s.name]))
+    per_rank_totals = []
+    for rank, keys in sorted(by_rank.items()):
+        off = skew.of(rank)
+        intervals = [(a - off, b - off, c) for a, b, c in siblings.get(rank, ())]
+        compile_ns, redone = _rank_intervals(data, sorted(keys, key=lambda k: k[1]), off, start, bound, ideal,
+                                             intervals)
+        out.redone_steps += redone
+        totals = gp.take_compile(gp.paint(start, end, intervals), compile_ns)
+        per_rank_totals.append(totals)
+        out.per_rank[rank] = gp.goodput(totals)
+    out.totals = gp.mean_totals(per_rank_totals)
+    out.restarts = max((r for _, r in data.processes), default=0)
+    return out
+
+
+def _rank_intervals(data: RunData, keys: list[tuple[int, int]], off: int, job_start: int, bound: float,
+                    ideal: float, intervals: list[tuple[int, int, str]]) -> tuple[int, int]:
+    """Append one rank's intervals (all its attempts); return (compile ns, redone step count)."""
+    later_steps: set[int] = set()
+    redone = compile_ns = 0
+    prev_last: int | None = None
+    # Walk attempts newest first, so "seen again later" is known for each earlier attempt.
+    spans_of = []
+    for key in reversed(keys):
+        steps = data.steps.get(key, {})
+        spans_of.append((key, steps, set(later_steps)))
+        later_steps |= set(steps)
+    for i, (key, steps, seen_later) in enumerate(reversed(spans_of)):
+        first = data.first_ns.get(key, 0) - off
+        init = data.init_ns.get(key)
+        begin = min(first, init - off) if init is not None else first
+        ordered: list[RankStep] = [steps[n] for n in sorted(steps)]
+        last = data.last_ns.get(key, first + off) - off
+        first_step = min(rs.start for rs in ordered) - off if ordered else last
+        if i == 0:
+            intervals.append((job_start, first_step, gp.STARTUP))
+        else:
+            intervals.append((begin, first_step, gp.RESTART))
+            if prev_last is not None and begin > prev_last:
+                intervals.append((prev_last, begin, gp.RESTART))
+        prev_last = last
+        kept: list[RankStep] = []
+        for rs in ordered:
+            a, b = rs.start - off, rs.end - off
+            if rs.step in seen_later:
+                intervals.append((a, b, gp.RESTART))
+                redone += 1
+                continue
+            kept.append(rs)
+            intervals.append((a, b, gp.PRODUCTIVE))
+            t = rs.times
+            for i, code in enumerate(rs.codes):
+                if code in _DATA_CODES:
+                    intervals.append((t[2 * i] - off, t[2 * i + 1] - off, gp.DATA))
+        compile_ns += _compile_ns(kept, bound, ideal)
+    return compile_ns, redone
+
+
+def _compile_ns(steps: list[RankStep], bound: float, ideal: float) -> int:
+    """An attempt's warm-up excess, plus the excess of later steps tagged `compile`."""
+    if not ideal:
+        return 0
+    durations = [rs.duration for rs in steps]
+    warm = gp.warmup_excess(durations, bound, ideal)
+    leading = 0
+    while leading < len(durations) and durations[leading] > bound:
+        leading += 1
+    tagged = sum(int(rs.duration - ideal) for rs in steps[leading:]
+                 if COMPILE_TAG in rs.tags and rs.duration > ideal)
+    return warm + tagged

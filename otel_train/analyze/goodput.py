@@ -1,0 +1,108 @@
+"""Goodput: a run's wall time split into productive step time and badput by category.
+
+The categories follow ml-goodput-measurement (MaxText's goodput library: program start-up,
+data loading, checkpoint save/restore, wasted progress from disruptions, other), made from our
+own spans:
+
+| category     | time                                                                      |
+|--------------|---------------------------------------------------------------------------|
+| `startup`    | from `otel_train.init` (or the first span) until the first step starts     |
+| `compile`    | the first steps' excess over the ideal step time (a run's warm-up: graph   |
+|              | capture, torch.compile, autotuning), and the excess of steps tagged        |
+|              | `compile`                                                                  |
+| `data`       | `train.data` (and `pipeline.dispatch_wait`) inside steps                  |
+| `checkpoint` | `train.checkpoint` spans (save and load)                                   |
+| `eval`       | `train.eval` spans                                                         |
+| `gc`         | `train.gc` spans (Python collector pauses)                                 |
+| `restart`    | time lost to restarts: steps redone after resuming (the earlier attempt's  |
+|              | spans of a step number seen again with a higher `ml.restart`), the gap     |
+|              | between attempts, and the new attempt's start-up                          |
+| `productive` | the rest of the step time                                                  |
+| `other`      | wall time no span covers (between steps, after the last one)               |
+
+Every instant of the window goes to exactly one category (the first in `PRIORITY` whose
+intervals cover it), so the categories add up to the wall time by construction.
+
+Pure functions, standard library only, no I/O: the exporter process can reuse them on its own
+spans to export `train.goodput` at run time.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping, Sequence
+
+STARTUP, COMPILE, DATA, CHECKPOINT, EVAL, GC, RESTART, PRODUCTIVE, OTHER = (
+    "startup", "compile", "data", "checkpoint", "eval", "gc", "restart", "productive", "other")
+#: Report order: productive first, then badput roughly in the order a run meets it.
+CATEGORIES: tuple[str, ...] = (PRODUCTIVE, STARTUP, COMPILE, DATA, CHECKPOINT, EVAL, GC, RESTART, OTHER)
+#: Which category wins where intervals overlap (a checkpoint load inside a resumed attempt's
+#: start-up is checkpoint time; a data wait inside a redone step is lost to the restart).
+PRIORITY: tuple[str, ...] = (CHECKPOINT, EVAL, GC, RESTART, DATA, PRODUCTIVE, STARTUP)
+_RANK = {c: i for i, c in enumerate(PRIORITY)}
+
+
+def paint(start: int, end: int, intervals: Iterable[tuple[int, int, str]]) -> dict[str, int]:
+    """Split [start, end) among categories: each instant to the highest-priority interval over
+    it (`PRIORITY`), `other` where none is. Intervals are (start, end, category), clipped to the
+    window; their order does not matter. Returns ns per category (all of `CATEGORIES`)."""
+    out = dict.fromkeys(CATEGORIES, 0)
+    if end <= start:
+        return out
+    events: list[tuple[int, int, int]] = []  # (time, +1 open / -1 close, priority index)
+    for a, b, cat in intervals:
+        a, b = max(a, start), min(b, end)
+        if b > a:
+            events.append((a, 1, _RANK[cat]))
+            events.append((b, -1, _RANK[cat]))
+    events.sort()
+    active = [0] * len(PRIORITY)
+    heap: list[int] = []  # priority indexes open (lazily cleaned)
+    t = start
+    for when, delta, idx in events:
+        if when > t:
+            while heap and active[heap[0]] == 0:
+                heapq.heappop(heap)
+            out[PRIORITY[heap[0]] if heap else OTHER] += when - t
+            t = when
+        if delta > 0:
+            if active[idx] == 0:
+                heapq.heappush(heap, idx)
+            active[idx] += 1
+        else:
+            active[idx] -= 1
+    out[OTHER] += end - t
+    return out
+
+
+def warmup_excess(step_ns: Sequence[int], bound_ns: float, ideal_ns: float) -> int:
+    """The leading steps' time over `ideal_ns`, for as long as they are over `bound_ns` (the
+    slow-step bound): a run's first steps pay for compilation and autotuning."""
+    excess = 0
+    for d in step_ns:
+        if d <= bound_ns:
+            break
+        excess += int(d - ideal_ns)
+    return excess
+
+
+def take_compile(totals: Mapping[str, int], compile_ns: int) -> dict[str, int]:
+    """Move `compile_ns` of productive time to `compile` (no more than there is)."""
+    out = dict(totals)
+    moved = max(0, min(compile_ns, out[PRODUCTIVE]))
+    out[PRODUCTIVE] -= moved
+    out[COMPILE] += moved
+    return out
+
+
+def goodput(totals: Mapping[str, int]) -> float:
+    """Productive share of the wall time (0 for an empty window)."""
+    wall = sum(totals.values())
+    return totals.get(PRODUCTIVE, 0) / wall if wall else 0.0
+
+
+def mean_totals(per_rank: Sequence[Mapping[str, int]]) -> dict[str, float]:
+    """The job's categories: each rank's, painted over the same window, averaged."""
+    if not per_rank:
+        return dict.fromkeys(CATEGORIES, 0.0)
+    return {c: sum(t[c] for t in per_rank) / len(per_rank) for c in CATEGORIES}

@@ -1,0 +1,178 @@
+"""Straggling ranks, step by step, from span data alone.
+
+In a synchronous step every rank leaves the gradient all-reduce at the same moment, so step
+times barely differ between ranks even when one rank is late: the late rank's delay shows up as
+*waiting* on all the others. The analysis therefore looks for the wait, not for a long step:
+
+1. Match phase occurrences across ranks (the k-th `train.collective`, the k-th
+   `train.backward`, ... of the step on each rank), on skew-corrected clocks.
+2. An occurrence *absorbed a wait* when its ends agree across ranks while its starts do not
+   (end spread at most half the start spread): ranks arrived at different times and left
+   together. That is a collective, or DDP's backward (its all-reduce completes inside it).
+3. A rank's lateness is how much less than the other ranks' median it spent in those
+   occurrences: the time the others waited for it. The straggler is the rank whose compute
+   ended last.
+
+A rank is named in a step when its lateness is at least `THRESHOLD` (5 %) of the step's median
+time and above the clock-alignment noise: below 5 % fixing the rank could not speed the step up
+by more than the step-to-step jitter of a training loop, so naming it would name noise (a
+balanced run's "straggler" is whichever rank the scheduler delayed last). Over the run a rank
+is *the* straggler when, outside the warm-up steps (lazy initialisation and compilation differ
+from rank to rank once), the waits it caused add up to at least 5 % of the run's step time and
+it was late in at least `MIN_STEPS` (2) steps; otherwise the run is balanced, and ranks late in
+some steps are listed as occasional (one long stall is an incident, not a slow rank).
+
+Known blind spot: a rank slower inside backward itself (DDP) makes the others wait inside their
+backward too, so every rank's backward lasts as long and arrivals agree; device timing
+(`device.duration_s`) or explicit collective spans tell that case apart, host spans cannot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from otel_train.analyze.model import OUTSIDE, PHASES, RankStep
+from otel_train.analyze.skew import Skew
+from otel_train.analyze.slow import median
+
+THRESHOLD = 0.05
+MIN_STEPS = 2
+
+
+@dataclass
+class Straggler:
+    """One late rank in one step, with the evidence."""
+
+    rank: int
+    late_ns: int  # how long the other ranks (their median) waited for it
+    wait_phase: str  # where the others waited
+    own_wait_ns: int  # its own time in that phase
+    others_wait_ns: int  # the median rank's time there
+    slow_phase: str  # its phase with the largest excess over the other ranks' median
+    slow_phase_ns: int
+    others_phase_ns: int
+
+
+@dataclass
+class StepRanks:
+    """Cross-rank view of one step."""
+
+    step: int
+    ranks: int
+    min_ns: int
+    median_ns: int
+    max_ns: int
+    min_rank: int
+    max_rank: int
+    stragglers: list[Straggler] = field(default_factory=list)
+
+
+@dataclass
+class RankSummary:
+    """A rank's stragglings over the run."""
+
+    rank: int
+    steps: int  # steps it was named in
+    lost_ns: int  # waits it caused, summed
+    share: float  # of the run's summed median step time
+
+
+@dataclass
+class RanksVerdict:
+    balanced: bool
+    stragglers: list[RankSummary]  # the run's stragglers (>= THRESHOLD of step time)
+    occasional: list[RankSummary]  # named in some steps, below the run-wide threshold
+    steps_analysed: int  # steps with at least two ranks
+    step_ns_total: int
+    per_rank_median_ns: dict[int, int]  # each rank's median step time
+
+
+def _occurrences(rs: RankStep, offset: int) -> dict[tuple[int, int], tuple[int, int]]:
+    """(phase code, k) -> skew-corrected (start, end) of the k-th such phase in the step."""
+    seen = [0] * len(PHASES)
+    out = {}
+    t = rs.times
+    for i, code in enumerate(rs.codes):
+        k = seen[code]
+        seen[code] = k + 1
+        out[(code, k)] = (t[2 * i] - offset, t[2 * i + 1] - offset)
+    return out
+
+
+def _totals(rs: RankStep) -> dict[str, int]:
+    totals = {PHASES[c]: ns for c, ns in enumerate(rs.totals) if ns}
+    totals[OUTSIDE] = max(0, rs.duration - sum(rs.totals))
+    return totals
+
+
+def _median_without(values: list[int], i: int) -> float:
+    """The median of sorted `values` without the item at `i` (the other ranks' median)."""
+    m = len(values) - 1
+
+    def at(j: int) -> int:
+        return values[j] if j < i else values[j + 1]
+
+    return float(at(m // 2)) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2.0
+
+
+def analyse_step(step: int, per: Mapping[int, RankStep], skew: Skew, threshold: float = THRESHOLD
+                 ) -> StepRanks:
+    """The cross-rank spread of step `step` and its stragglers (`per`: rank -> RankStep)."""
+    durations = {r: rs.duration for r, rs in per.items()}
+    order = sorted(durations, key=lambda r: (durations[r], r))
+    out = StepRanks(step, len(per), durations[order[0]], int(median(list(durations.values()))),
+                    durations[order[-1]], order[0], order[-1])
+    if len(per) < 2:
+        return out
+    occ = {r: _occurrences(rs, skew.of(r)) for r, rs in per.items()}
+    keys = set.intersection(*(set(o) for o in occ.values()))
+    floor = max(threshold * out.median_ns, 3 * skew.residual_ns)
+    late: dict[int, int] = dict.fromkeys(per, 0)
+    wait_by_key: list[tuple[int, tuple[int, int]]] = []
+    for key in keys:
+        starts = [occ[r][key][0] for r in per]
+        ends = [occ[r][key][1] for r in per]
+        start_spread, end_spread = max(starts) - min(starts), max(ends) - min(ends)
+        if start_spread < floor or end_spread * 2 > start_spread:
+            continue  # no wait absorbed here
+        ordered = sorted((occ[r][key][1] - occ[r][key][0], r) for r in per)
+        values = [v for v, _ in ordered]
+        for i, (v, r) in enumerate(ordered):
+            late[r] += int(_median_without(values, i) - v)
+        wait_by_key.append((int(_median_without(values, 0) - values[0]), key))
+    if not wait_by_key:
+        return out
+    wait_key = max(wait_by_key)[1]
+    totals = {r: _totals(rs) for r, rs in per.items()}
+    for r in sorted(per, key=lambda r: -late[r]):
+        if late[r] < floor:
+            break
+        others = [x for x in per if x != r]
+        wait_d = {x: occ[x][wait_key][1] - occ[x][wait_key][0] for x in per}
+        slow, excess, mine, theirs = OUTSIDE, None, 0, 0
+        for phase, own in totals[r].items():
+            med = median([totals[x].get(phase, 0) for x in others])
+            if excess is None or own - med > excess:
+                slow, excess, mine, theirs = phase, own - med, own, int(med)
+        out.stragglers.append(Straggler(r, late[r], PHASES[wait_key[0]], wait_d[r],
+                                        int(median([wait_d[x] for x in others])), slow, mine, theirs))
+    return out
+
+
+def verdict(steps: list[StepRanks], per_rank_median_ns: dict[int, int], threshold: float = THRESHOLD,
+            warmup: frozenset[int] = frozenset()) -> RanksVerdict:
+    """The run's verdict from its per-step analyses; steps in `warmup` are left out."""
+    analysed = [s for s in steps if s.ranks >= 2 and s.step not in warmup]
+    total = sum(s.median_ns for s in analysed)
+    sums: dict[int, list[int]] = {}
+    for s in analysed:
+        for st in s.stragglers:
+            acc = sums.setdefault(st.rank, [0, 0])
+            acc[0] += 1
+            acc[1] += st.late_ns
+    summaries = sorted((RankSummary(r, n, lost, lost / total if total else 0.0) for r, (n, lost) in sums.items()),
+                       key=lambda x: -x.lost_ns)
+    big = [x for x in summaries if x.share >= threshold and x.steps >= MIN_STEPS]
+    small = [x for x in summaries if x not in big]
+    return RanksVerdict(not big, big, small, len(analysed), total, per_rank_median_ns)
