@@ -182,7 +182,7 @@ def test_to_json_is_plain(tmp_path: Path) -> None:
 def test_a_receivers_dump_is_read(fresh_receiver: OTLPReceiver, tmp_path: Path,
                                   capsys: pytest.CaptureFixture[str]) -> None:
     """Two real runs exported over OTLP to the suite's receiver, dumped as OTLP JSON lines."""
-    from procs import REPO, run_python
+    from support.procs import REPO, run_python
 
     for run_id, steps in (("dump-a", "12"), ("dump-b", "3")):
         run_python(script=REPO / "examples" / "quickstart.py", args=["--steps", steps], cwd=tmp_path,

@@ -1,8 +1,8 @@
 """collector/: the collector, compose, Tempo, Prometheus and Grafana files are consistent and use
 only components and keys that exist in the pinned versions (no collector binary runs here).
 
-The checks live in collector_check.py; the allowed keys, with their sources, in
-collector_keys.yaml. The negative tests feed the checker broken variants of our own files and
+The checks live in support/collector_check.py; the allowed keys, with their sources, in
+support/collector_keys.yaml. The negative tests feed the checker broken variants of our own files and
 assert it reports each fault, so a checker that passes everything fails here.
 """
 
@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-import collector_check as cc
+from support import collector_check as cc
 from otel_train import semconv
-from otlp_receiver import OTLPReceiver
-from procs import REPO, clean_env, run_python
+from support.otlp_receiver import OTLPReceiver
+from support.procs import REPO, clean_env, run_python
 
 COLLECTOR = REPO / "collector"
-TABLE = cc.load_yaml(Path(__file__).with_name("collector_keys.yaml"))
+TABLE = cc.load_yaml(Path(__file__).parent / "support" / "collector_keys.yaml")
 COLLECTOR_TABLE = TABLE["collector"]
 BASE = "otel-collector.yaml"
 OVERLAY = "tail-sampling.yaml"

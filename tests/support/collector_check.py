@@ -5,7 +5,7 @@ starting the stack this module reads the YAML and checks what the collector and 
 refuse or silently get wrong:
 
 * every component type and every configuration key exists in the pinned versions
-  (tests/collector_keys.yaml, built from the components' sources at those tags);
+  (tests/support/collector_keys.yaml, built from the components' sources at those tags);
 * every pipeline references defined receivers/processors/exporters/connectors, every defined
   component is used, each connector is an exporter in one pipeline and a receiver in another
   (of the right signals), routing tables name real pipelines, persistent queues name an enabled
@@ -81,7 +81,7 @@ def component_type(component_id: str) -> str:
 
 # --- configuration keys -----------------------------------------------------------------
 def check_keys(value: Any, tree: Any, where: str, version: str) -> list[str]:
-    """Problems with `value` against the allowed-key `tree` (format: tests/collector_keys.yaml)."""
+    """Problems with `value` against the allowed-key `tree` (format: tests/support/collector_keys.yaml)."""
     if tree is None or value is None:
         return []
     if isinstance(tree, list):
