@@ -13,46 +13,20 @@ Imports nothing heavy until used.
 from __future__ import annotations
 
 import contextlib
-import gc
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
 
-@contextlib.contextmanager
-def paused_detection() -> Iterator[None]:
+def paused_detection() -> contextlib.AbstractContextManager[None]:
     """Installed detection out of the way inside the block: every hook and patch removed, then put
     back as they were (the step machine keeps its state, discovery its roots; a step left open
     spans the block). For the overhead benchmark, whose plain steps alternate one by one with
-    automatic ones: reinstalling for each would restart discovery every time. Not reentrant."""
-    from otel_train.detect import gc_pauses, optimizer, state
-    from otel_train.detect.data import to_switch
-    from otel_train.detect.patches import Patches, unpatch
-    from otel_train.detect.roots import roots
-
-    if not state.installed:
-        yield
-        return
-    roots.detach()
-    optimizer.remove_hooks()
-    gc.callbacks.remove(gc_pauses.gc_callback)
-    to_switch.disarm()
-    ours = [patch for patches in Patches.everywhere for patch in patches.made
-            if vars(patch[0]).get(patch[1]) is patch[4]]
-    for patch in ours:
-        unpatch(*patch)
-    try:
-        yield
-    finally:
-        for owner, name, _, _, patched in ours:
-            setattr(owner, name, patched)
-        gc.callbacks.append(gc_pauses.gc_callback)
-        optimizer.add_hooks()
-        if roots.discovering:
-            roots.add_global()
-        for module in list(roots.hooked):
-            roots.hook(module)
+    automatic ones: reinstalling for each would restart discovery every time. Not reentrant.
+    (`otel_train.detect.aside.paused`, which `outside_training` also uses.)"""
+    from otel_train.detect.aside import paused
+    return paused()
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ Patch = tuple[Any, str, Any, bool, Any]
 class Patches:
     """The replacements one hook family made, restored newest first by `undo()`."""
 
-    #: Every family's registry (`otel_train.testing.paused_detection` lifts them all).
+    #: Every family's registry (`otel_train.detect.aside.paused` lifts them all).
     everywhere: list[Patches] = []
 
     def __init__(self) -> None:

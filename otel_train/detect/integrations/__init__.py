@@ -7,12 +7,14 @@ automatic detection underneath; what the framework adds goes through these few c
     set_epoch(n)                   # the framework's epoch wins over the one counted from loaders
     eval_begin() / eval_end()      # its validation loop is one exact `train.eval` pass
     patch(Trainer, "save_checkpoint", checkpoint_wrapper)   # until detection is uninstalled
+    with outside_training():       # work between two steps (a benchmark): in no step, unseen
     finish()                       # training is over: the last step ends at its real end
     release(claimed)               # finish, and uninstall detection if `claim()` installed it
 """
 
 from __future__ import annotations
 
+from otel_train.detect.aside import outside_training
 from otel_train.detect.checkpoint import checkpoint_wrapper
 from otel_train.detect.eval import eval_begin, eval_end, eval_wrapper
 from otel_train.detect.install import claim, uninstall
@@ -20,7 +22,7 @@ from otel_train.detect.install import patch_once as patch
 from otel_train.detect.machine import finish, set_epoch
 
 __all__ = ["claim", "release", "set_epoch", "eval_begin", "eval_end", "finish", "patch", "checkpoint_wrapper",
-           "eval_wrapper"]
+           "eval_wrapper", "outside_training"]
 
 
 def release(claimed: bool) -> None:
