@@ -43,7 +43,7 @@ except ImportError:
 _log = logging.getLogger("otel_train")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _SIBLING_TAGS = {semconv.SPAN_CHECKPOINT: semconv.TAG_CHECKPOINT, semconv.SPAN_EVAL: semconv.TAG_EVAL,
-                 semconv.SPAN_GC: semconv.TAG_GC}
+                 semconv.SPAN_GC: semconv.TAG_GC, semconv.SPAN_BENCH_LATENCY: semconv.TAG_BENCH}
 _MAX_ORPHANS = 1024  # tags/events waiting for a step record that may never come
 _SCALARS = (str, bool, int, float)
 _CACHE_MAX = 4096  # per-step and per-attribute caches of the fast path are cleared past this

@@ -1,0 +1,1 @@
+"""Benchmarks users run on their own hardware (`otel-train bench ...`)."""
