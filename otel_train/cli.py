@@ -5,6 +5,8 @@
                               [--targets-only] [--block-steps N]
                                            what instrumentation costs, against a baseline in the same run
     otel-train bench device [--steps N]    device timing: synchronisations added, device vs profiler time
+    otel-train bench latency MODULE:FUNCTION [--seq-len N | --input-shape ...] [--warmup N --iters N]
+                                           forward and forward+backward latency on synthetic batches
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
                                "judged by group of 200 steps (--rounds groups; no --block-steps)")
     device = bench_sub.add_parser("device", help="device timing: synchronisations and device durations")
     device.add_argument("--steps", type=int, default=50, help="training steps per variant (default 50)")
+    from otel_train.bench.latency_cli import add_parser as add_latency
+    add_latency(bench_sub)
     return parser
 
 
@@ -86,6 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, value in run_device_bench(args.steps).items():
             print(f"{name}: {value:.3f}" if isinstance(value, float) else f"{name}: {value}")
         return 0
+    if args.command == "bench" and args.bench == "latency":
+        from otel_train.bench.latency_cli import main as latency_main
+        return latency_main(args, args.latency_parser)
     parser.error(f"unknown command {args.command!r}")
     return 2
 
