@@ -21,10 +21,12 @@ SPAN_EVAL: Final = "train.eval"
 SPAN_GC: Final = "train.gc"
 SPAN_INFER_GENERATE: Final = "infer.generate"
 SPAN_DISPATCH_WAIT: Final = "pipeline.dispatch_wait"
+SPAN_BENCH_LATENCY: Final = "bench.latency"  # a latency benchmark between steps (names below)
 
 #: Phase spans: the pieces a step is made of (their durations feed `train.phase.duration`).
 PHASE_SPANS: Final = (SPAN_DATA, SPAN_FORWARD, SPAN_BACKWARD, SPAN_OPTIMIZER, SPAN_COLLECTIVE)
-#: Spans that are siblings of steps, never inside one (CONVENTIONS.md §2).
+#: Spans that are siblings of steps, never inside one (CONVENTIONS.md §2). `bench.latency` is one
+#: too (`export.step_timeline.SIBLING_TAGS`), but no goodput category of its own: its time is `other`.
 STEP_SIBLING_SPANS: Final = (SPAN_CHECKPOINT, SPAN_EVAL, SPAN_GC)
 #: Spans that record device events by default while device timing is on (`otel_train.span(name,
 #: device_time=True/False)` overrides it). Not `train.data` (host and network work: the device is
@@ -62,6 +64,7 @@ ERROR_TYPE: Final = "error.type"
 TAG_CHECKPOINT: Final = "checkpoint"
 TAG_EVAL: Final = "eval"
 TAG_GC: Final = "gc"
+TAG_BENCH: Final = "bench"
 
 # --- resource attributes (CONVENTIONS.md §4, "Resource") -----------------------------
 SERVICE_NAME: Final = "service.name"
@@ -113,3 +116,23 @@ ENV_EXPORTER_PRIORITY: Final = "OTEL_TRAIN_EXPORTER_PRIORITY"
 ENV_FLUSH_INTERVAL: Final = "OTEL_TRAIN_FLUSH_INTERVAL_MS"
 ENV_SHUTDOWN_TIMEOUT: Final = "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S"
 ENV_ROLE: Final = "OTEL_TRAIN_ROLE"
+
+# --- the latency benchmark (`otel-train bench latency`, docs/bench-latency.md) -------------
+SPAN_BENCH_WARMUP: Final = "bench.warmup"
+SPAN_BENCH_FORWARD: Final = "bench.forward"
+SPAN_BENCH_FORWARD_BACKWARD: Final = "bench.forward_backward"
+#: The benchmark's timed batches (one span each; `bench.latency` metric points).
+BENCH_TIMED_SPANS: Final = (SPAN_BENCH_FORWARD, SPAN_BENCH_FORWARD_BACKWARD)
+EVENT_BENCH_RESULT: Final = "bench.result"
+BENCH_PHASE: Final = "bench.phase"
+BENCH_ITERATION: Final = "bench.iteration"
+BENCH_SAMPLES: Final = "bench.samples"
+BENCH_TOKENS: Final = "bench.tokens"
+BENCH_WARMUP: Final = "bench.warmup"
+BENCH_ITERS: Final = "bench.iters"
+BENCH_TIMER: Final = "bench.timer"
+BENCH_MODEL: Final = "bench.model"
+BENCH_AFTER_STEP: Final = "bench.after_step"
+METRIC_BENCH_LATENCY: Final = "bench.latency"
+METRIC_BENCH_TOKENS: Final = "bench.throughput.tokens"
+METRIC_BENCH_SAMPLES: Final = "bench.throughput.samples"

@@ -1,10 +1,12 @@
-"""`otel-train bench overhead` and `otel-train bench device`: the benchmarks (`otel_train.bench`),
-run by users on their own hardware."""
+"""`otel-train bench overhead`, `bench device` and `bench latency`: the benchmarks
+(`otel_train.bench`), run by users on their own hardware. `latency`'s flags: `bench_latency`."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
+
+from otel_train.cli import bench_latency
 
 
 def add_parser(sub: Any) -> None:
@@ -39,6 +41,7 @@ def add_parser(sub: Any) -> None:
                                "judged by group of 200 steps (--rounds groups; no --block-steps)")
     device = bench_sub.add_parser("device", help="device timing: synchronisations and device durations")
     device.add_argument("--steps", type=int, default=50, help="training steps per variant (default 50)")
+    bench_latency.add_parser(bench_sub)
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -62,5 +65,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         for name, value in run_device_bench(args.steps).items():
             print(f"{name}: {value:.3f}" if isinstance(value, float) else f"{name}: {value}")
         return 0
+    if args.bench == "latency":
+        return bench_latency.run(args, args.latency_parser)
     parser.error(f"unknown benchmark {args.bench!r}")
     return 2

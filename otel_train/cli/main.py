@@ -5,6 +5,8 @@
                               [--targets-only] [--block-steps N] [--design blocks|groups]
                                            what instrumentation costs, against a baseline in the same run
     otel-train bench device [--steps N]    device timing: synchronisations added, device vs profiler time
+    otel-train bench latency MODULE:FUNCTION [--seq-len N | --input-shape ... | --example F] [--warmup N --iters N]
+                                           forward and forward+backward latency on synthetic batches
     otel-train diagnose PATH [--json]      stragglers, clock skew, slow steps, goodput
     otel-train report PATH [-o FILE]       a self-contained HTML report of a run
     otel-train export --format perfetto|jaeger PATH [-o FILE]   trace JSON for Perfetto / Jaeger UI

@@ -39,6 +39,9 @@ _log = logging.getLogger("otel_train")
 SECONDS_BUCKETS: Sequence[float] = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
+#: The latency benchmark's timed spans, and the `bench.phase` each one is.
+_BENCH_PHASES = {semconv.SPAN_BENCH_FORWARD: "forward", semconv.SPAN_BENCH_FORWARD_BACKWARD: "forward_backward"}
+
 _CUMULATIVE = AggregationTemporality.CUMULATIVE
 _DELTA = AggregationTemporality.DELTA
 
@@ -201,14 +204,21 @@ class TrainMetrics:
         self.gc_pause = seconds(semconv.METRIC_GC_PAUSE, "Python garbage-collection pause")
         self.infer_batch = seconds(semconv.METRIC_INFER_BATCH_DURATION, "One inference generate call")
         self.dispatch_wait = seconds(semconv.METRIC_DISPATCH_WAIT, "Trainer waiting for samples")
+        self.bench_latency = seconds(semconv.METRIC_BENCH_LATENCY, "Latency of one synthetic batch "
+                                                                   "(otel-train bench latency)")
         self._histograms = (self.step_duration, self.phase_duration, self.device_duration, self.gc_pause,
-                            self.infer_batch, self.dispatch_wait)
+                            self.infer_batch, self.dispatch_wait, self.bench_latency)
         self._by_span = {semconv.SPAN_GC: self.gc_pause, semconv.SPAN_INFER_GENERATE: self.infer_batch,
                          semconv.SPAN_DISPATCH_WAIT: self.dispatch_wait}
         self._phases = frozenset(semconv.PHASE_SPANS)
         self.tokens_per_s = _LastValue(semconv.METRIC_THROUGHPUT_TOKENS, "{token}/s", "Tokens per second of step time")
         self.samples_per_s = _LastValue(semconv.METRIC_THROUGHPUT_SAMPLES, "{sample}/s",
                                         "Samples per second of step time")
+        self.bench_tokens = _LastValue(semconv.METRIC_BENCH_TOKENS, "{token}/s",
+                                       "Benchmark tokens per batch / mean latency")
+        self.bench_samples = _LastValue(semconv.METRIC_BENCH_SAMPLES, "{sample}/s",
+                                        "Benchmark samples per batch / mean latency")
+        self._bench_sums: dict[tuple[str, str], list[float]] = {}  # (phase, device) -> latency, samples, tokens
         self.dropped = _Counter(semconv.METRIC_SPANS_DROPPED, "{span}", "Records otel_train had to drop",
                                 count, start)
         # Registered last: a reader may collect (on its own thread) as soon as it has a callback.
@@ -242,11 +252,38 @@ class TrainMetrics:
         with self.lock:
             if name in self._phases:
                 self.phase_duration.record(duration_s, name, {semconv.METRIC_ATTR_PHASE: name})
+            elif name in _BENCH_PHASES:
+                self._observe_bench(_BENCH_PHASES[name], duration_s, attrs)
+                return
             else:
                 histogram = self._by_span.get(name)
                 if histogram is not None:
                     histogram.record(duration_s)
             self._observe_device(name, attrs)
+
+    def _observe_bench(self, phase: str, host_s: float, attrs: Mapping[str, Any]) -> None:
+        """A latency benchmark's timed batch (under `lock`). Its latency is device time where the
+        span has it; host time only on the CPU (on an accelerator that is dispatch time)."""
+        device = attrs.get(semconv.DEVICE_TYPE, "cpu")
+        latency = attrs.get(semconv.DEVICE_DURATION_S)
+        if not isinstance(latency, float):
+            if device != "cpu":
+                return  # device timing is off: the table and JSON have the device-timed numbers
+            latency = host_s
+        key = (phase, str(device))
+        labels = {semconv.BENCH_PHASE: phase, semconv.DEVICE_TYPE: key[1]}
+        self.bench_latency.record(latency, key, labels)
+        sums = self._bench_sums.setdefault(key, [0.0, 0.0, 0.0])
+        sums[0] += latency
+        now = self._time_ns()
+        # Throughput of the mean latency (total work / total time), as the benchmark's table says.
+        for index, attr, gauge in ((1, semconv.BENCH_SAMPLES, self.bench_samples),
+                                   (2, semconv.BENCH_TOKENS, self.bench_tokens)):
+            count = attrs.get(attr)
+            if isinstance(count, int) and not isinstance(count, bool):
+                sums[index] += count
+                if sums[0] > 0:
+                    gauge.set(sums[index] / sums[0], now, key, labels)
 
     def _observe_device(self, name: str, attrs: Mapping[str, Any]) -> None:
         """The span's device duration, if it has one (under `lock`)."""
@@ -278,7 +315,8 @@ class TrainMetrics:
         with self.lock:
             now = self._time_ns()
             metrics = [h.collect(reader, delta_histograms, now) for h in self._histograms]
-            metrics += [g.collect(now) for g in (self.tokens_per_s, self.samples_per_s)]
+            metrics += [g.collect(now) for g in (self.tokens_per_s, self.samples_per_s, self.bench_tokens,
+                                                 self.bench_samples)]
             metrics.append(self.dropped.collect(reader, delta_counters, now))
         scope = ScopeMetrics(self.scope, [m for m in metrics if m is not None], "")
         return MetricsData([ResourceMetrics(self.resource, [scope], "")])

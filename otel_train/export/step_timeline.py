@@ -2,7 +2,7 @@
 
 A step span is held until the next step's record arrives, for three reasons: tags and events
 recorded after it ended (`otel_train.tag("checkpoint")` after the loop body) still reach it;
-the checkpoint, eval and GC spans that follow it (its siblings) are known by then; and its own
+the checkpoint, eval, GC and benchmark spans that follow it (its siblings) are known by then; and its own
 time (`train.step.time_s`) runs from the previous step's boundary to its own, less its
 siblings' time. Records arrive in recording order, so a note whose step is not held yet (an
 orphan) waits for it, bounded (`_MAX_ORPHANS`).
@@ -20,7 +20,7 @@ _MAX_ORPHANS = 1024  # tags/events waiting for a step record that may never come
 
 #: The spans that are siblings of steps, never inside one, and the tag each puts on its step.
 SIBLING_TAGS = {semconv.SPAN_CHECKPOINT: semconv.TAG_CHECKPOINT, semconv.SPAN_EVAL: semconv.TAG_EVAL,
-                semconv.SPAN_GC: semconv.TAG_GC}
+                semconv.SPAN_GC: semconv.TAG_GC, semconv.SPAN_BENCH_LATENCY: semconv.TAG_BENCH}
 
 
 class HeldStep:
