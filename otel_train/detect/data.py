@@ -1,7 +1,7 @@
 """Batch fetches: `_BaseDataLoaderIter.__next__`, and the `Tensor.to` copies right after it.
 
-A fetch is `train.data`, with the batch's host-to-device copy when seen; it is held until a
-forward shows what it fed (the training step that follows, or an evaluation: `machine`). The
+A fetch is `train.data`, with the batch's host-to-device copy when seen, and the batch's size
+(`batch_size`); it is held until a forward shows what it fed (the training step that follows, or an evaluation: `machine`). The
 loader's own (batch) sampler tells loaders apart, even two over one dataset; a new iterator of
 the training loader is a new epoch.
 """
@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from otel_train.detect.batch_size import size_of
 from otel_train.detect.compile import compiled_anything, is_compiling
 from otel_train.detect.machine import close, manual, ours
 from otel_train.detect.patches import Patches, unpatch
@@ -48,7 +49,7 @@ def next_wrapper(wrapped: Callable[..., Any], args: Any, kwargs: Any) -> Any:
             close(r, s, s.opt_end)  # the next batch: the step's updates are over
         elif s.opt_end is None and s.mb_bwd and s.data_driven and manual(s):
             close(r, s, t0)
-    s.pending.append([DATA, t0, t1, src, instance])
+    s.pending.append([DATA, t0, t1, src, instance, size_of(batch)])
     to_switch.arm()  # the batch's copies to the device, if any, come next
     return batch
 

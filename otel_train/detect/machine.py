@@ -17,7 +17,8 @@ end of its last update, by what comes next:
 
 Batch fetches are held until a forward shows what they were for: the training step that
 follows, or an evaluation. A forward after a backward starts a new micro-batch of the same step
-(`train.micro_batch`; `train.micro_batches` on the step): gradient accumulation. A loop with no
+(`train.micro_batch`; `train.micro_batches` on the step): gradient accumulation. The sizes of
+the batches a step took add up to its `train.samples` / `train.tokens` (`batch_size`). A loop with no
 optimizer at all (manual `p.data.add_` updates) gets one step per forward/backward cycle. The
 epoch is counted from the training loader's iterators, unless a framework says it.
 
@@ -34,11 +35,14 @@ import weakref
 
 import torch
 
+from otel_train import semconv
 from otel_train.detect.roots import roots
 from otel_train.detect.state import DATA, EVAL, P_ITER, P_SRC, P_T0, PH_FWD, PH_OPT, State, mb_attrs
 from otel_train.detect.state import s as _s
 from otel_train.record import direct, recorder
 from otel_train.record.recorder import Recorder, Step
+
+TRAIN_SAMPLES, TRAIN_TOKENS = semconv.TRAIN_SAMPLES, semconv.TRAIN_TOKENS
 
 
 def ours(r: Recorder, s: State) -> bool:
@@ -152,16 +156,29 @@ def resolve_pending(r: Recorder, s: State) -> None:
     attrs = mb_attrs(s.mb)
     parent = recorder.current_region()
     sources = []
-    for name, t0, t1, src, _ in s.pending:
+    for name, t0, t1, src, _, size in s.pending:
         direct.record(r, name, attrs if name is DATA else None, t0, t1, parent)
         if src is not None:
             sources.append(src)
+        if size is not None and s.step is not None:
+            add_size(s.step, size)
     s.pending.clear()
     if sources:
         if s.data_driven is None:
             s.data_driven = True
         if s.train_src is None or not any(src is s.train_src for src in sources):
             s.train_src = sources[-1]
+
+
+def add_size(step: Step, size: tuple[int, int]) -> None:
+    """A batch of the step: its samples and tokens add to the step's (`batch_size`)."""
+    attrs = step.attrs
+    if attrs is None:
+        step.attrs = {TRAIN_SAMPLES: size[0], TRAIN_TOKENS: size[1]} if size[1] else {TRAIN_SAMPLES: size[0]}
+        return
+    attrs[TRAIN_SAMPLES] = attrs.get(TRAIN_SAMPLES, 0) + size[0]
+    if size[1]:
+        attrs[TRAIN_TOKENS] = attrs.get(TRAIN_TOKENS, 0) + size[1]
 
 
 def track_epoch(s: State) -> None:

@@ -136,7 +136,7 @@ def aux_patch(original: Callable[..., Any]) -> Callable[..., Any]:
                 out = original(*args, **kwargs)
             finally:
                 s.aux_depth = 0
-            pending.append([OPTIMIZER, t0, r.now(), None, None])
+            pending.append([OPTIMIZER, t0, r.now(), None, None, None])
             return out
         return original(*args, **kwargs)
     return aux

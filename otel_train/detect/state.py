@@ -26,8 +26,8 @@ COLLECTIVE = semconv.SPAN_COLLECTIVE
 FWD_TRAIN, FWD_EVAL, FWD_AUX, FWD_SKIP = range(4)
 # Which training phase reaches `machine.train_activity`.
 PH_FWD, PH_BWD, PH_OPT = range(3)
-# Pending entry fields: [name, t0, t1, dataset, iterator].
-P_NAME, P_T0, P_T1, P_SRC, P_ITER = range(5)
+# Pending entry fields: [name, t0, t1, dataset, iterator, (samples, tokens) or None].
+P_NAME, P_T0, P_T1, P_SRC, P_ITER, P_SIZE = range(6)
 
 # One shared, never mutated attribute dict per micro-batch index: no dict per call.
 _MB_ATTRS = tuple({semconv.TRAIN_MICRO_BATCH: i} for i in range(256))
