@@ -61,6 +61,15 @@ def _float_above(minimum: float) -> Callable[[Any], float]:
     return parse
 
 
+def _optional_float_above(minimum: float) -> Callable[[Any], float | None]:
+    parse = _float_above(minimum)
+
+    def parse_optional(value: Any) -> float | None:
+        return None if value is None else parse(value)
+
+    return parse_optional
+
+
 def _one_of(*choices: str) -> Callable[[Any], str]:
     def parse(value: Any) -> str:
         text = value.strip().lower() if isinstance(value, str) else value
@@ -190,6 +199,15 @@ class Config:
     """OTEL_METRIC_EXPORT_INTERVAL: how often metrics are exported."""
     headers: str | None = None
     """OTEL_EXPORTER_OTLP_HEADERS: `key=value,key2=value2` sent with every export."""
+    flops_per_step: float | None = None
+    """OTEL_TRAIN_FLOPS_PER_STEP: floating-point operations one rank computes in one optimizer step,
+    for `train.mfu` (a step's `train.flops` attribute wins; unset: 6 x parameters x tokens when
+    detection sees token batches)."""
+    peak_flops: float | None = None
+    """OTEL_TRAIN_PEAK_FLOPS: peak FLOP/s of one device, for `train.mfu` (unset: from the device's
+    name, bf16 dense, `export/peak_flops.py`; on the CPU no MFU unless this is set)."""
+    console_every: int = 0
+    """OTEL_TRAIN_CONSOLE_EVERY: print one summary line on rank 0 every N steps (0: never)."""
 
     def __post_init__(self) -> None:
         for name, spec in _SPECS.items():
@@ -287,6 +305,9 @@ _SPECS: dict[str, _Spec] = {
                               _float_above(0.0)),
     "metric_interval_ms": _Spec(("OTEL_METRIC_EXPORT_INTERVAL",), _int_at_least(1)),
     "headers": _Spec(("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"), _optional_text),
+    "flops_per_step": _Spec((semconv.ENV_FLOPS_PER_STEP,), _optional_float_above(0.0)),
+    "peak_flops": _Spec((semconv.ENV_PEAK_FLOPS,), _optional_float_above(0.0)),
+    "console_every": _Spec((semconv.ENV_CONSOLE_EVERY,), _int_at_least(0)),
 }
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Config)}
 assert set(_SPECS) == set(_DEFAULTS), "every Config field needs a spec"

@@ -24,7 +24,7 @@ from otel_train.export.sinks import ENV_CHILD, LocalSink, ProcessSink
 from otel_train.export.worker import Worker
 from otel_train.record import recorder as _recorder
 from otel_train.record import span
-from otel_train.record.clock import Clock
+from otel_train.record.clock import Clock, SystemClock
 from otel_train.wire.ids import new_salt
 from otel_train.wire.schema import Truncated
 
@@ -77,6 +77,7 @@ def init(span_processors: Sequence[Any] = (), metric_readers: Sequence[Any] = ()
          clock: Clock | None = None, **overrides: Any) -> RunInfo | None:
     """Configure once; later calls return the existing run. See `otel_train.init`."""
     global _state
+    init_ns = (clock or SystemClock()).wall_ns()  # the run's goodput window opens here
     with _lock:
         if _state is not None and not _state.closed:
             if overrides or span_processors or metric_readers:
@@ -95,7 +96,7 @@ def init(span_processors: Sequence[Any] = (), metric_readers: Sequence[Any] = ()
         salt = new_salt()
         from otel_train.export.exporters import describe_destination
         from otel_train.export.pipeline import ExportPipeline, make_setup
-        setup = make_setup(cfg, run, build_resource(cfg, run), salt, _version())
+        setup = make_setup(cfg, run, build_resource(cfg, run), salt, _version(), init_ns)
 
         def local() -> LocalSink:
             return LocalSink(ExportPipeline(setup, span_processors, metric_readers))
@@ -118,7 +119,8 @@ def init(span_processors: Sequence[Any] = (), metric_readers: Sequence[Any] = ()
         if cfg.device_timing == "auto":
             from otel_train.record import device as _device
             resolve = _device.install(recorder)  # chooses the device lazily; torch is never imported here
-        worker = Worker(recorder, sink, cfg.flush_interval_ms / 1000.0, resolve=resolve)
+        from otel_train.export.samples import Sampler
+        worker = Worker(recorder, sink, cfg.flush_interval_ms / 1000.0, resolve=resolve, sample=Sampler())
         _state = _State(cfg, run, worker, describe_destination(cfg, run))
         _state.salt = salt
         _state.device = resolve
@@ -212,7 +214,7 @@ def _truncate_open(recorder: _recorder.Recorder) -> None:
         recorder.append(record)
 
 
-def _report(st: _State, recorder: _recorder.Recorder, stats: dict[str, int] | None, bound: float) -> None:
+def _report(st: _State, recorder: _recorder.Recorder, stats: dict[str, Any] | None, bound: float) -> None:
     buffer_full = recorder.dropped
     if stats is None:
         msg = (f"otel_train: shutdown bound of {bound:g} s reached while still exporting to {st.destination}; "
@@ -233,6 +235,10 @@ def _report(st: _State, recorder: _recorder.Recorder, stats: dict[str, int] | No
         msg += (f"; device timing: {device.timing.skipped} regions without events (event pool empty), "
                 f"{device.unresolved} records without device time (events not complete in time)")
     print(msg, file=sys.stderr, flush=True)
+    goodput = stats.get("goodput") if stats else None
+    if goodput and st.run is not None and st.run.rank == 0:  # one line for the job, not one per rank
+        from otel_train.export.goodput import summary_line
+        print(summary_line(goodput, st.run.rank), file=sys.stderr, flush=True)
 
 
 # --- process hooks ------------------------------------------------------------------

@@ -44,6 +44,8 @@ TRAIN_STEP_TAGS: Final = "train.step.tags"
 TRAIN_STEP_TIME_S: Final = "train.step.time_s"
 TRAIN_SAMPLES: Final = "train.samples"
 TRAIN_TOKENS: Final = "train.tokens"
+#: FLOPs this rank computed in the step, when the user says (`train.mfu`; docs/metrics.md).
+TRAIN_FLOPS: Final = "train.flops"
 DEVICE_DURATION_S: Final = "device.duration_s"
 DEVICE_LAG_S: Final = "device.lag_s"
 DEVICE_TYPE: Final = "device.type"
@@ -58,6 +60,10 @@ TRUNCATED: Final = "otel_train.truncated"
 #: the host clock by the anchor, `record.device_resolver`). Every key starting with "_" is stripped.
 WIRE_DEV_START_NS: Final = "_dev.start_ns"
 WIRE_DEV_END_NS: Final = "_dev.end_ns"
+#: Private keys of a worker reading (`wire.schema.sample_wire`), never attributes: the device's
+#: name (its peak FLOP/s) and the detected model's trainable parameters (6·N·tokens), for `train.mfu`.
+WIRE_SAMPLE_DEVICE_NAME: Final = "_device.name"
+WIRE_SAMPLE_PARAMETERS: Final = "_model.parameters"
 #: Standard OTel attribute: the exception type that ended a span with an error.
 ERROR_TYPE: Final = "error.type"
 
@@ -91,6 +97,7 @@ METRIC_THROUGHPUT_SAMPLES: Final = "train.throughput.samples"
 METRIC_MFU: Final = "train.mfu"
 METRIC_MEMORY_RESERVED: Final = "device.memory.reserved"
 METRIC_MEMORY_ALLOCATED: Final = "device.memory.allocated"
+METRIC_MEMORY_PEAK: Final = "device.memory.peak"
 METRIC_GC_PAUSE: Final = "train.gc.pause"
 METRIC_INFER_BATCH_DURATION: Final = "infer.batch.duration"
 METRIC_INFER_CAPACITY: Final = "infer.capacity"
@@ -98,10 +105,20 @@ METRIC_TRAIN_CAPACITY: Final = "train.capacity"
 METRIC_DISPATCH_WAIT: Final = "pipeline.dispatch_wait"
 METRIC_POOL_SIZE: Final = "pipeline.pool.size"
 METRIC_SPANS_DROPPED: Final = "otel_train.spans.dropped"
+#: Goodput at run time (docs/metrics.md): the productive share of the wall time since init, the
+#: wall time by category (attribute `category`: productive, startup, compile, data, checkpoint,
+#: eval, gc, restart, other; they add up to it), and the steps tagged `slow`.
+METRIC_GOODPUT: Final = "train.goodput"
+METRIC_GOODPUT_TIME: Final = "train.goodput.time"
+METRIC_SLOW_STEPS: Final = "train.steps.slow"
 #: Attribute on phase metrics naming the phase (the span name).
 METRIC_ATTR_PHASE: Final = "phase"
 #: Attribute on `otel_train.spans.dropped` saying where the drop happened.
 METRIC_ATTR_REASON: Final = "reason"
+#: Attribute on `train.goodput.time` naming the category.
+METRIC_ATTR_CATEGORY: Final = "category"
+#: The tag the exporter puts on a slow step's `train.step.tags`.
+TAG_SLOW: Final = "slow"
 
 #: Instrumentation scope of every span and instrument the package emits.
 SCOPE_NAME: Final = "otel_train"
@@ -117,6 +134,9 @@ ENV_EXPORTER_PRIORITY: Final = "OTEL_TRAIN_EXPORTER_PRIORITY"
 ENV_FLUSH_INTERVAL: Final = "OTEL_TRAIN_FLUSH_INTERVAL_MS"
 ENV_SHUTDOWN_TIMEOUT: Final = "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S"
 ENV_ROLE: Final = "OTEL_TRAIN_ROLE"
+ENV_FLOPS_PER_STEP: Final = "OTEL_TRAIN_FLOPS_PER_STEP"
+ENV_PEAK_FLOPS: Final = "OTEL_TRAIN_PEAK_FLOPS"
+ENV_CONSOLE_EVERY: Final = "OTEL_TRAIN_CONSOLE_EVERY"
 
 # --- the latency benchmark (`otel-train bench latency`, docs/bench-latency.md) -------------
 SPAN_BENCH_WARMUP: Final = "bench.warmup"

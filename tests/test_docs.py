@@ -74,8 +74,9 @@ def test_trace_shape_lists_every_span_metric_and_resource_name() -> None:
     names = [value for key, value in vars(semconv).items()
              if key.startswith(("SPAN_", "METRIC_", "ML_", "TRAIN_", "DEVICE_", "COMM_", "INFER_", "SERVICE_"))
              and isinstance(value, str) and key not in ("ML_PARALLEL_PREFIX", "METRIC_ATTR_PHASE",
-                                                        "METRIC_ATTR_REASON")]
-    names += [semconv.TRUNCATED, semconv.ERROR_TYPE, semconv.METRIC_ATTR_PHASE, semconv.METRIC_ATTR_REASON]
+                                                        "METRIC_ATTR_REASON", "METRIC_ATTR_CATEGORY")]
+    names += [semconv.TRUNCATED, semconv.ERROR_TYPE, semconv.METRIC_ATTR_PHASE, semconv.METRIC_ATTR_REASON,
+              semconv.METRIC_ATTR_CATEGORY]
     missing = sorted(n for n in names if f"`{n}`" not in text)
     assert not missing, missing
 

@@ -19,9 +19,10 @@ import otel_train
 PACKAGE = Path(otel_train.__file__).resolve().parent
 #: What the exporter process imports to run (`export/exporter_process.py` and what it pulls in).
 EXPORTER_SIDE = ("exporter_process", "pipe", "pipeline", "spans", "fast_path", "step_timeline", "span_ids",
-                 "attributes", "metrics", "otlp", "exporters", "otlp_json")
+                 "attributes", "metrics", "otlp", "exporters", "otlp_json", "goodput", "mfu", "peak_flops",
+                 "console")
 TRAINING_SIDE = ("otel_train.record", "otel_train.detect", "otel_train._runtime", "otel_train.export.worker",
-                 "otel_train.export.sinks", "otel_train.export.pacer")
+                 "otel_train.export.sinks", "otel_train.export.pacer", "otel_train.export.samples")
 
 
 def _imports(path: Path) -> set[str]:

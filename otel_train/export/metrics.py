@@ -32,6 +32,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_train import semconv
+from otel_train.analyze.goodput import PRODUCTIVE
+from otel_train.export.console import ConsoleSummary
+from otel_train.export.goodput import RunAccount
+from otel_train.export.mfu import Mfu
 
 _log = logging.getLogger("otel_train")
 
@@ -41,6 +45,10 @@ SECONDS_BUCKETS: Sequence[float] = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.00
 
 #: The latency benchmark's timed spans, and the `bench.phase` each one is.
 _BENCH_PHASES = {semconv.SPAN_BENCH_FORWARD: "forward", semconv.SPAN_BENCH_FORWARD_BACKWARD: "forward_backward"}
+
+#: Spans whose device time is the device's busy time in a step (collectives run inside them or
+#: overlap them: not added again).
+_BUSY_SPANS = frozenset({semconv.SPAN_FORWARD, semconv.SPAN_BACKWARD, semconv.SPAN_OPTIMIZER})
 
 _CUMULATIVE = AggregationTemporality.CUMULATIVE
 _DELTA = AggregationTemporality.DELTA
@@ -185,7 +193,8 @@ class TrainMetrics:
 
     def __init__(self, resource: Resource, exporter: MetricExporter | None, interval_ms: int,
                  extra_readers: Sequence[MetricReader] = (), version: str = "",
-                 time_ns: Callable[[], int] = time.time_ns) -> None:
+                 time_ns: Callable[[], int] = time.time_ns, account: RunAccount | None = None,
+                 mfu: Mfu | None = None, console_every: int = 0) -> None:
         self.resource = resource
         self.scope = InstrumentationScope(semconv.SCOPE_NAME, version)
         self._time_ns = time_ns
@@ -219,6 +228,23 @@ class TrainMetrics:
         self.bench_samples = _LastValue(semconv.METRIC_BENCH_SAMPLES, "{sample}/s",
                                         "Benchmark samples per batch / mean latency")
         self._bench_sums: dict[tuple[str, str], list[float]] = {}  # (phase, device) -> latency, samples, tokens
+        #: The run's goodput and slow steps (`goodput.RunAccount`), read at each collection.
+        self.account = account
+        self.goodput = _LastValue(semconv.METRIC_GOODPUT, "1", "Productive share of the wall time since init")
+        self.goodput_time = _LastValue(semconv.METRIC_GOODPUT_TIME, "s",
+                                       "Wall time since init by goodput category (they add up to it)")
+        self.slow_steps = _Counter(semconv.METRIC_SLOW_STEPS, "{step}",
+                                   "Steps over median + 3 MAD of the 100 before (tagged slow)", count, start)
+        #: Model FLOPs utilisation (`mfu.Mfu`: FLOPs per step, parameters, the device's peak).
+        self.mfu = mfu or Mfu()
+        self.mfu_ratio = _LastValue(semconv.METRIC_MFU, "1", "FLOPs of the step / step time / peak FLOP/s")
+        self.memory = [_LastValue(name, "By", description) for name, description in (
+            (semconv.METRIC_MEMORY_ALLOCATED, "Device memory held by tensors (the caching allocator's count)"),
+            (semconv.METRIC_MEMORY_RESERVED, "Device memory the caching allocator holds"),
+            (semconv.METRIC_MEMORY_PEAK, "Most device memory ever held by tensors (the allocator's peak)"))]
+        self._memory = {gauge.name: gauge for gauge in self.memory}
+        self.device_busy_s = 0.0  # device time of forward, backward and optimizer spans (console)
+        self.console = ConsoleSummary(console_every, self._console_totals) if console_every > 0 else None
         self.dropped = _Counter(semconv.METRIC_SPANS_DROPPED, "{span}", "Records otel_train had to drop",
                                 count, start)
         # Registered last: a reader may collect (on its own thread) as soon as it has a callback.
@@ -239,11 +265,43 @@ class TrainMetrics:
                     if isinstance(count, (int, float)) and not isinstance(count, bool):
                         gauge.set(count / duration_s, self._time_ns())
             self._observe_device(semconv.SPAN_STEP, attrs)
+            self._step_done(attrs.get(semconv.TRAIN_STEP), duration_s, attrs)
 
-    def observe_step_time(self, duration_s: float) -> None:
+    def observe_step_time(self, duration_s: float, step_n: int | None = None) -> None:
         """A step span's own time alone: `observe_step` for a step with no throughput or device attribute."""
         with self.lock:
             self.step_duration.record(duration_s)
+            self._step_done(step_n, duration_s, None)
+
+    def _step_done(self, step_n: Any, duration_s: float, attrs: Mapping[str, Any] | None) -> None:
+        """What every step feeds besides its histogram: `train.mfu` and the console line (under `lock`)."""
+        flops = self.mfu.flops(attrs)
+        mfu = self.mfu.of(flops, duration_s)
+        if mfu is not None:
+            self.mfu_ratio.set(mfu, self._time_ns())
+        if self.console is not None:
+            tokens = attrs.get(semconv.TRAIN_TOKENS) if attrs else None
+            self.console.step(step_n if isinstance(step_n, int) else None, duration_s,
+                              float(tokens) if isinstance(tokens, (int, float)) else None, flops, self.mfu.peak)
+
+    def sample(self, values: Mapping[str, Any], wall_ns: int) -> None:
+        """A reading the worker took in the training process (`samples.Sampler`)."""
+        with self.lock:
+            for name, value in values.items():
+                gauge = self._memory.get(name)
+                if gauge is not None and isinstance(value, int):
+                    gauge.set(float(value), wall_ns)
+            name = values.get(semconv.WIRE_SAMPLE_DEVICE_NAME)
+            if isinstance(name, str):
+                self.mfu.device(name)
+            params = values.get(semconv.WIRE_SAMPLE_PARAMETERS)
+            if isinstance(params, int) and params > 0:
+                self.mfu.parameters = params
+
+    def _console_totals(self) -> tuple[float, float, int]:
+        """The run's data wait (s), device busy (s) and dropped records so far (under `lock`)."""
+        data = self.account.data_ns / 1e9 if self.account is not None else 0.0
+        return data, self.device_busy_s, sum(total for _, total in self.dropped.totals.values())
 
     def observe(self, name: str, duration_s: float, attrs: Mapping[str, Any]) -> None:
         if name == semconv.SPAN_STEP:
@@ -289,6 +347,8 @@ class TrainMetrics:
         """The span's device duration, if it has one (under `lock`)."""
         device_s = attrs.get(semconv.DEVICE_DURATION_S)
         if isinstance(device_s, float):
+            if name in _BUSY_SPANS:
+                self.device_busy_s += device_s
             self.device_duration.record(device_s, name, {semconv.METRIC_ATTR_PHASE: name})
 
     def span_windows(self, name: str) -> tuple[Sequence[float], list[_Window]]:
@@ -316,10 +376,25 @@ class TrainMetrics:
             now = self._time_ns()
             metrics = [h.collect(reader, delta_histograms, now) for h in self._histograms]
             metrics += [g.collect(now) for g in (self.tokens_per_s, self.samples_per_s, self.bench_tokens,
-                                                 self.bench_samples)]
+                                                 self.bench_samples, self.mfu_ratio, *self.memory)]
             metrics.append(self.dropped.collect(reader, delta_counters, now))
+            if self.account is not None and self.account.steps:
+                self._account_metrics(now)
+                metrics += [g.collect(now) for g in (self.goodput, self.goodput_time)]
+                metrics.append(self.slow_steps.collect(reader, delta_counters, now))
         scope = ScopeMetrics(self.scope, [m for m in metrics if m is not None], "")
         return MetricsData([ResourceMetrics(self.resource, [scope], "")])
+
+    def _account_metrics(self, now: int) -> None:
+        """`train.goodput`, `train.goodput.time` and `train.steps.slow` from the account (under `lock`)."""
+        account = self.account
+        assert account is not None
+        totals = account.snapshot()
+        wall = sum(totals.values())
+        self.goodput.set(totals[PRODUCTIVE] / wall if wall else 0.0, now)
+        for category, ns in totals.items():
+            self.goodput_time.set(ns / 1e9, now, category, {semconv.METRIC_ATTR_CATEGORY: category})
+        self.slow_steps.set_total(account.slow_steps, None, {})
 
     def shutdown(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

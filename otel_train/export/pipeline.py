@@ -21,6 +21,8 @@ from otel_train import semconv
 from otel_train._config import Config
 from otel_train._distributed import RunInfo
 from otel_train.export import fast_path
+from otel_train.export.goodput import RunAccount
+from otel_train.export.mfu import Mfu
 from otel_train.export.attributes import AttributeCleaner
 from otel_train.export.exporters import build_metric_exporter, build_span_exporter
 from otel_train.export.metrics import TrainMetrics
@@ -33,9 +35,12 @@ _log = logging.getLogger("otel_train")
 _MAX_REQUEST_BYTES = 1 << 20
 
 
-def make_setup(cfg: Config, run: RunInfo, resource: Mapping[str, Any], salt: int, version: str) -> dict[str, Any]:
+def make_setup(cfg: Config, run: RunInfo, resource: Mapping[str, Any], salt: int, version: str,
+               init_ns: int | None = None) -> dict[str, Any]:
+    """`init_ns`: when `otel_train.init` ran (the recorder's wall clock; default now), where the
+    run's goodput window opens."""
     return {"config": dict(vars(cfg)), "run": dict(vars(run)), "resource": dict(resource),
-            "salt": salt, "version": version}
+            "salt": salt, "version": version, "init_ns": time.time_ns() if init_ns is None else init_ns}
 
 
 class _FixedResource(Resource):
@@ -60,8 +65,11 @@ class ExportPipeline:
         self.resource = _FixedResource(setup["resource"])
         self.processors = list(span_processors)
         self.exporter = build_span_exporter(self.cfg, self.run)
+        self.account = RunAccount(setup.get("init_ns") or time.time_ns(), self.run.restart)
         self.metrics = TrainMetrics(self.resource, build_metric_exporter(self.cfg, self.run),
-                                    self.cfg.metric_interval_ms, metric_readers, setup["version"])
+                                    self.cfg.metric_interval_ms, metric_readers, setup["version"],
+                                    account=self.account, mfu=Mfu(self.cfg.flops_per_step, self.cfg.peak_flops),
+                                    console_every=self.cfg.console_every if self.run.rank == 0 else 0)
         # Lean path: no in-process processor needs SDK span objects and the exporter takes
         # pre-encoded protobuf, so records go straight to OTLP bytes (`otlp`).
         self.encoder: LeanEncoder | None = None
@@ -69,7 +77,8 @@ class ExportPipeline:
             self.encoder = LeanEncoder(self.resource.attributes, semconv.SCOPE_NAME, setup["version"])
         self.assembler = SpanAssembler(self.run, setup["salt"], self.resource,
                                        AttributeCleaner(self.cfg.attribute_value_limit), self._emit,
-                                       self.cfg.step_sample, self.metrics, setup["version"], self.encoder)
+                                       self.cfg.step_sample, self.metrics, setup["version"], self.encoder,
+                                       self.account)
         self.received = 0
         self.exported = 0
         self.failed = 0
@@ -109,8 +118,9 @@ class ExportPipeline:
         """Spans built and waiting for an export call."""
         return len(self._pending)
 
-    def shutdown(self, deadline: float) -> dict[str, int]:
-        """Emit held steps, export what remains before `deadline` (monotonic s), stop."""
+    def shutdown(self, deadline: float) -> dict[str, Any]:
+        """Emit held steps, export what remains before `deadline` (monotonic s), stop. The counts
+        (`stats`), and with steps seen the run's `goodput` (`RunAccount.summary`)."""
         if not self._closed:
             self._closed = True
             self.assembler.flush()
@@ -122,7 +132,11 @@ class ExportPipeline:
             self.metrics.shutdown(max(0.05, deadline - time.monotonic()))
             if self.exporter is not None:
                 _guarded(self.exporter.shutdown)
-        return self.stats()
+        stats: dict[str, Any] = dict(self.stats())
+        if self.account.steps:
+            with self.metrics.lock:
+                stats["goodput"] = self.account.summary()
+        return stats
 
     def stats(self) -> dict[str, int]:
         return {"received": self.received, "built": self.assembler.spans_built, "exported": self.exported,

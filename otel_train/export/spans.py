@@ -14,7 +14,8 @@ The general way turns a record into a span with its final ids, parent and timest
 `ReadableSpan` (for the SDK's span processors and the HTTP and file exporters), or with a lean
 `encoder` (OTLP/gRPC) a plain tuple it encodes at export (`otlp.LeanEncoder`). Regions are
 emitted at once; a step is held until the next one (`step_timeline.StepTimeline`: late tags and
-events, its siblings, its own time). Every record, sampled out or not, feeds the metrics.
+events, its siblings, its own time). Every record, sampled out or not, feeds the metrics and
+the run's goodput account (`goodput.RunAccount`), whose slow-step rule tags a step `slow`.
 """
 
 from __future__ import annotations
@@ -36,14 +37,15 @@ from otel_train import semconv
 from otel_train._distributed import RunInfo
 from otel_train.export.attributes import AttributeCleaner, add_device
 from otel_train.export.fast_path import FastPath
+from otel_train.export.goodput import DATA_SPANS, SLOW_TAG, RunAccount
 from otel_train.export.metrics import TrainMetrics
 from otel_train.export.otlp import LeanEncoder
 from otel_train.export.span_ids import SpanIds
 from otel_train.export.step_timeline import SIBLING_TAGS, HeldStep, StepTimeline
 from otel_train.wire.ids import parse_traceparent
-from otel_train.wire.schema import (KIND_EVENT, KIND_SPAN, KIND_STEP, KIND_TAG, W_ATTRS, W_DEV, W_ERROR, W_EVENTS,
-                                    W_LINKS, W_NAME, W_PARENT, W_SEQ, W_STEP, W_STEP_SEQ, W_T0, W_T1, W_TRUNC,
-                                    tuple_to_wire)
+from otel_train.wire.schema import (KIND_EVENT, KIND_SAMPLE, KIND_SPAN, KIND_STEP, KIND_TAG, W_ATTRS, W_DEV,
+                                    W_ERROR, W_EVENTS, W_LINKS, W_NAME, W_PARENT, W_SEQ, W_STEP, W_STEP_SEQ, W_T0,
+                                    W_T1, W_TRUNC, tuple_to_wire)
 
 _log = logging.getLogger("otel_train")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -60,7 +62,7 @@ class SpanAssembler:
 
     def __init__(self, run: RunInfo, salt: int, resource: Resource, cleaner: AttributeCleaner,
                  emit: Callable[[list[Any]], None], step_sample: int = 1, metrics: TrainMetrics | None = None,
-                 version: str = "", encoder: LeanEncoder | None = None) -> None:
+                 version: str = "", encoder: LeanEncoder | None = None, account: RunAccount | None = None) -> None:
         self.run = run
         self.salt = salt
         self.resource = resource
@@ -70,6 +72,7 @@ class SpanAssembler:
         self.metrics = metrics
         self.scope = InstrumentationScope(semconv.SCOPE_NAME, version)
         self.encoder = encoder  # if set: plain tuples (or bytes) for it, not ReadableSpans
+        self.account = account  # goodput and slow steps, fed under the metrics lock (collect reads it)
         self.ids = SpanIds(run, salt)
         self.timeline = StepTimeline()
         self.fast_path = FastPath(encoder, cleaner, self.ids, self.sampled) if encoder is not None else None
@@ -82,8 +85,9 @@ class SpanAssembler:
     def feed(self, records: Iterable[tuple[Any, ...]]) -> None:
         """Wire tuples (`wire.schema`)."""
         out: list[Any] = []
-        for wire in records:
-            self._dispatch(wire, out)
+        with self.metrics.lock if self.metrics is not None else _NO_LOCK:
+            for wire in records:
+                self._dispatch(wire, out)
         self._emit_all(out)
 
     def feed_raw(self, records: Iterable[tuple[Any, ...]], offset: int) -> None:
@@ -148,6 +152,8 @@ class SpanAssembler:
             self.timeline.tag(wire[W_STEP], wire[W_STEP_SEQ], wire[W_NAME])
         elif kind == KIND_EVENT:
             self.timeline.event(wire[W_STEP_SEQ], (wire[W_NAME], wire[W_T0], wire[W_ATTRS]))
+        elif kind == KIND_SAMPLE and self.metrics is not None:
+            self.metrics.sample(wire[W_ATTRS], wire[W_T0])
 
     def _on_span(self, wire: tuple[Any, ...], out: list[Any]) -> None:
         name, step_n, step_seq = wire[W_NAME], wire[W_STEP], wire[W_STEP_SEQ]
@@ -169,6 +175,8 @@ class SpanAssembler:
                 s0 += max(0, dev.get(semconv.WIRE_DEV_START_NS, 0))
                 s1 += max(0, dev.get(semconv.WIRE_DEV_END_NS, 0))
             self.timeline.sibling(s0, s1)
+            if self.account is not None:
+                self.account.sibling(name, s0, s1)
             if step_n is not None:
                 self.timeline.tag(step_n, step_seq, sibling_tag)
         remote = False
@@ -186,6 +194,10 @@ class SpanAssembler:
             parent_id = None
         if self.metrics is not None:
             self.metrics.observe(name, (wire[W_T1] - wire[W_T0]) / 1e9, attrs)
+        if self.account is not None:
+            if name in DATA_SPANS:
+                self.account.data(wire[W_T1] - wire[W_T0])
+            self.account.seen(wire[W_T1])
         if not self.sampled(step_n):
             return
         out.append(self._build(name, self.ids.trace(step_n), self.ids.region(wire[W_SEQ]),
@@ -204,6 +216,10 @@ class SpanAssembler:
     def _hold(self, wire: tuple[Any, ...], end: int, lean: bytes | None, out: list[Any]) -> None:
         for earlier in self.timeline.hold(wire, end, lean):
             self._emit_step(earlier, out)
+        if self.account is not None:
+            held = self.timeline.held[wire[W_SEQ]]
+            if self.account.step(wire[W_T0], end, held.time_s, held.tags):
+                held.tags.append(SLOW_TAG)  # one search away: `train.step.tags` contains "slow"
 
     def _emit_step(self, held: HeldStep, out: list[Any]) -> None:
         wire = held.wire
@@ -233,7 +249,7 @@ class SpanAssembler:
         """`_emit_step` for a step the fast path held (`FastPath.lean_step`) that nothing was added
         to since: the same metric and the same bytes, from its encoded fields."""
         if self.metrics is not None:
-            self.metrics.observe_step_time(held.time_s)
+            self.metrics.observe_step_time(held.time_s, held.wire[W_STEP])
         if self.sampled(held.wire[W_STEP]):
             out.append(self.fast_path.lean_step_span(held))  # type: ignore[union-attr]
 
@@ -286,6 +302,8 @@ class SpanAssembler:
     def _observe_durations(self, durations: Mapping[str, list[int]]) -> None:
         """The host durations of a batch's fast regions, by name, into their metric windows."""
         for name, durations_ns in durations.items():
+            if self.account is not None and name in DATA_SPANS:
+                self.account.data(sum(durations_ns))
             try:
                 bounds, windows = self._windows[name]
             except KeyError:

@@ -13,7 +13,9 @@ With the exporter process, the recorder packs plain regions into slots ("the pac
 ns for popping, marshalling and freeing each record's tuple.
 
 Device events (whose polling must stay in the training process) are resolved here before
-a record is handed on; once device timing has chosen a device, records go unpacked.
+a record is handed on; once device timing has chosen a device, records go unpacked. Once a
+drain, `sample` reads what only torch knows for the metrics (device memory counters, the
+model's size: `samples`), sent with the drain as one more record.
 
 What a sink gets, in recording order: runs of the hot path's plain tuples as they are, and
 runs of the few records that are objects (with device events, or force-ended at shutdown)
@@ -36,6 +38,7 @@ from otel_train.export.pipe import Segments
 from otel_train.export.sinks import Sink
 from otel_train.record.clock import wall_offset
 from otel_train.record.recorder import Recorder, to_wire, unpack
+from otel_train.wire.schema import sample_wire
 
 _log = logging.getLogger("otel_train")
 _SLICE = 256
@@ -48,11 +51,13 @@ class Worker:
     """The daemon thread between the hot-path buffer and a sink."""
 
     def __init__(self, recorder: Recorder, sink: Sink, interval_s: float,
-                 resolve: Callable[[list[Any]], list[Any]] | None = None) -> None:
+                 resolve: Callable[[list[Any]], list[Any]] | None = None,
+                 sample: Callable[[], dict[str, Any] | None] | None = None) -> None:
         self.recorder = recorder
         self.sink = sink
         self.interval_s = interval_s
         self.resolve = resolve  # device-event resolution: returns the records ready to go
+        self.sample = sample  # readings for the metrics (`samples.Sampler`), once a drain
         # Records move as slots (`drain_packed`) when the recorder packs and the sink takes them.
         self.packed = bool(getattr(recorder, "packing", False)) and hasattr(sink, "send_packed")
         self._wake = threading.Event()
@@ -99,6 +104,8 @@ class Worker:
             # drain. Chasing it, a drain whose slices each took a while (an export call per
             # slice in thread mode) went on for as long as training did, a few records a slice.
             left = self.recorder.pending() if final_deadline is None else sys.maxsize
+            if self.sample is not None:
+                self._send_sample()  # first: the steps drained now may need it (6·N·tokens)
             while True:
                 count, sent = self._slice(left, offset)
                 moved += sent
@@ -152,6 +159,15 @@ class Worker:
         except Exception as err:  # noqa: BLE001 - never let the worker die
             _log.warning("otel_train: exporting %d records failed: %s", count, err)
         return count
+
+    def _send_sample(self) -> None:
+        try:
+            values = self.sample()  # type: ignore[misc]
+            if values:
+                self.sink.send([(True, [sample_wire(values, time.time_ns())])], 0,
+                               {"buffer_full": self.recorder.dropped})
+        except Exception as err:  # noqa: BLE001 - never let the worker die
+            _log.warning("otel_train: sending the device readings failed: %s", err)
 
     def _say_overflow(self) -> None:
         if self.recorder.dropped and not self._overflow_said:

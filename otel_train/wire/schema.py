@@ -13,6 +13,9 @@ A record leaves the hot path in one of three forms:
       notes:  (KIND_TAG, (step_n, step_seq), tag)
               (KIND_EVENT, (step_n, step_seq), (name, t, attrs))
 
+  and the worker's own readings in the training process (device memory counters, the device's
+  name, the model's size: `sample_wire`), which go as wire tuples only.
+
   Times are perf-counter ns; `exc` the exception class (its name, once pickled), or
   `Truncated`; `events` a list of (name, t, attrs); `(step_n, step_seq)` is the step a region
   ran in (`NO_STEP` before the first, step_seq None between steps).
@@ -35,6 +38,7 @@ KIND_SPAN = 0
 KIND_STEP = 1
 KIND_TAG = 2  # a tag for a step that has already ended (checkpoint after step N)
 KIND_EVENT = 3  # an event for a step that has already ended
+KIND_SAMPLE = 4  # a reading the worker took (values in W_ATTRS), for metrics only: no span
 
 #: The step reference of a region recorded before the first step.
 NO_STEP = (None, None)
@@ -88,6 +92,13 @@ def step_wire(seq: int, n: int, t0: int, t1: int, attrs: Any, epoch: Any, micro_
     return (KIND_STEP, semconv.SPAN_STEP, seq, None, n, seq, t0 + offset, t1 + offset, out,
             wall_events(events, offset),
             [dict(c) if isinstance(c, Mapping) else c for c in links] if links else None, error, truncated, dev)
+
+
+def sample_wire(values: Mapping[str, Any], wall_ns: int) -> tuple[Any, ...]:
+    """A reading the worker took at `wall_ns` (`export.samples`): `values` by name, plain numbers
+    and strings. The exporter keeps them for its metrics (`export.metrics.TrainMetrics.sample`)."""
+    return (KIND_SAMPLE, "sample", 0, None, None, None, wall_ns, wall_ns, dict(values), None, None, None, False,
+            None)
 
 
 def tuple_to_wire(record: tuple[Any, ...], offset: int) -> tuple[Any, ...]:

@@ -6,6 +6,10 @@ recorded on the stream completes when the stream reaches it. Nothing moves by it
 test advances the clock, or the simulated training code synchronises (`wait_until`, `drain`:
 what `loss.item()` or a device-to-host copy does in a real loop).
 
+It also keeps a caching allocator's counters (`alloc`, `free`, `cache`), read the way
+`torch.cuda.memory_stats(index)` and `get_device_name(index)` are, so it can stand in for the
+`torch.cuda` module where the worker reads device memory (`otel_train.export.samples`).
+
 Every call on every event is logged with the calling thread, and every synchronising call
 (`synchronize()`, or `elapsed_time` before both events completed, which would block on a real
 device) is counted in `syncs`, so a test can assert the training thread only ever called
@@ -39,6 +43,8 @@ class FakeDevice:
         self.calls: Counter[tuple[int, str]] = Counter()  # (thread ident, method) -> count
         self.created = 0
         self.errors = False
+        self.name = "NVIDIA H100 80GB HBM3"
+        self.allocated = self.reserved = self.peak = 0
 
     # -- what the simulated training code does --------------------------------------------
     def launch(self, ns: int) -> float:
@@ -59,6 +65,24 @@ class FakeDevice:
         """Every event recorded from now on never completes (a hung kernel)."""
         self.hung = True
         self.busy_until = NEVER
+
+    # -- the caching allocator's counters (host-side: reading them never synchronises) -----
+    def alloc(self, nbytes: int) -> None:
+        self.allocated += nbytes
+        self.peak = max(self.peak, self.allocated)
+        self.reserved = max(self.reserved, self.allocated)
+
+    def free(self, nbytes: int) -> None:
+        self.allocated -= nbytes  # the allocator keeps the memory reserved, as torch's does
+
+    def memory_stats(self, index: int | None = None) -> dict[str, int]:
+        self._log("memory_stats")
+        return {"allocated_bytes.all.current": self.allocated, "reserved_bytes.all.current": self.reserved,
+                "allocated_bytes.all.peak": self.peak, "active.all.current": 3}
+
+    def get_device_name(self, index: int | None = None) -> str:
+        self._log("get_device_name")
+        return self.name
 
     # -- the event factory handed to device timing ----------------------------------------
     def event(self) -> FakeEvent:
