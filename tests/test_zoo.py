@@ -32,7 +32,7 @@ if str(ZOO_DIR) not in sys.path:
 import analysis  # noqa: E402
 import catalog  # noqa: E402
 import harness  # noqa: E402
-from analysis import BACKWARD, CHECKPOINT, EVAL, FORWARD, GC, OPTIMIZER  # noqa: E402
+from analysis import BACKWARD, CHECKPOINT, EVAL, FORWARD, OPTIMIZER  # noqa: E402
 from harness import Run  # noqa: E402
 from otlp_receiver import OTLPReceiver  # noqa: E402
 
