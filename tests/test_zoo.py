@@ -34,7 +34,7 @@ import catalog  # noqa: E402
 import harness  # noqa: E402
 from analysis import BACKWARD, CHECKPOINT, EVAL, FORWARD, OPTIMIZER  # noqa: E402
 from harness import Run  # noqa: E402
-from otlp_receiver import OTLPReceiver  # noqa: E402
+from support.otlp_receiver import OTLPReceiver  # noqa: E402
 
 ENTRIES = catalog.ENTRIES
 SINGLE = [n for n, e in ENTRIES.items() if e.ranks == 1]  # run plain and instrumented

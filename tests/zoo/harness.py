@@ -277,7 +277,7 @@ def main(argv: Sequence[str]) -> int:
     import tempfile
 
     import analysis
-    from otlp_receiver import OTLPReceiver
+    from support.otlp_receiver import OTLPReceiver
 
     names = list(argv) or list(catalog.ENTRIES)
     receiver = OTLPReceiver().start()
