@@ -147,7 +147,7 @@ class FastPath:
     def body(self, name: str, attrs: Mapping[Any, Any] | None) -> bytes | None:
         """A fast region's name field and user attribute fields, cached in `bodies` when it has
         none or one attribute; None sends the record the general way."""
-        if name in SIBLING_TAGS:
+        if name in SIBLING_TAGS or name == semconv.SPAN_OTHER:  # parented by step: `SpanAssembler._on_span`
             return None
         bodies = self.bodies
         if len(bodies) >= _CACHE_MAX:
