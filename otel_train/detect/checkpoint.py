@@ -2,11 +2,14 @@
 
 Each call is one `train.checkpoint` span, a sibling after the step it follows (which it
 closes first when that step's update is done) and which it tags. A `torch.save` inside a batch
-fetch (a dataset caching itself) is not a checkpoint.
+fetch (a dataset caching itself) is not a checkpoint, nor one of a bare tensor storage into a
+buffer: that is how torch pickles a storage (`pickle.dumps(model)`, `copy.deepcopy`,
+multiprocessing), once per storage.
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -29,7 +32,7 @@ patches = Patches()
 def checkpoint_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
     """A wrapt wrapper: the call is one `train.checkpoint` span (integrations use it too)."""
     s = _s
-    if s.ckpt_depth or s.fetching or is_compiling():
+    if s.ckpt_depth or s.fetching or is_compiling() or _pickling_a_storage(args):
         return wrapped(*args, **kwargs)
     r = recorder._rec
     if r is None:
@@ -43,6 +46,15 @@ def checkpoint_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kw
         s.ckpt_depth = 0
         if live.rec is not None and s.step is None and (s.boundary is None or s.boundary < live.t1):
             s.boundary = live.t1
+
+
+#: What torch's storages are (their `__reduce__` calls `torch.save(self, BytesIO())`).
+_STORAGES = tuple(t for t in (getattr(torch.storage, "_StorageBase", None), getattr(torch.storage, "TypedStorage", None))
+                  if t is not None)
+
+
+def _pickling_a_storage(args: Any) -> bool:
+    return len(args) > 1 and isinstance(args[0], _STORAGES) and isinstance(args[1], io.BytesIO)
 
 
 def _checkpoint_begin(r: Recorder) -> None:

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from otel_train.detect import torch_hooks
 from otel_train.detect.compile import dynamo_compiling, is_compiling, tc
 from otel_train.detect.machine import train_activity
 from otel_train.detect.patches import Patches
@@ -143,10 +144,8 @@ def aux_patch(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def add_hooks() -> None:
-    """Register the global optimizer step hooks (their handles in `handles`)."""
-    from torch.optim import optimizer as optim_module
-    handles.append(optim_module.register_optimizer_step_pre_hook(optimizer_pre_hook))
-    handles.append(optim_module.register_optimizer_step_post_hook(optimizer_post_hook))
+    """Put the global optimizer step hooks in (their entries in `handles`)."""
+    handles.extend(torch_hooks.global_optimizer(optimizer_pre_hook, optimizer_post_hook))
 
 
 def remove_hooks() -> None:

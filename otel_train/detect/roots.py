@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch.nn.modules.loss import _Loss
 
+from otel_train.detect import torch_hooks
 from otel_train.detect.compile import compiled_anything
 
 
@@ -48,15 +49,11 @@ class Roots:
         self.closed = 0
 
     def add_global(self) -> None:
-        from torch.nn.modules import module as nn_module
-        pre, post = _hooks()
-        self.global_handles = [nn_module.register_module_forward_pre_hook(pre),
-                               nn_module.register_module_forward_hook(post, always_call=True)]
+        self.global_handles = list(torch_hooks.global_forward(*_hooks()))
 
     def hook(self, module: torch.nn.Module) -> None:
-        pre, post = _hooks()
-        self.hooked[module] = (module.register_forward_pre_hook(pre),
-                               module.register_forward_hook(post, always_call=True))
+        # In the module's own hook tables, hidden from pickles and copies (`torch_hooks`).
+        self.hooked[module] = torch_hooks.module_forward(module, *_hooks())
 
     def detach(self) -> None:
         """Remove every forward hook, remembering the roots found and the discovery under way."""
