@@ -1,7 +1,8 @@
 """Checkpoints: `torch.save` and `torch.distributed.checkpoint` save / load are patched.
 
 Each call is one `train.checkpoint` span, a sibling after the step it follows (which it
-closes first when that step's update is done) and which it tags. A `torch.save` inside a batch
+closes first when that step's update is done) and which it tags; one before the first step
+joins the first step's trace. A `torch.save` inside a batch
 fetch (a dataset caching itself) is not a checkpoint, nor one of a bare tensor storage into a
 buffer: that is how torch pickles a storage (`pickle.dumps(model)`, `copy.deepcopy`,
 multiprocessing), once per storage.
@@ -17,13 +18,13 @@ from typing import Any
 import torch
 
 from otel_train import _imports
-from otel_train.detect import state
+from otel_train.detect import coverage, state
 from otel_train.detect.compile import is_compiling
-from otel_train.detect.machine import close_if_complete, end_eval
+from otel_train.detect.machine import close_if_complete, drop_pending_zero_grads, end_eval
 from otel_train.detect.patches import Patches
 from otel_train.detect.state import CHECKPOINT, region
 from otel_train.detect.state import s as _s
-from otel_train.record import recorder
+from otel_train.record import direct, recorder
 from otel_train.record.recorder import Recorder
 
 patches = Patches()
@@ -41,11 +42,14 @@ def checkpoint_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kw
     s.ckpt_depth = 1
     try:
         with region(CHECKPOINT) as live:
+            direct.place_before_first(live)
             return wrapped(*args, **kwargs)
     finally:
         s.ckpt_depth = 0
-        if live.rec is not None and s.step is None and (s.boundary is None or s.boundary < live.t1):
-            s.boundary = live.t1
+        if live.rec is not None and s.step is None:
+            coverage.sibling_end(s, live.t1)
+            if s.boundary is None or s.boundary < live.t1:
+                s.boundary = live.t1
 
 
 #: What torch's storages are (their `__reduce__` calls `torch.save(self, BytesIO())`).
@@ -64,6 +68,8 @@ def _checkpoint_begin(r: Recorder) -> None:
     if s.eval_t0 is not None and not s.eval_explicit:
         end_eval(r, s)
     close_if_complete(r, s, t)
+    drop_pending_zero_grads(s)
+    coverage.between(r, s, t)
 
 
 def _patch_dcp(module: ModuleType) -> None:
