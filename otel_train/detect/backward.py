@@ -16,6 +16,7 @@ import torch
 from otel_train.detect.compile import dynamo_compiling, tc
 from otel_train.detect.machine import train_activity
 from otel_train.detect.patches import Patches
+from otel_train.detect.roots import roots
 from otel_train.detect import phase
 from otel_train.detect.state import BACKWARD, PH_BWD, active, mb_attrs, region
 from otel_train.detect.state import s as _s
@@ -47,6 +48,8 @@ def backward_patch(original: Callable[..., Any]) -> Callable[..., Any]:
             finally:
                 s.bwd_depth = 0
         step = train_activity(r, s, r.now(), PH_BWD)
+        if not s.mb_fwd and step is not None and not roots.discovering:
+            roots.unseen(step.n)  # no forward seen: a model built after discovery settled
         live = region(BACKWARD, mb_attrs(s.mb)).__enter__()
         s.bwd_depth = 1
         try:

@@ -22,6 +22,7 @@ from otel_train.detect import coverage, state
 from otel_train.detect.compile import is_compiling
 from otel_train.detect.machine import close_if_complete, drop_pending_zero_grads, end_eval
 from otel_train.detect.patches import Patches
+from otel_train.detect.roots import roots
 from otel_train.detect.state import CHECKPOINT, region
 from otel_train.detect.state import s as _s
 from otel_train.record import direct, recorder
@@ -86,9 +87,22 @@ def _patch_dcp(module: ModuleType) -> None:
                 patches.wrap(submodule, name, checkpoint_wrapper)
 
 
+def load_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+    """`torch.load` of a whole module (the best model reloaded for a final test): our forward
+    hooks never travel inside a pickle (`torch_hooks`), so the loaded module gets them here, as
+    a root, or its forwards would go unseen until the next discovery (`roots`). Not a
+    `train.checkpoint`: scripts load their data files with `torch.load` too."""
+    out = wrapped(*args, **kwargs)
+    if isinstance(out, torch.nn.Module):
+        roots.adopt(out)
+    return out
+
+
 def install() -> None:
     patches.wrap(torch, "save", checkpoint_wrapper)
     patches.wrap(torch.serialization, "save", checkpoint_wrapper)
+    patches.wrap(torch, "load", load_wrapper)
+    patches.wrap(torch.serialization, "load", load_wrapper)
     _imports.when_imported("torch.distributed.checkpoint", _patch_dcp)
 
 

@@ -141,11 +141,17 @@ def events_outside(spans: Iterable[Span]) -> list[tuple[str, str, float]]:
     return out
 
 
+#: Spans exported in different drains are converted to wall time with different (perf_counter,
+#: wall) anchors (docs/trace-shape.md, "Timestamps"): edges that touch on the host may differ by
+#: a few hundred ns on the wire. Overlaps up to this much are that, not a misplaced span.
+ANCHOR_JITTER_NS = 5_000
+
+
 def inside_any_step(span: Span, view: RankView) -> int | None:
-    """The step whose interval strictly contains part of `span`, if any."""
+    """The step whose interval contains part of `span` (more than the anchors' jitter), if any."""
     for tree in view.steps.values():
         s = tree.span
-        if s["start_ns"] < span["end_ns"] and span["start_ns"] < s["end_ns"]:
+        if s["start_ns"] + ANCHOR_JITTER_NS < span["end_ns"] and span["start_ns"] + ANCHOR_JITTER_NS < s["end_ns"]:
             return tree.n
     return None
 
