@@ -1,7 +1,9 @@
 """Post-import hooks: run a function once a module is imported, without importing it ourselves.
 
 `when_imported(name, fn)` calls `fn(module)` at once when `name` is already imported, else right
-after its import finishes; `cancel(fn)` forgets `fn`. This is how the instrumentation patches
+after its import finishes; `cancel(fn)` forgets `fn`. A module whose import is already under way
+when the hook is asked for (one of ours, importing the library a hook waits for) is past the
+finder: it says itself when it is done, with `done(__name__)` as its last line. This is how the instrumentation patches
 Lightning, transformers and `torch.distributed.checkpoint` only if the program uses them (and
 waits for torch itself when `import otel_train.auto` comes first), so `import otel_train` stays
 light. A finder sits first in `sys.meta_path` only while some hook waits, and leaves when none
@@ -22,6 +24,7 @@ from typing import Any
 _log = logging.getLogger("otel_train")
 _lock = threading.RLock()
 _waiting: dict[str, list[Callable[[ModuleType], None]]] = {}
+_finished: set[str] = set()  # modules that said `done()` (their spec still says initialising)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -109,6 +112,23 @@ def when_imported(name: str, fn: Callable[[ModuleType], None]) -> None:
         _waiting.setdefault(name, []).append(fn)
         if _finder not in sys.meta_path:
             sys.meta_path.insert(0, _finder)
+
+
+def done(name: str) -> None:
+    """The last line of a module of ours that a hook may wait for while it is being imported
+    (`otel_train.detect.integrations.*`): run the hooks waiting for it."""
+    module = sys.modules.get(name)
+    with _lock:
+        _finished.add(name)
+        waiting = name in _waiting
+    if module is not None and waiting:
+        _notify(name, module)
+
+
+def initializing(name: str) -> bool:
+    """Whether module `name` is being imported right now (in `sys.modules`, not finished)."""
+    module = sys.modules.get(name)
+    return module is not None and _initializing(module) and name not in _finished
 
 
 def cancel(fn: Callable[[ModuleType], None]) -> None:

@@ -90,11 +90,17 @@ class TorchTrainingInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         _imports.cancel(self._install_torch)
         _imports.cancel(_attach_lightning)
         _imports.cancel(_attach_transformers)
+        _imports.cancel(_attach_now)
         install = sys.modules.get("otel_train.detect.install")  # imported only once torch was
         if install is not None:
             install.uninstall()
 
     def _install_torch(self, module: ModuleType) -> None:
+        if _imports.initializing(_DETECT):
+            # torch was imported by detection's own import (`import otel_train.lightning` first):
+            # install once that import is done.
+            _imports.when_imported(_DETECT, self._install_torch)
+            return
         from otel_train import detect
         detect.install(lazy=getattr(self, "_lazy", False))
 
@@ -108,11 +114,29 @@ def _in_multiprocessing_child() -> bool:
             or current.name != "MainProcess")
 
 
+_DETECT = "otel_train.detect"
+_LIGHTNING_INTEGRATION = "otel_train.detect.integrations.lightning"
+_HF_INTEGRATION = "otel_train.detect.integrations.hf"
+
+
 def _attach_lightning(module: ModuleType) -> None:
-    from otel_train.detect.integrations import lightning  # its patches are detection's: uninstall undoes them
-    lightning.attach()
+    _attach(_LIGHTNING_INTEGRATION)
 
 
 def _attach_transformers(module: ModuleType) -> None:
-    from otel_train.detect.integrations import hf
-    hf.attach()
+    _attach(_HF_INTEGRATION)
+
+
+def _attach(integration: str) -> None:
+    """Every Trainer gets the integration's callback. When the library was imported by the
+    integration module itself (`import otel_train.lightning` before `lightning.pytorch`), that
+    module is only half run here: it attaches once it is done (`_imports.done`)."""
+    if _imports.initializing(integration):
+        _imports.when_imported(integration, _attach_now)
+        return
+    import importlib
+    _attach_now(importlib.import_module(integration))  # its patches are detection's: uninstall undoes them
+
+
+def _attach_now(integration: ModuleType) -> None:
+    integration.attach()

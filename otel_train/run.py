@@ -6,7 +6,10 @@ script.py args…` would set them. `-m module args…` runs a module instead. Wo
 
     torchrun --nproc-per-node 4 -m otel_train.run train.py --lr 3e-4
 
-`main(argv)` returns the script's exit status (the CLI's `otel-train run` calls it).
+`main(argv)` returns the script's exit status (the CLI's `otel-train run` calls it). An exception
+the script leaves uncaught is printed as `python script.py` prints it: through `sys.excepthook`,
+without the frames of this module and `runpy` that ran the script (exit status 1, 130 for
+KeyboardInterrupt), and the interpreter then exits as usual (`atexit`, our shutdown included).
 """
 
 from __future__ import annotations
@@ -55,11 +58,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             runpy.run_path(script, run_name="__main__")
     except SystemExit as exit_:
         return _exit_status(exit_.code)
+    except BaseException as err:  # noqa: BLE001 - uncaught by the script: printed as Python would
+        _print_uncaught(err)
+        return 130 if isinstance(err, KeyboardInterrupt) else 1
     finally:
         sys.argv = saved_argv
         if saved_path0 is not None and module is None:
             sys.path[0] = saved_path0
     return 0
+
+
+#: Files whose frames lead into the script: this module and `runpy` (frozen or not).
+_OURS = frozenset((__file__, runpy.__file__, "<frozen runpy>"))
+
+
+def _print_uncaught(err: BaseException) -> None:
+    """`sys.excepthook` with the traceback starting at the script's first frame."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename in _OURS:
+        tb = tb.tb_next
+    err.__traceback__ = tb
+    sys.last_type, sys.last_value, sys.last_traceback = type(err), err, tb
+    sys.excepthook(type(err), err, tb)
 
 
 def _exit_status(code: object) -> int:

@@ -15,6 +15,8 @@ SPAN_DATA: Final = "train.data"
 SPAN_FORWARD: Final = "train.forward"
 SPAN_BACKWARD: Final = "train.backward"
 SPAN_OPTIMIZER: Final = "train.optimizer"
+SPAN_ZERO_GRAD: Final = "train.zero_grad"
+SPAN_OTHER: Final = "train.other"
 SPAN_COLLECTIVE: Final = "train.collective"
 SPAN_CHECKPOINT: Final = "train.checkpoint"
 SPAN_EVAL: Final = "train.eval"
@@ -24,7 +26,7 @@ SPAN_DISPATCH_WAIT: Final = "pipeline.dispatch_wait"
 SPAN_BENCH_LATENCY: Final = "bench.latency"  # a latency benchmark between steps (names below)
 
 #: Phase spans: the pieces a step is made of (their durations feed `train.phase.duration`).
-PHASE_SPANS: Final = (SPAN_DATA, SPAN_FORWARD, SPAN_BACKWARD, SPAN_OPTIMIZER, SPAN_COLLECTIVE)
+PHASE_SPANS: Final = (SPAN_DATA, SPAN_FORWARD, SPAN_BACKWARD, SPAN_OPTIMIZER, SPAN_ZERO_GRAD, SPAN_COLLECTIVE)
 #: Spans that are siblings of steps, never inside one (docs/trace-shape.md, "Trace shape").
 #: `bench.latency` is one too (`export.step_timeline.SIBLING_TAGS`), but no goodput category of
 #: its own: its time is `other`.
@@ -42,6 +44,10 @@ TRAIN_MICRO_BATCH: Final = "train.micro_batch"
 TRAIN_MICRO_BATCHES: Final = "train.micro_batches"
 TRAIN_STEP_TAGS: Final = "train.step.tags"
 TRAIN_STEP_TIME_S: Final = "train.step.time_s"
+#: On a detected train.step: how much of it no span below it covers (docs/step-semantics.md).
+TRAIN_STEP_UNCOVERED_S: Final = "train.step.uncovered_s"
+#: On train.optimizer: the calls the optimizer phase covered, in order ("clip_grad_norm_", "step", "zero_grad").
+TRAIN_OPTIMIZER_CALLS: Final = "train.optimizer.calls"
 TRAIN_SAMPLES: Final = "train.samples"
 TRAIN_TOKENS: Final = "train.tokens"
 #: FLOPs this rank computed in the step, when the user says (`train.mfu`; docs/metrics.md).
@@ -55,6 +61,9 @@ COMM_GROUP_SIZE: Final = "comm.group_size"
 INFER_BATCH_SIZE: Final = "infer.batch_size"
 INFER_SAMPLES: Final = "infer.samples"
 TRUNCATED: Final = "otel_train.truncated"
+#: On an event recorded after its step ended (between steps): how much later, in seconds; the
+#: event is shown at the step's end (export/step_timeline.py).
+EVENT_LATE_S: Final = "otel_train.event.late_s"
 #: Private keys of the wire's device dict (W_DEV), never span attributes: where the device
 #: started / finished a region, as ns relative to its host start / end (device time mapped to
 #: the host clock by the anchor, `record.device_resolver`). Every key starting with "_" is stripped.

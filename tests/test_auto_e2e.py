@@ -31,7 +31,7 @@ from support.span_tree import Tree, check_invariants, plain_tags, tree  # noqa: 
 from otel_train import semconv  # noqa: E402
 
 SCENARIOS = Path(__file__).resolve().parent / "support" / "scenarios"
-DATA, FWD, BWD, OPT, COLL = "data", "forward", "backward", "optimizer", "collective"
+DATA, FWD, BWD, OPT, COLL, ZG = "data", "forward", "backward", "optimizer", "collective", "zero_grad"
 WAIT_S = 420.0
 
 
@@ -232,7 +232,7 @@ def _tags(t: Tree) -> list[list[str]]:
     return [sorted(plain_tags(view)) for view in t.steps.values()]
 
 
-PLAIN = [(DATA, 0), (OPT, None), (FWD, 0), (BWD, 0), (OPT, None)]  # zero_grad; forward; backward; step
+PLAIN = [(DATA, 0), (ZG, None), (FWD, 0), (BWD, 0), (OPT, None)]  # zero_grad; forward; backward; step
 
 
 def test_plain_loop_under_otel_train_run(otlp_receiver: OTLPReceiver, launched: dict[str, Launched]) -> None:
@@ -260,7 +260,9 @@ def test_gradient_accumulation_4(otlp_receiver: OTLPReceiver, launched: dict[str
     t = _tree(otlp_receiver, run)
     assert run.steps == 4
     micro = [p for k in range(4) for p in ((DATA, k), (FWD, k), (BWD, k))]
-    assert _shapes(t) == [micro + [(OPT, None)] * 3] * 4  # clip_grad_norm_, step, zero_grad
+    assert _shapes(t) == [micro + [(OPT, None)]] * 4  # clip_grad_norm_, step, zero_grad: one phase
+    assert {tuple(v.children[-1]["attributes"][semconv.TRAIN_OPTIMIZER_CALLS]) for v in t.steps.values()} == {
+        ("clip_grad_norm_", "step", "zero_grad")}
     assert all(v.attrs[semconv.TRAIN_MICRO_BATCHES] == 4 for v in t.steps.values())
 
 
@@ -269,8 +271,10 @@ def test_grad_scaler_skipped_updates_are_still_steps(otlp_receiver: OTLPReceiver
     run = launched["amp"]
     t = _tree(otlp_receiver, run)
     assert run.steps == 8 and run.outcome[0]["skipped"] == [0, 3]  # the scaler skipped opt.step() twice
-    # clip_grad_norm_, scaler.step (with opt.step() inside when not skipped), zero_grad
-    assert _shapes(t) == [[(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None), (OPT, None), (OPT, None)]] * 8
+    # clip_grad_norm_, scaler.step (with opt.step() inside when not skipped), zero_grad: one phase
+    assert _shapes(t) == [[(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None)]] * 8
+    assert {tuple(v.children[-1]["attributes"][semconv.TRAIN_OPTIMIZER_CALLS]) for v in t.steps.values()} == {
+        ("clip_grad_norm_", "step", "zero_grad")}
     assert all(v.attrs[semconv.TRAIN_MICRO_BATCHES] == 1 for v in t.steps.values())
 
 
@@ -286,7 +290,7 @@ def test_eval_every_k_steps(otlp_receiver: OTLPReceiver, launched: dict[str, Lau
     run = launched["eval"]
     t = _tree(otlp_receiver, run)
     assert run.steps == 8
-    assert _shapes(t) == [[(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None), (OPT, None)]] * 8
+    assert _shapes(t) == [[(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None)]] * 8
     assert _sibling_steps(t, semconv.SPAN_EVAL) == run.outcome[0]["eval_after"] == [2, 5, 7]
     assert _tags(t) == [["eval"] if n in (2, 5, 7) else [] for n in range(8)]
 
@@ -305,8 +309,8 @@ def test_gan_two_optimizers(otlp_receiver: OTLPReceiver, launched: dict[str, Lau
     t = _tree(otlp_receiver, run)
     assert run.steps == 8
     # G(z), D(real), D(fake); D: zero_grad, backward, step; D(fake) for G: zero_grad, backward, step.
-    gan = [(DATA, 0), (FWD, 0), (FWD, 0), (FWD, 0), (OPT, None), (BWD, 0), (OPT, None),
-           (FWD, 1), (OPT, None), (BWD, 1), (OPT, None)]
+    gan = [(DATA, 0), (FWD, 0), (FWD, 0), (FWD, 0), (ZG, None), (BWD, 0), (OPT, None),
+           (FWD, 1), (ZG, None), (BWD, 1), (OPT, None)]
     assert _shapes(t) == [gan] * 8
     assert all(v.attrs[semconv.TRAIN_MICRO_BATCHES] == 2 for v in t.steps.values())
 
@@ -316,7 +320,7 @@ def test_torch_compile_without_graph_breaks_or_recompiles(otlp_receiver: OTLPRec
     run, plain = launched["compiled"], launched["compiled_plain"].wait()
     t = _tree(otlp_receiver, run)
     assert run.steps == plain.steps == 6
-    assert _shapes(t) == [[(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None), (OPT, None)]] * 6
+    assert _shapes(t) == [[(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None)]] * 6
     instrumented, baseline = run.outcome[0]["compile"], plain.outcome[0]["compile"]
     assert instrumented == baseline, f"instrumented {instrumented} != plain {baseline}"
     assert instrumented["graph_break"] == {} and instrumented["recompiles"] == {}
@@ -337,8 +341,8 @@ def test_compiled_step_function_keeps_its_graphs_and_breaks(otlp_receiver: OTLPR
     assert instrumented == baseline, f"instrumented {instrumented} != plain {baseline}"
     assert instrumented["graph_breaks"] == 2 and instrumented["recompiles"] == {}
     # Forward and clipping run inside compiled graphs, unseen; what runs eagerly is timed:
-    # the backward at the graph break, the optimizer step, the zero_grad at the graph break.
-    assert _shapes(t) == [[(DATA, 0), (BWD, 0), (OPT, None), (OPT, None)]] * 6
+    # the backward at the graph break, the optimizer step and the zero_grad after it (one phase).
+    assert _shapes(t) == [[(DATA, 0), (BWD, 0), (OPT, None)]] * 6
 
 
 def test_dataloader_workers_fork_and_spawn_are_not_trainers(otlp_receiver: OTLPReceiver,
@@ -359,7 +363,7 @@ def test_collectives_carry_op_bytes_and_group_size(otlp_receiver: OTLPReceiver,
     run = launched["collectives"]
     t = _tree(otlp_receiver, run)
     assert run.steps == 8
-    per_step = [(DATA, 0), (OPT, None), (FWD, 0), (BWD, 0)] + [(COLL, None)] * 4 + [(OPT, None), (COLL, None)]
+    per_step = [(DATA, 0), (ZG, None), (FWD, 0), (BWD, 0)] + [(COLL, None)] * 4 + [(OPT, None), (COLL, None)]
     assert _shapes(t) == [per_step] * 8
     grads = list(run.outcome[0]["grad_bytes"].values())
     for view in t.steps.values():
@@ -375,7 +379,7 @@ def test_torchrun_two_ranks_share_step_traces(otlp_receiver: OTLPReceiver, launc
     run = launched["torchrun"]
     trees = [_tree(otlp_receiver, run, ranks=2, rank=rank) for rank in (0, 1)]
     assert run.outcome[0]["steps"] == run.outcome[1]["steps"] == 4
-    per_step = [(DATA, 0), (OPT, None), (FWD, 0), (BWD, 0)] + [(COLL, None)] * 4 + [(OPT, None), (COLL, None)]
+    per_step = [(DATA, 0), (ZG, None), (FWD, 0), (BWD, 0)] + [(COLL, None)] * 4 + [(OPT, None), (COLL, None)]
     for t in trees:
         assert _shapes(t) == [per_step] * 4
         for view in t.steps.values():
@@ -392,11 +396,16 @@ def test_lightning_trainer(otlp_receiver: OTLPReceiver, launched: dict[str, Laun
     t = _tree(otlp_receiver, run)
     assert run.steps == 8
     for view in t.steps.values():
-        # Lightning runs forward and backward inside optimizer.step(closure); they are not the
-        # update. Before validation it zeroes the gradients once more (a second optimizer span).
+        # Lightning runs forward and backward inside optimizer.step(closure), evaluating it
+        # once: they are the step's micro-batch, not the update. Before validation it zeroes the
+        # gradients once more, from a hook of its own: a zero_grad of its own, not the update's.
+        # A zero_grad Lightning makes before a step's batch is fetched (from its own loop, not
+        # the update) is a train.zero_grad at the start of that step (docs/step-semantics.md).
         shape = view.shape()
+        if shape[0] == (ZG, None):
+            shape = shape[1:]
         assert shape[:4] == [(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None)], shape
-        assert set(shape[4:]) <= {(OPT, None)}, shape
+        assert set(shape[4:]) <= {(ZG, None)}, shape
     assert [v.attrs[semconv.TRAIN_EPOCH] for v in t.steps.values()] == [0] * 4 + [1] * 4
     assert _sibling_steps(t, semconv.SPAN_EVAL) == [3, 7]  # validation after each epoch
     assert _sibling_steps(t, semconv.SPAN_CHECKPOINT) == [3, 7]  # ModelCheckpoint, one span each
@@ -410,13 +419,19 @@ def test_transformers_trainer(otlp_receiver: OTLPReceiver, launched: dict[str, L
     fetches = 0
     for view in t.steps.values():
         shape = view.shape()
+        # The Trainer's `model.zero_grad()` before its loop: a train.zero_grad at step 0's start.
+        if view.n == 0:
+            assert shape[0] == (ZG, None), shape
+            shape = shape[1:]
         # The Trainer pulls a step's two batches up front, through accelerate's loader, which
         # reads one batch ahead: every step waits for its batches before its first forward.
         fetched = [p for p in shape if p[0] == DATA]
         fetches += len(fetched)
         assert fetched and shape[:len(fetched)] == [(DATA, 0)] * len(fetched), shape
-        # Two micro-batches (gradient_accumulation_steps=2); clip, step, model.zero_grad.
-        assert shape[len(fetched):] == [(FWD, 0), (BWD, 0), (FWD, 1), (BWD, 1)] + [(OPT, None)] * 3, shape
+        # Two micro-batches (gradient_accumulation_steps=2); clip, step, model.zero_grad: one phase.
+        assert shape[len(fetched):] == [(FWD, 0), (BWD, 0), (FWD, 1), (BWD, 1), (OPT, None)], shape
+        assert list(view.children[-1]["attributes"][semconv.TRAIN_OPTIMIZER_CALLS]) == [
+            "clip_grad_norm_", "step", "zero_grad"]
         assert view.attrs[semconv.TRAIN_MICRO_BATCHES] == 2
     assert fetches == 6 * 2  # every batch trained on was fetched once, in some step
     assert _sibling_steps(t, semconv.SPAN_EVAL) == [2, 5]
@@ -431,8 +446,8 @@ def test_lightning_callback_by_hand_instruments_only_its_fit(otlp_receiver: OTLP
     assert run.steps == 4
     for view in t.steps.values():
         assert view.shape()[:4] == [(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None)]
-    # Lightning's sanity check (before any step: no train.step), then validation after the epoch.
-    assert _sibling_steps(t, semconv.SPAN_EVAL) == [None, 3]
+    # Lightning's sanity check (before the first step: in its trace), then validation after the epoch.
+    assert _sibling_steps(t, semconv.SPAN_EVAL) == [0, 3]
     assert run.outcome[0]["installed_after"] is False and run.outcome[0]["hooks_after"] == 0
 
 
@@ -442,8 +457,8 @@ def test_hf_callback_by_hand_instruments_only_its_training(otlp_receiver: OTLPRe
     t = _tree(otlp_receiver, run)
     assert run.steps == 3
     for view in t.steps.values():
-        assert view.shape()[-5:] == [(DATA, 0), (FWD, 0), (BWD, 0)] + [(OPT, None)] * 3 or \
-            view.shape()[-5:] == [(FWD, 0), (BWD, 0)] + [(OPT, None)] * 3
+        assert view.shape()[-4:] == [(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None)] or \
+            view.shape()[-3:] == [(FWD, 0), (BWD, 0), (OPT, None)]
     assert run.outcome[0]["installed_after"] is False and run.outcome[0]["hooks_after"] == 0
 
 

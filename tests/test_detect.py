@@ -16,91 +16,26 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-from support.span_tree import Tree, check_invariants, plain_tags, tree  # noqa: E402
+from support.detect_loop import (BWD, DATA, FWD, OPT, ZG, Net, Run, Ticking, started, stop,  # noqa: E402
+                                 ticking_sgd)
+from support.span_tree import plain_tags  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, Dataset  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
 
 import otel_train  # noqa: E402
 from otel_train import _imports, _runtime, semconv  # noqa: E402
 from otel_train import detect as _detect  # noqa: E402
 from otel_train.detect import compile, forward, gc_pauses, roots, state  # noqa: E402
-from otel_train.record.clock import FakeClock  # noqa: E402
 from otel_train.testing import paused_detection  # noqa: E402
-
-DATA, FWD, BWD, OPT = "data", "forward", "backward", "optimizer"
-
-
-class Run:
-    """One instrumented run: the clock to move and, once finished, the span tree."""
-
-    def __init__(self, exporter: InMemorySpanExporter, clock: FakeClock) -> None:
-        self.exporter = exporter
-        self.clock = clock
-        self.done = False
-
-    def finish(self, check: bool = True) -> Tree:
-        if not self.done:
-            self.done = True
-            _detect.uninstall()
-            otel_train.shutdown()
-        t = tree(self.exporter.get_finished_spans())
-        if check:
-            check_invariants(t)
-        return t
 
 
 @pytest.fixture
 def run() -> Iterator[Run]:
-    exporter = InMemorySpanExporter()
-    clock = FakeClock()
-    otel_train.init(span_processors=[SimpleSpanProcessor(exporter)], export_mode="thread", clock=clock,
-                    traces_exporter="none", metrics_exporter="none", flush_interval_ms=10)
-    _detect.install()
-    r = Run(exporter, clock)
+    r = started()
     try:
         yield r
     finally:
-        if not r.done:
-            _detect.uninstall()
-            otel_train.shutdown()
-
-
-class Ticking(Dataset):
-    """Each item costs 1 us of fake time to fetch."""
-
-    def __init__(self, clock: FakeClock, n: int = 16) -> None:
-        self.clock = clock
-        g = torch.Generator().manual_seed(0)
-        self.x = torch.randn(n, 4, generator=g)
-        self.y = torch.randn(n, 1, generator=g)
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int) -> tuple[Any, Any]:
-        self.clock.advance(1_000)
-        return self.x[i], self.y[i]
-
-
-class Net(nn.Module):
-    """A forward costs 10 us of fake time (and calls submodules, which must not become spans)."""
-
-    def __init__(self, clock: FakeClock) -> None:
-        super().__init__()
-        self.clock = clock
-        self.body = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
-
-    def forward(self, x: Any) -> Any:
-        self.clock.advance(10_000)
-        return self.body(x)
-
-
-def ticking_sgd(model: nn.Module, clock: FakeClock, **kw: Any) -> Any:
-    opt = torch.optim.SGD(model.parameters(), lr=1e-2, **kw)
-    opt.register_step_pre_hook(lambda *a: None if clock.advance(100_000) else None)  # inside our span
-    return opt
+        stop(r)
 
 
 def test_plain_loop_one_step_per_update_with_exact_boundaries(run: Run) -> None:
@@ -120,20 +55,28 @@ def test_plain_loop_one_step_per_update_with_exact_boundaries(run: Run) -> None:
     t = run.finish()
     assert len(t.steps) == updates == 8
     for view in t.steps.values():
-        assert view.shape() == [(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None), (OPT, None)]
+        # optimizer.step() and the zero_grad() after it: one optimizer phase, one span.
+        assert view.shape() == [(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None)]
+        assert list(view.children[-1]["attributes"][semconv.TRAIN_OPTIMIZER_CALLS]) == ["step", "zero_grad"]
         assert view.attrs[semconv.TRAIN_EPOCH] == view.n // 4
         assert view.attrs[semconv.TRAIN_MICRO_BATCHES] == 1
         assert plain_tags(view) == set()
         # The step ends with its update (optimizer.step, then zero_grad) ...
         assert view.span["end_ns"] == view.children[-1]["end_ns"]
-        data = view.children[0]
+        data = view.phases()[0]
         assert data["end_ns"] - data["start_ns"] == 4 * 1_000  # four items fetched
+        # Its phases cover it all, but for the end-of-epoch work before the next epoch's first
+        # fetch, which is the script's own code: `train.other`, at the start of the step after it.
+        assert view.attrs[semconv.TRAIN_STEP_UNCOVERED_S] == 0.0
+        others = [(c["start_ns"] - view.span["start_ns"], c["end_ns"] - c["start_ns"])
+                  for c in view.named(semconv.SPAN_OTHER)]
+        assert others == ([(0, 5_000_000)] if view.n == 4 else [])
     # ... and the next one starts right there, backdated to that boundary.
     for n in range(1, 8):
         assert t.steps[n].span["start_ns"] == t.steps[n - 1].span["end_ns"]
     # The first step starts when its first batch was asked for.
     assert t.steps[0].span["start_ns"] == t.steps[0].children[0]["start_ns"]
-    assert t.others == []
+    assert t.others == [] and t.between == []
 
 
 def test_data_span_covers_the_fetch_and_the_batch_copies_after_it(run: Run) -> None:
@@ -202,8 +145,10 @@ def test_gradient_accumulation_gives_one_step_with_k_micro_batches(run: Run) -> 
     t = run.finish()
     assert len(t.steps) == 2
     for view in t.steps.values():
-        expected = [p for k in range(4) for p in ((DATA, k), (FWD, k), (BWD, k))] + [(OPT, None)] * 3
+        expected = [p for k in range(4) for p in ((DATA, k), (FWD, k), (BWD, k))] + [(OPT, None)]
         assert view.shape() == expected
+        assert list(view.children[-1]["attributes"][semconv.TRAIN_OPTIMIZER_CALLS]) == [
+            "clip_grad_norm_", "step", "zero_grad"]
         assert view.attrs[semconv.TRAIN_MICRO_BATCHES] == 4
 
 
@@ -226,7 +171,11 @@ def test_manual_update_without_any_optimizer_steps_per_forward_backward(run: Run
         assert view.shape() == [(DATA, 0), (FWD, 0), (BWD, 0)]
     for n in range(1, 4):  # a step ends where the next batch is asked for: the update is inside
         assert t.steps[n - 1].span["end_ns"] == t.steps[n].span["start_ns"] == t.steps[n].children[0]["start_ns"]
-        assert t.steps[n - 1].span["end_ns"] - t.steps[n - 1].children[-1]["end_ns"] == 7_000
+        assert t.steps[n - 1].span["end_ns"] - t.steps[n - 1].phases()[-1]["end_ns"] == 7_000
+        # ... as the script's own code: a `train.other` after the backward
+        (other,) = t.steps[n - 1].named(semconv.SPAN_OTHER)
+        assert (other["start_ns"], other["end_ns"]) == (t.steps[n - 1].phases()[-1]["end_ns"],
+                                                        t.steps[n - 1].span["end_ns"])
 
 
 def test_loop_without_dataloader_new_forward_after_update_starts_a_step(run: Run) -> None:
@@ -240,9 +189,12 @@ def test_loop_without_dataloader_new_forward_after_update_starts_a_step(run: Run
         opt.step()
     t = run.finish()
     assert len(t.steps) == 5
-    # Without batches to go by, zero_grad at the top of an iteration belongs to the step before.
-    assert t.steps[0].shape() == [(FWD, 0), (BWD, 0), (OPT, None), (OPT, None)]
-    assert t.steps[4].shape() == [(FWD, 0), (BWD, 0), (OPT, None)]
+    # zero_grad at the top of an iteration is written before the update: it belongs to the next
+    # step (the first one's too), and the last step keeps its update.
+    for view in t.steps.values():
+        assert view.shape() == [(ZG, None), (FWD, 0), (BWD, 0), (OPT, None)]
+        assert list(view.children[-1]["attributes"][semconv.TRAIN_OPTIMIZER_CALLS]) == ["step"]
+        assert view.span["end_ns"] == view.children[-1]["end_ns"]
 
 
 def test_two_optimizers_per_batch_make_one_step(run: Run) -> None:
@@ -264,8 +216,10 @@ def test_two_optimizers_per_batch_make_one_step(run: Run) -> None:
     assert len(t.steps) == 4
     for view in t.steps.values():
         # The loss modules (BCEWithLogitsLoss) are not forwards of their own.
-        assert view.shape() == [(DATA, 0), (FWD, 0), (FWD, 0), (FWD, 0), (OPT, None), (BWD, 0), (OPT, None),
-                                (FWD, 1), (OPT, None), (BWD, 1), (OPT, None)]
+        # Each optimizer's update is a phase of its own (a forward comes between them); the
+        # zero_grads between forward and backward are not part of an update.
+        assert view.shape() == [(DATA, 0), (FWD, 0), (FWD, 0), (FWD, 0), (ZG, None), (BWD, 0), (OPT, None),
+                                (FWD, 1), (ZG, None), (BWD, 1), (OPT, None)]
         assert view.attrs[semconv.TRAIN_MICRO_BATCHES] == 2
         assert view.span["end_ns"] == view.children[-1]["end_ns"]  # after the generator's update
 
@@ -283,10 +237,9 @@ def test_several_updates_per_batch_become_one_step_each_once_recognised(run: Run
     # The first batch's two updates are one step (the second update is what gives the loop
     # away); from then on, every update is a step of its own.
     assert len(t.steps) == 1 + 2 * 3
-    assert t.steps[0].shape() == [(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None), (OPT, None),
-                                  (FWD, 1), (BWD, 1), (OPT, None), (OPT, None)]
+    assert t.steps[0].shape() == [(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None), (FWD, 1), (BWD, 1), (OPT, None)]
     assert [v.shape() for v in list(t.steps.values())[1:]] == [
-        [(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None), (OPT, None)], [(FWD, 0), (BWD, 0), (OPT, None), (OPT, None)],
+        [(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None)], [(FWD, 0), (BWD, 0), (OPT, None)],
     ] * 3
 
 
@@ -319,7 +272,7 @@ def test_evaluation_forwards_form_one_sibling_pass_that_tags_the_step(run: Run) 
     assert [e["attributes"][semconv.TRAIN_STEP] for e in evals] == [1, 2, 3]
     assert [sorted(plain_tags(v)) for v in t.steps.values()] == [[], ["eval"], ["eval"], ["eval"]]
     for view in t.steps.values():
-        assert view.shape() == [(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None), (OPT, None)]
+        assert view.shape() == [(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None)]
     # The first pass covers its two batch fetches and two forwards: 16 items, 2 x 10 us.
     first = evals[0]
     assert first["end_ns"] - first["start_ns"] == 16 * 1_000 + 2 * 10_000
@@ -346,7 +299,7 @@ def test_no_grad_forward_inside_a_step_stays_in_the_step(run: Run) -> None:
     assert [v.attrs[semconv.TRAIN_EPOCH] for v in t.steps.values()] == [0] * 4 + [1] * 4
     assert t.siblings_named(semconv.SPAN_EVAL) == []
     for view in t.steps.values():
-        assert view.shape() == [(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None), (OPT, None)]
+        assert view.shape() == [(DATA, 0), (FWD, 0), (BWD, 0), (OPT, None)]
 
 
 def test_checkpoint_is_a_sibling_after_the_step_and_tags_it(run: Run, tmp_path: Any) -> None:
@@ -366,11 +319,15 @@ def test_checkpoint_is_a_sibling_after_the_step_and_tags_it(run: Run, tmp_path: 
     assert [s["attributes"][semconv.TRAIN_STEP] for s in saves] == [1, 3]  # one span per torch.save
     assert [sorted(plain_tags(v)) for v in t.steps.values()] == [[], ["checkpoint"], [], ["checkpoint"]]
     for view in t.steps.values():
-        assert view.shape() == [(DATA, 0), (OPT, None), (FWD, 0), (BWD, 0), (OPT, None)]
+        # zero_grad after the batch fetch belongs to the step that batch starts.
+        assert view.shape() == [(DATA, 0), (ZG, None), (FWD, 0), (BWD, 0), (OPT, None)]
     # Step 1 ends with its update, not with the checkpoint; step 2 starts after the checkpoint.
     assert t.steps[1].span["end_ns"] == t.steps[1].children[-1]["end_ns"]
     assert t.steps[1].span["end_ns"] + 3_000 == saves[0]["start_ns"]
     assert t.steps[2].span["start_ns"] == saves[0]["end_ns"]
+    # The script's own code between the update and the save is `train.other`, between them.
+    assert [(o["attributes"][semconv.TRAIN_STEP], o["start_ns"], o["end_ns"]) for o in t.between] == [
+        (1, t.steps[1].span["end_ns"], saves[0]["start_ns"]), (3, t.steps[3].span["end_ns"], saves[1]["start_ns"])]
 
 
 def test_gc_pause_is_a_sibling_tagging_the_step_it_happened_in(run: Run) -> None:

@@ -26,6 +26,9 @@ or while torch.compile traces. It only creates, enters and leaves regions and op
 steps.
 """
 
+from otel_train import _imports
 from otel_train.detect.install import claim, install, installed, uninstall
 
 __all__ = ["claim", "install", "installed", "uninstall"]
+
+_imports.done(__name__)  # torch's hook may wait for this package to finish (`otel_train.instrumentation`)

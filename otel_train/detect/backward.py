@@ -1,7 +1,8 @@
 """Backward passes: `torch.autograd.backward` (which `Tensor.backward` calls) is patched.
 
 Each call is `train.backward` (per micro-batch). DDP's gradient all-reduce runs inside it in
-C++ and is part of it.
+C++ and is part of it. Inside `optimizer.step(closure)`, a closure evaluation's backward nests
+under the update (`optimizer`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import torch
 from otel_train.detect.compile import dynamo_compiling, tc
 from otel_train.detect.machine import train_activity
 from otel_train.detect.patches import Patches
-from otel_train.detect.state import BACKWARD, OPTIMIZER, PH_BWD, active, mb_attrs, region
+from otel_train.detect.roots import roots
+from otel_train.detect import phase
+from otel_train.detect.state import BACKWARD, PH_BWD, active, mb_attrs, region
 from otel_train.detect.state import s as _s
 from otel_train.record import recorder
 
@@ -37,7 +40,16 @@ def backward_patch(original: Callable[..., Any]) -> Callable[..., Any]:
         r = recorder._rec
         if r is None and (r := active()) is None:
             return original(*args, **kwargs)
+        if s.opt_depth and s.part_token is not None:  # a closure evaluation nested under the update
+            s.bwd_depth = 1
+            try:
+                with region(BACKWARD):
+                    return original(*args, **kwargs)
+            finally:
+                s.bwd_depth = 0
         step = train_activity(r, s, r.now(), PH_BWD)
+        if not s.mb_fwd and step is not None and not roots.discovering:
+            roots.unseen(step.n)  # no forward seen: a model built after discovery settled
         live = region(BACKWARD, mb_attrs(s.mb)).__enter__()
         s.bwd_depth = 1
         try:
@@ -54,8 +66,10 @@ def backward_patch(original: Callable[..., Any]) -> Callable[..., Any]:
                 step.micro_batches = s.mb + 1
             if live.rec is not None:
                 s.last_end = live.t1
-            if s.opt_closure and s.opt_depth and s.opt_region is None:
-                s.opt_region = region(OPTIMIZER).__enter__()  # the update after the closure
+                if live.parent is None and step is not None and step is s.step:
+                    s.cover += (live.t0, live.t1)  # `coverage.cover`, written out
+            if s.opt_depth and s.opt_closure:
+                phase.part_begin(s, phase.STEP)  # the update after the closure's one evaluation
         return out
     return backward
 

@@ -62,8 +62,11 @@ def collective_wrapper(op: str, payload_at: int | None, payload_name: str | None
                 return wrapped(*args, **kwargs)
         finally:
             s.coll_depth = 0
-            if s.opt_end is not None and live.rec is not None and live.step is s.step:
-                s.opt_end = live.t1  # after the update (a logged loss): the step ends after it
+            if live.rec is not None and live.step is s.step and s.step is not None:
+                if live.parent is None:
+                    s.cover += (live.t0, live.t1)  # `coverage.cover`: a top-level phase of the step
+                if s.opt_end is not None:
+                    s.opt_end = live.t1  # after the update (a logged loss): the step ends after it
     return wrapper
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from otel_train.detect import phase
 from otel_train.detect.batch_size import size_of
 from otel_train.detect.compile import compiled_anything, is_compiling
 from otel_train.detect.machine import close, manual, ours
@@ -49,6 +50,8 @@ def next_wrapper(wrapped: Callable[..., Any], args: Any, kwargs: Any) -> Any:
             close(r, s, s.opt_end)  # the next batch: the step's updates are over
         elif s.opt_end is None and s.mb_bwd and s.data_driven and manual(s):
             close(r, s, t0)
+    if s.phase is not None:
+        phase.end(r, s)
     s.pending.append([DATA, t0, t1, src, instance, size_of(batch)])
     to_switch.arm()  # the batch's copies to the device, if any, come next
     return batch

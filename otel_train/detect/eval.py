@@ -5,7 +5,10 @@ evaluation: consecutive ones form one `train.eval` span (with the batch fetches 
 a sibling that tags the step it follows. Auxiliary forwards stay inside their step instead: one
 made in the middle of a step (a target network between forward and optimizer step), one right
 after the loop fetched a training batch, and one by another module on the very batch the next
-training forward uses (a distillation teacher). Lightning and Hugging Face callbacks replace
+training forward uses (a distillation teacher). A detected pass runs from its first forward (or
+the fetch feeding it) to the end of its last forward: the script's own code after it (an RL
+loop's advantage computation, plotting) is not evaluation. One before the first step joins the
+first step's trace. Lightning and Hugging Face callbacks replace
 this guesswork with the frameworks' own validation loop (`eval_begin()` / `eval_end()`).
 """
 
@@ -14,12 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from otel_train.detect import state
+from otel_train.detect import coverage, state
 from otel_train.detect.compile import is_compiling
-from otel_train.detect.machine import close, close_if_complete, complete, end_eval, ours
+from otel_train.detect.machine import close, close_if_complete, complete, drop_pending_zero_grads, end_eval, ours
 from otel_train.detect.state import DATA, EVAL, FWD_AUX, FWD_EVAL, FWD_SKIP, P_NAME, P_SRC, P_T0, State, region
 from otel_train.detect.state import s as _s
-from otel_train.record import recorder
+from otel_train.record import direct, recorder
 from otel_train.record.recorder import Recorder
 
 
@@ -41,8 +44,9 @@ def eval_forward(r: Recorder, s: State, t: int) -> int:
             if entry[P_T0] < t0:
                 t0 = entry[P_T0]
             s.eval_data.append(entry)
-        else:
+        elif entry[P_NAME] is DATA:
             keep.append(entry)
+        # (a zero_grad before an evaluation is the script's own time between steps, not the next step's)
     s.pending = keep
     if mine:
         close(r, s, s.opt_end if s.opt_end is not None else t0)
@@ -63,8 +67,11 @@ def eval_begin() -> None:
             return
         end_eval(r, s)
     close_if_complete(r, s, t)
+    drop_pending_zero_grads(s)
+    coverage.between(r, s, t)
     s.eval_explicit = True
-    s.eval_region = region(EVAL).__enter__()
+    s.eval_region = live = region(EVAL).__enter__()
+    direct.place_before_first(live)
     s.eval_t0 = t
     s.eval_t1 = None
 

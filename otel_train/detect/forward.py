@@ -3,7 +3,9 @@
 The outermost forward of a module in training mode with gradients is `train.forward` (per
 micro-batch); one under `no_grad()` / `inference_mode()`, or of a module in `.eval()` mode, is
 evaluation (`eval.eval_forward`). Calls of loss modules (`nn.MSELoss()(out, y)`) are not
-forwards of their own. Which modules carry the hooks: `roots`.
+forwards of their own. A closure evaluation inside `optimizer.step(closure)` of an optimizer that
+re-evaluates it (LBFGS) is a `train.forward` nested under `train.optimizer` (`optimizer`).
+Which modules carry the hooks: `roots`.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from otel_train.detect.compile import dynamo_compiling, tc
 from otel_train.detect.data import to_switch
 from otel_train.detect.eval import eval_forward
 from otel_train.detect.machine import train_activity
+from otel_train.detect.optimizer import closure_evaluation
 from otel_train.detect.roots import roots
 from otel_train.detect.state import FORWARD, FWD_AUX, FWD_EVAL, FWD_TRAIN, PH_FWD, active, mb_attrs, region
 from otel_train.detect.state import s as _s
-from otel_train.record import direct, recorder
+from otel_train.record import recorder
 
 
 def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
@@ -44,17 +47,18 @@ def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
     if isinstance(module, _Loss):
         s.fwd_kind = FWD_AUX  # a loss module called on the model's output is not another forward
     elif torch.is_grad_enabled() and module.training:
-        if s.opt_depth and s.opt_region is not None and recorder.current_region() is s.opt_region:
-            # optimizer.step(closure): the closure's forward and backward are not the update.
-            direct.abandon(s.opt_region)
-            s.opt_region = None
-            s.opt_closure = True
-        step = train_activity(r, s, t, PH_FWD, module)
-        s.fwd_region = region(FORWARD, mb_attrs(s.mb)).__enter__()
-        s.mb_fwd = True
-        if step is not None and step is s.step:
-            step.micro_batches = s.mb + 1
         s.fwd_kind = FWD_TRAIN
+        if s.opt_depth and closure_evaluation(s):
+            # optimizer.step(closure), re-evaluating it: nested under the update, no micro-batch.
+            s.fwd_nested = True
+            s.fwd_region = region(FORWARD).__enter__()
+        else:
+            s.fwd_nested = False
+            step = train_activity(r, s, t, PH_FWD, module)
+            s.fwd_region = region(FORWARD, mb_attrs(s.mb)).__enter__()
+            s.mb_fwd = True
+            if step is not None and step is s.step:
+                step.micro_batches = s.mb + 1
     else:
         s.fwd_kind = eval_forward(r, s, t)
         if s.fwd_kind == FWD_EVAL:
@@ -78,8 +82,10 @@ def forward_hook(module: torch.nn.Module, args: Any, output: Any) -> None:
         s.fwd_region = None
         if live is not None:
             live.__exit__(None, None, None)
-            if live.rec is not None:
+            if live.rec is not None and not s.fwd_nested:
                 s.last_end = live.t1
+                if live.parent is None and live.step is s.step:
+                    s.cover += (live.t0, live.t1)  # `coverage.cover`, written out
     elif kind == FWD_EVAL:
         r = recorder._rec
         if r is not None and s.eval_t0 is not None:

@@ -11,14 +11,15 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_train import _runtime
-from otel_train.detect import backward, checkpoint, collectives, compile, data, forward, gc_pauses, optimizer, state
+from otel_train.detect import (backward, checkpoint, collectives, compile, data, forward, gc_pauses, optimizer, state,
+                               torch_hooks)
 from otel_train.detect.machine import finish
 from otel_train.detect.patches import Patches
 from otel_train.detect.state import s as _s
 
 #: In install order; uninstalled in reverse. `compile` comes last: it marks the code of every
 #: module loaded by then as Dynamo's to skip.
-FAMILIES = (forward, optimizer, gc_pauses, backward, data, checkpoint, collectives, compile)
+FAMILIES = (torch_hooks, forward, optimizer, gc_pauses, backward, data, checkpoint, collectives, compile)
 
 #: Framework methods the integrations patched (`patch_once`), restored at `uninstall()`.
 _framework = Patches()

@@ -2,29 +2,34 @@
 
 A step is one optimizer update: it spans from the previous boundary (the end of the last step's
 update, or of the checkpoint / evaluation that followed it) to the end of its own update (the
-optimizer step, and the zero_grad or collective that comes right after it). It opens lazily,
-at the first training phase after a boundary, backdated to that boundary, so the end of a loop
-leaves no empty step behind. An optimizer step does not close the step at once, since another
-optimizer may follow (a GAN's generator after its discriminator); the step is closed, at the
-end of its last update, by what comes next:
+optimizer phase: clipping, the optimizer step and the zero_grad right after it, `phase`, or a
+collective right after that). It opens lazily, at the first training phase after a boundary,
+backdated to that boundary, so the end of a loop leaves no empty step behind. An optimizer step
+does not close the step at once, since another optimizer may follow (a GAN's generator after its
+discriminator); the step is closed, at the end of its last update, by what comes next:
 
 - in a loop that pulls batches from a DataLoader: the next batch fetch (a loop that makes
   several updates per batch with one optimizer gives itself away at the first batch's second
   update, which still counts in the first step; from then on the next forward closes a step);
-- otherwise: the next forward (or backward) pass;
+- otherwise: the next forward (or backward) pass, or a zero_grad written at the top of the loop
+  (`sites`);
 - a checkpoint or an evaluation pass (they are siblings of the step, never inside it);
 - the end of training (a framework callback, `uninstrument()`, or interpreter exit).
 
-Batch fetches are held until a forward shows what they were for: the training step that
-follows, or an evaluation. A forward after a backward starts a new micro-batch of the same step
-(`train.micro_batch`; `train.micro_batches` on the step): gradient accumulation. The sizes of
-the batches a step took add up to its `train.samples` / `train.tokens` (`batch_size`). A loop with no
-optimizer at all (manual `p.data.add_` updates) gets one step per forward/backward cycle. The
-epoch is counted from the training loader's iterators, unless a framework says it.
+Batch fetches (and zero_grads between steps) are held until a forward shows what they were for:
+the training step that follows, or an evaluation. A forward after a backward starts a new
+micro-batch of the same step (`train.micro_batch`; `train.micro_batches` on the step): gradient
+accumulation. The sizes of the batches a step took add up to its `train.samples` /
+`train.tokens` (`batch_size`). A loop with no optimizer at all (manual `p.data.add_` updates)
+gets one step per forward/backward cycle. The epoch is counted from the training loader's
+iterators, unless a framework says it. An evaluation or checkpoint before the first step joins
+the first step's trace. When a step closes, `coverage` accounts for the time its phases left
+uncovered.
 
 The hook families (`forward`, `backward`, `optimizer`, `data`, `eval`, `checkpoint`,
 `gc_pauses`, `collectives`) call in here; what each one sees is in its module. State is per
-process (`state.s`) and assumes one training thread.
+process (`state.s`) and assumes one training thread. docs/step-semantics.md tells it as a user
+reads it in a trace.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import weakref
 import torch
 
 from otel_train import semconv
+from otel_train.detect import coverage, phase
 from otel_train.detect.roots import roots
 from otel_train.detect.state import DATA, EVAL, P_ITER, P_SRC, P_T0, PH_FWD, PH_OPT, State, mb_attrs
 from otel_train.detect.state import s as _s
@@ -89,18 +95,24 @@ def begin(r: Recorder, s: State, t: int) -> Step | None:
     s.mb_fwd = s.mb_bwd = False
     s.opt_end = s.last_end = None
     s.stepped.clear()
+    s.cover = []
     return step
 
 
 def close(r: Recorder, s: State, t1: int) -> None:
     """Close the step detection opened at `t1`, which becomes the next step's boundary."""
+    if s.phase is not None:
+        phase.end(r, s)
     step = s.step
     s.step = None
     s.opt_end = None
     if step is not None and r.step is step:
-        recorder.close_step(r, step, t1 if t1 > step.t0 else step.t0, None)  # `direct.end_step`, written out
+        t1 = t1 if t1 > step.t0 else step.t0
+        coverage.close(r, s, step, t1)
+        recorder.close_step(r, step, t1, None)  # `direct.end_step`, written out
         if roots.discovering or not step.n % roots.REDISCOVER_EVERY:
             roots.step_closed(step.n)
+        coverage.sibling_end(s, t1)
     if s.boundary is None or s.boundary < t1:
         s.boundary = t1
 
@@ -111,8 +123,10 @@ def close_if_complete(r: Recorder, s: State, t: int) -> None:
         close(r, s, s.opt_end if s.opt_end is not None else t)
 
 
-def train_activity(r: Recorder, s: State, t: int, phase: int, module: object = None) -> Step | None:
+def train_activity(r: Recorder, s: State, t: int, phase_kind: int, module: object = None) -> Step | None:
     """A training phase starts at `t`: close what it ends, open the step it belongs to."""
+    if s.phase is not None and phase_kind != PH_OPT:
+        phase.end(r, s)  # the update is over: a forward or backward follows it
     if s.eval_t0 is not None and not s.eval_explicit:
         if module is not None and module is not s.eval_module and s.eval_data and not s.pending:
             # Another module's no-grad forward on the very batch this one now trains on (no
@@ -125,8 +139,8 @@ def train_activity(r: Recorder, s: State, t: int, phase: int, module: object = N
     if isinstance(step, Step):
         if step is not s.step:
             return step  # the user's explicit `otel_train.step()` rules; phases only
-        if phase != PH_OPT:
-            new_mb = s.mb_bwd and (phase == PH_FWD or not s.mb_fwd)
+        if phase_kind != PH_OPT:
+            new_mb = s.mb_bwd and (phase_kind == PH_FWD or not s.mb_fwd)
             if s.opt_end is not None and not s.data_driven:
                 close(r, s, s.opt_end)  # a new forward after an optimizer step begins a new step
                 step = None
@@ -144,6 +158,13 @@ def train_activity(r: Recorder, s: State, t: int, phase: int, module: object = N
     return step
 
 
+def drop_pending_zero_grads(s: State) -> None:
+    """A sibling begins: a zero_grad made since the last step is the script's own time between
+    steps (`coverage`), not the next step's (whose start it would move before the sibling)."""
+    if s.pending:
+        s.pending = [entry for entry in s.pending if entry[0] is DATA]
+
+
 def first_pending(s: State, t: int) -> int:
     for entry in s.pending:
         if entry[P_T0] < t:
@@ -155,9 +176,12 @@ def resolve_pending(r: Recorder, s: State) -> None:
     """The batches fetched (and zero_grads made) before this training phase belong to its step."""
     attrs = mb_attrs(s.mb)
     parent = recorder.current_region()
+    ours_ = s.step is not None and r.step is s.step and parent is None
     sources = []
     for name, t0, t1, src, _, size in s.pending:
         direct.record(r, name, attrs if name is DATA else None, t0, t1, parent)
+        if ours_:
+            s.cover += (t0, t1)
         if src is not None:
             sources.append(src)
         if size is not None and s.step is not None:
@@ -208,11 +232,14 @@ def end_eval(r: Recorder, s: State) -> None:
         region.__exit__(None, None, None)
         t1 = region.t1 if region.rec is not None else t1
     elif t0 is not None and t1 is not None:
-        direct.record(r, EVAL, None, t0, t1)
+        coverage.between(r, s, t0)
+        direct.record(r, EVAL, None, t0, t1, ref=direct.before(r))
     if t1 is None:
         return
-    if s.step is None and (s.boundary is None or s.boundary < t1):
-        s.boundary = t1
+    if s.step is None:
+        coverage.sibling_end(s, t1)
+        if s.boundary is None or s.boundary < t1:
+            s.boundary = t1
 
 
 def set_epoch(epoch: int | None) -> None:
@@ -227,6 +254,7 @@ def finish() -> None:
     s = _s
     s.pending.clear()
     if r is None:
+        phase.abandon(s)
         s.step = None
         return
     if s.eval_t0 is not None:
@@ -234,6 +262,10 @@ def finish() -> None:
             s.eval_t1 = r.now()
         end_eval(r, s)
     if ours(r, s):
+        if s.phase is not None:
+            phase.end(r, s)
         end = s.opt_end if s.opt_end is not None else s.last_end
         close(r, s, end if end is not None else r.now())
+    elif s.phase is not None:
+        phase.end(r, s)
     s.step = None

@@ -1,33 +1,52 @@
 """Optimizer updates: global optimizer step pre/post hooks, `GradScaler.step`, and zero_grad /
-gradient clipping inside a step.
+gradient clipping.
 
-Each update is `train.optimizer` and, at its end, a possible step boundary (`machine`).
-`GradScaler.step` is the update whether or not the scaler skipped the optimizer's own `step()`
-(inf/NaN gradients: a skipped update is still a step). `Optimizer.zero_grad`,
-`Module.zero_grad` and `clip_grad_norm_` are part of the update when inside a step, and belong
-to the next step when a fetched batch is waiting for it. `optimizer.step(closure)`: the
-closure's forward and backward are not the update.
+`clip_grad_norm_`, the update (`optimizer.step()`, or `GradScaler.step`, which is the update
+even when it skips the optimizer's own step for inf/NaN gradients) and the `zero_grad()` right
+after it are one optimizer phase: one `train.optimizer` span (`phase`). Its end is a possible
+step boundary (`machine`).
+
+A `zero_grad()` elsewhere is a `train.zero_grad` span of its own: before the step's first phase
+(the top of an iteration; after a batch fetch, or `sites` says the loop came round) it belongs
+to the next step; in the middle of a step (after the forward, before the backward) to this one.
+
+`optimizer.step(closure)`: an optimizer that evaluates its closure several times per step
+(LBFGS's line search, or any that has been seen doing so) has every evaluation's forward and
+backward nested under its `train.optimizer`; one that evaluates it once (SGD, Adam: what
+Lightning's automatic optimisation passes) has them as the step's micro-batch, and the update
+after them as `train.optimizer`.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
+from otel_train.detect import coverage, phase, sites, torch_hooks
 from otel_train.detect.compile import dynamo_compiling, is_compiling, tc
-from otel_train.detect.machine import train_activity
+from otel_train.detect.machine import close, complete, ours, train_activity
 from otel_train.detect.patches import Patches
-from otel_train.detect.state import DATA, OPTIMIZER, P_NAME, PH_OPT, active, region
+from otel_train.detect.state import P_T0, PH_OPT, ZERO_GRAD, State, active
 from otel_train.detect.state import s as _s
 from otel_train.record import direct, recorder
-from otel_train.record.recorder import Step
+from otel_train.record.recorder import Recorder, Step
 
 _log = logging.getLogger("otel_train")
 patches = Patches()
-#: The global optimizer hooks' handles, while installed.
+#: The global optimizer hooks' entries, while installed.
 handles: list[Any] = []
+#: Optimizer classes seen evaluating their closure more than once in one step (LBFGS is known).
+_reevaluating: set[type] = set()
+
+
+def nests(optimizer: Any) -> bool:
+    """Whether `optimizer.step(closure)`'s closure evaluations nest under the update."""
+    return isinstance(optimizer, torch.optim.LBFGS) or type(optimizer) in _reevaluating
 
 
 def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -35,28 +54,36 @@ def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
         return None
     s = _s
     if s.opt_depth:
-        stale = (optimizer is s.opt_owner and not s.scaling) or (
-            s.opt_region is not None and recorder.current_region() is not s.opt_region)
-        if not stale:
+        if not _stale(s, optimizer):
             s.opt_depth += 1  # an optimizer wrapping another one
             return None
-        if s.opt_region is not None:  # the previous step() raised: forget it
-            direct.abandon(s.opt_region)
-        s.opt_depth = 0
-        s.opt_region = None
+        _forget_update(s)  # the previous step() raised
     r = recorder._rec
     if r is None and (r := active()) is None:
         return None
-    train_activity(r, s, r.now(), PH_OPT)
+    t = r.now()
+    if s.site_probe:
+        sites.remember_update(s)
+    closure = args[1] if len(args) > 1 else kwargs.get("closure")
+    nest = closure is not None and nests(optimizer)
+    if nest and s.opt_end is not None and ours(r, s):
+        # Its forwards and backwards nest under its update: each step(closure) is a step.
+        close(r, s, s.opt_end)
+    train_activity(r, s, t, PH_OPT)
     if s.data_driven and s.opt_end is not None and id(optimizer) in s.stepped:
         # The same optimizer twice for one fetched batch: several updates per batch, so a
         # batch fetch no longer marks a step; the next forward after an update does.
         s.data_driven = False
         _log.debug("otel_train: several optimizer steps per batch; steps now end at the next forward")
-    s.opt_region = region(OPTIMIZER).__enter__()
+    s.opt_frame = sys._getframe(1)  # torch's step wrapper (or ours for GradScaler): on the stack until step() ends
     s.opt_owner = optimizer
-    s.opt_closure = False
+    s.opt_closure = closure is not None
+    s.nest = nest
+    s.opt_t0 = t
+    s.evaluations = 0
     s.opt_depth = 1
+    if not s.opt_closure or s.nest:
+        phase.part_begin(s, phase.STEP)
     return None
 
 
@@ -69,21 +96,68 @@ def optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     s.opt_depth -= 1
     if s.opt_depth:
         return None
-    live = s.opt_region
-    s.opt_region = None
-    s.opt_owner = None
-    s.opt_closure = False
     r = recorder._rec
-    if live is not None:
-        live.__exit__(None, None, None)
     if r is None:
+        _forget_update(s)
         return None
-    t = live.t1 if live is not None and live.rec is not None else r.now()
+    if s.opt_closure and not s.nest:
+        if s.evaluations > 1:
+            _reevaluating.add(type(optimizer))  # from its next step on, evaluations nest
+        if s.part_token is None:  # its closure never ran a backward: the update is all of step()
+            phase.part_begin(s, phase.STEP)
+            if s.phase is not None and s.phase_parts == [phase.STEP]:
+                s.phase.t0 = s.opt_t0
+    t = phase.part_end(r, s)
+    s.opt_frame = None
+    s.opt_owner = None
+    s.opt_closure = s.nest = False
     s.uses_opt = True
-    if s.step is not None and r.step is s.step:  # `machine.ours`
+    if ours(r, s):
         s.opt_end = s.last_end = t
         s.stepped.append(id(optimizer))
     return None
+
+
+def _stale(s: State, optimizer: Any) -> bool:
+    """Inside step() again: an optimizer wrapping another, a subclass's step() calling its base
+    class's (both hooked), or the last step() raised (its frame is gone from the stack)."""
+    return not _running(s)
+
+
+def _running(s: State) -> bool:
+    """Whether the step() our pre-hook saw begin is still on the stack (it did not raise)."""
+    target = s.opt_frame
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame is target:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _forget_update(s: State) -> None:
+    s.opt_depth = 0
+    s.opt_frame = None
+    s.opt_owner = None
+    s.opt_closure = s.nest = False
+    if s.part_token is not None:
+        r = recorder._rec
+        if r is not None:
+            phase.part_end(r, s)
+
+
+def closure_evaluation(s: State) -> bool:
+    """A forward inside step(): True when it nests under the update (an evaluation of a closure
+    while the update is the current region); False for the first evaluation of a closure the
+    optimizer evaluates once, which is the step's micro-batch. When the step() is no longer on
+    the stack it raised: it is forgotten, and the forward is the step's."""
+    if not _running(s):
+        _forget_update(s)
+        return False
+    if not s.opt_closure:  # a forward run by step() itself (no closure given): part of the update
+        return s.part_token is not None
+    s.evaluations += 1
+    return s.part_token is not None
 
 
 def scaler_step_wrapper(wrapped: Callable[..., Any], args: Any, kwargs: Any) -> Any:
@@ -103,50 +177,103 @@ def scaler_step_wrapper(wrapped: Callable[..., Any], args: Any, kwargs: Any) -> 
     return out
 
 
-def aux_patch(original: Callable[..., Any]) -> Callable[..., Any]:
-    """zero_grad and clip_grad_norm_: part of the update when inside a step. The patched
-    function itself, as `backward.backward_patch` is."""
-    s = _s
+def aux_patch(clip: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """zero_grad (`clip` False) or clip_grad_norm_ (True) replaced by a function that places it
+    (`_clip`, `_zero_grad`). The patched function itself, as `backward.backward_patch` is."""
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        s = _s
 
-    @functools.wraps(original)
-    def aux(*args: Any, **kwargs: Any) -> Any:
-        if dynamo_compiling() or tc._is_compiling_flag or s.opt_depth or s.aux_depth or s.fwd_depth \
-                or s.bwd_depth:
-            return original(*args, **kwargs)
-        r = recorder._rec
-        if r is None:
-            return original(*args, **kwargs)
-        if s.step is not None and r.step is s.step:  # `machine.ours`
-            s.aux_depth = 1
-            try:
-                with region(OPTIMIZER) as live:
-                    return original(*args, **kwargs)
-            finally:
-                s.aux_depth = 0
-                if live.rec is not None:
-                    s.last_end = live.t1
-                    if s.opt_end is not None:
-                        s.opt_end = live.t1  # step(); zero_grad(): the update ends after it
-        pending = s.pending
-        if not isinstance(r.step, Step) and pending and pending[-1][P_NAME] is DATA:
-            # A batch is waiting: the step it starts will own this.
-            t0 = r.now()
-            s.aux_depth = 1
-            try:
-                out = original(*args, **kwargs)
-            finally:
-                s.aux_depth = 0
-            pending.append([OPTIMIZER, t0, r.now(), None, None, None])
-            return out
+        @functools.wraps(original)
+        def aux(*args: Any, **kwargs: Any) -> Any:
+            if dynamo_compiling() or tc._is_compiling_flag or s.opt_depth or s.aux_depth or s.fwd_depth \
+                    or s.bwd_depth:
+                return original(*args, **kwargs)
+            r = recorder._rec
+            if r is None:
+                return original(*args, **kwargs)
+            return (_clip if clip else _zero_grad)(r, s, original, args, kwargs)
+        return aux
+    return make
+
+
+def _clip(r: Recorder, s: State, original: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """Gradient clipping in a step is the first call of its update."""
+    if not isinstance(r.step, Step):
         return original(*args, **kwargs)
-    return aux
+    return _part(r, s, phase.CLIP, original, args, kwargs)
+
+
+def _part(r: Recorder, s: State, name: str, original: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    phase.part_begin(s, name)
+    s.aux_depth = 1
+    try:
+        return original(*args, **kwargs)
+    finally:
+        s.aux_depth = 0
+        t = phase.part_end(r, s)
+        if ours(r, s):
+            s.last_end = t
+            if s.opt_end is not None:
+                s.opt_end = t  # step(); zero_grad(): the update ends after it
+
+
+def _zero_grad(r: Recorder, s: State, original: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    if ours(r, s):
+        if s.opt_end is None and complete(s):  # a manual update is done: this is the next iteration
+            t0 = r.now()
+            close(r, s, min([t0] + [entry[P_T0] for entry in s.pending]))
+            return _pending(r, s, t0, original, args, kwargs)
+        if s.opt_end is not None:
+            place = sites.zero_grad_place(s)
+            if place == sites.END and s.phase is not None:
+                return _part(r, s, phase.ZERO_GRAD, original, args, kwargs)
+            if place == sites.TOP:
+                t0 = r.now()
+                close(r, s, s.opt_end)
+                return _pending(r, s, t0, original, args, kwargs)
+        return _own(r, s, original, args, kwargs)
+    step = r.step
+    if isinstance(step, Step):  # the user's explicit step: part of its update, if one is under way
+        if s.phase is not None:
+            return _part(r, s, phase.ZERO_GRAD, original, args, kwargs)
+        return original(*args, **kwargs)
+    if s.eval_explicit:  # inside a framework's evaluation pass (Lightning zeroes gradients there)
+        return original(*args, **kwargs)
+    return _pending(r, s, r.now(), original, args, kwargs)
+
+
+def _own(r: Recorder, s: State, original: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """A `train.zero_grad` in the open step (mid-step, or after the update from elsewhere)."""
+    phase.end(r, s)
+    t0 = r.now()
+    s.aux_depth = 1
+    try:
+        return original(*args, **kwargs)
+    finally:
+        s.aux_depth = 0
+        t1 = r.now()
+        if ours(r, s):
+            direct.record(r, ZERO_GRAD, None, t0, t1)
+            coverage.cover(s, t0, t1)
+            s.last_end = t1
+            if s.opt_end is not None:
+                s.opt_end = t1
+
+
+def _pending(r: Recorder, s: State, t0: int, original: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """Between steps: a `train.zero_grad` of the step to come (held like a batch fetch)."""
+    s.aux_depth = 1
+    try:
+        out = original(*args, **kwargs)
+    finally:
+        s.aux_depth = 0
+    s.pending.append([ZERO_GRAD, t0, r.now(), None, None, None])
+    return out
 
 
 def add_hooks() -> None:
-    """Register the global optimizer step hooks (their handles in `handles`)."""
-    from torch.optim import optimizer as optim_module
-    handles.append(optim_module.register_optimizer_step_pre_hook(optimizer_pre_hook))
-    handles.append(optim_module.register_optimizer_step_post_hook(optimizer_post_hook))
+    """Put the global optimizer step hooks in (their entries in `handles`)."""
+    handles.extend(torch_hooks.global_optimizer(optimizer_pre_hook, optimizer_post_hook))
 
 
 def remove_hooks() -> None:
@@ -160,13 +287,14 @@ def install() -> None:
     import torch.nn.utils
     import torch.nn.utils.clip_grad
     add_hooks()
-    patches.replace(torch.optim.Optimizer, "zero_grad", aux_patch)
-    patches.replace(torch.nn.Module, "zero_grad", aux_patch)
-    patches.replace(torch.nn.utils, "clip_grad_norm_", aux_patch)
-    patches.replace(torch.nn.utils.clip_grad, "clip_grad_norm_", aux_patch)
+    patches.replace(torch.optim.Optimizer, "zero_grad", aux_patch(False))
+    patches.replace(torch.nn.Module, "zero_grad", aux_patch(False))
+    patches.replace(torch.nn.utils, "clip_grad_norm_", aux_patch(True))
+    patches.replace(torch.nn.utils.clip_grad, "clip_grad_norm_", aux_patch(True))
     patches.wrap(torch.amp.grad_scaler.GradScaler, "step", scaler_step_wrapper, lean=True)
 
 
 def uninstall() -> None:
     remove_hooks()
     patches.undo()
+    sites.forget()

@@ -5,7 +5,9 @@ Any global module hook sends *every* module call in the process down torch's slo
 global hooks stay only for the first `DISCOVERY_STEPS` closed steps, time enough to see every
 model a step calls (a GAN's two, a teacher), and again for that long every `REDISCOVER_EVERY`
 steps, for models that first appear later (not once torch.compile has compiled anything: see
-`compile.compiled_anything`). In between, only the roots (the modules called outermost) carry
+`compile.compiled_anything`), and at once when a backward comes with no forward seen
+(a model created after discovery: a script that trains a fresh model per loop), at most every
+`UNSEEN_GAP` steps. In between, only the roots (the modules called outermost) carry
 hooks; their submodules keep torch's fast path. While both are installed a root's call reaches
 the hooks twice, which the forward family's depth count absorbs.
 """
@@ -18,6 +20,7 @@ from typing import Any
 import torch
 from torch.nn.modules.loss import _Loss
 
+from otel_train.detect import torch_hooks
 from otel_train.detect.compile import compiled_anything
 
 
@@ -31,6 +34,7 @@ class Roots:
 
     DISCOVERY_STEPS = 2
     REDISCOVER_EVERY = 500
+    UNSEEN_GAP = 8
 
     def __init__(self) -> None:
         self.seen: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
@@ -38,6 +42,9 @@ class Roots:
         self.global_handles: list[Any] = []
         self.discovering = False
         self.closed = 0
+        self.unseen_at = -self.UNSEEN_GAP
+        self.unseen_gap = self.UNSEEN_GAP  # doubles each time such a rediscovery finds no new module
+        self.for_unseen = False  # the discovery under way was started by `unseen`
 
     def start(self) -> None:
         """Begin discovering: global hooks until `DISCOVERY_STEPS` more steps have closed."""
@@ -48,15 +55,11 @@ class Roots:
         self.closed = 0
 
     def add_global(self) -> None:
-        from torch.nn.modules import module as nn_module
-        pre, post = _hooks()
-        self.global_handles = [nn_module.register_module_forward_pre_hook(pre),
-                               nn_module.register_module_forward_hook(post, always_call=True)]
+        self.global_handles = list(torch_hooks.global_forward(*_hooks()))
 
     def hook(self, module: torch.nn.Module) -> None:
-        pre, post = _hooks()
-        self.hooked[module] = (module.register_forward_pre_hook(pre),
-                               module.register_forward_hook(post, always_call=True))
+        # In the module's own hook tables, hidden from pickles and copies (`torch_hooks`).
+        self.hooked[module] = torch_hooks.module_forward(module, *_hooks())
 
     def detach(self) -> None:
         """Remove every forward hook, remembering the roots found and the discovery under way."""
@@ -74,13 +77,33 @@ class Roots:
         elif n is not None and n > 0 and n % self.REDISCOVER_EVERY == 0 and not compiled_anything():
             self.start()
 
+    def adopt(self, module: torch.nn.Module) -> None:
+        """A module made outside any forward (`torch.load`): hooked as a root unless discovery's
+        global hooks see it anyway."""
+        if not self.discovering and module not in self.hooked and not isinstance(module, _Loss):
+            self.hook(module)
+
+    def unseen(self, n: int | None) -> None:
+        """A backward with no forward seen: a model no hook is on yet."""
+        if n is not None and n - self.unseen_at >= self.unseen_gap and not compiled_anything():
+            self.unseen_at = n
+            self.start()
+            self.for_unseen = True
+
     def _settle(self) -> None:
         # Safe inside a hook: torch snapshots the hook dicts before it calls any of them.
+        found = 0
         for module in list(self.seen):
             # A loss module only ever tells its hooks "not another forward": left unhooked,
             # its calls skip torch's hook dispatch (and ours) with the same outcome.
             if module not in self.hooked and not isinstance(module, _Loss):
                 self.hook(module)
+                found += 1
+        if self.for_unseen:
+            # A loop whose backwards never follow a module's forward (two backwards per forward,
+            # a graph built without modules) would restart discovery every few steps: back off.
+            self.unseen_gap = self.UNSEEN_GAP if found else min(2 * self.unseen_gap, self.REDISCOVER_EVERY)
+            self.for_unseen = False
         self.seen = weakref.WeakSet()
         for handle in self.global_handles:
             handle.remove()

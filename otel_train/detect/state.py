@@ -21,12 +21,15 @@ EVAL = semconv.SPAN_EVAL
 CHECKPOINT = semconv.SPAN_CHECKPOINT
 GC = semconv.SPAN_GC
 COLLECTIVE = semconv.SPAN_COLLECTIVE
+ZERO_GRAD = semconv.SPAN_ZERO_GRAD
+OTHER = semconv.SPAN_OTHER
 
 # What the outermost forward in flight is.
 FWD_TRAIN, FWD_EVAL, FWD_AUX, FWD_SKIP = range(4)
 # Which training phase reaches `machine.train_activity`.
 PH_FWD, PH_BWD, PH_OPT = range(3)
-# Pending entry fields: [name, t0, t1, dataset, iterator, (samples, tokens) or None].
+# Pending entry fields: [name, t0, t1, dataset, iterator, (samples, tokens) or None]
+# (a batch fetch, or a zero_grad).
 P_NAME, P_T0, P_T1, P_SRC, P_ITER, P_SIZE = range(6)
 
 # One shared, never mutated attribute dict per micro-batch index: no dict per call.
@@ -53,9 +56,11 @@ class State:
 
     __slots__ = ("step", "boundary", "opt_end", "last_end", "stepped", "mb", "mb_fwd", "mb_bwd",
                  "pending", "data_driven", "train_src", "train_iter", "epoch", "epoch_fixed", "uses_opt",
-                 "fetching", "fwd_depth", "fwd_kind", "fwd_region", "bwd_depth", "opt_depth", "opt_region",
-                 "opt_owner", "opt_closure", "scaling", "aux_depth", "ckpt_depth", "coll_depth", "eval_t0",
-                 "eval_t1", "eval_data", "eval_module", "eval_region", "eval_explicit", "gc_t0", "lazy")
+                 "fetching", "fwd_depth", "fwd_kind", "fwd_region", "fwd_nested", "bwd_depth", "opt_depth",
+                 "opt_owner", "opt_frame", "opt_closure", "opt_t0", "nest", "evaluations", "scaling", "aux_depth",
+                 "phase", "phase_end", "phase_parts", "part_token", "step_site", "site_probe", "cover",
+                 "after", "ckpt_depth", "coll_depth", "eval_t0", "eval_t1", "eval_data", "eval_module",
+                 "eval_region", "eval_explicit", "gc_t0", "lazy")
 
     def __init__(self) -> None:
         self.reset()
@@ -80,13 +85,28 @@ class State:
         self.fwd_depth = 0
         self.fwd_kind = FWD_SKIP
         self.fwd_region: Region | None = None
+        self.fwd_nested = False  # the forward in flight is a closure evaluation inside the update
         self.bwd_depth = 0
-        self.opt_depth = 0
-        self.opt_region: Region | None = None
+        self.opt_depth = 0  # inside optimizer.step() (or GradScaler.step)
         self.opt_owner: Any = None
-        self.opt_closure = False
+        self.opt_frame: Any = None  # the frame that called our pre-hook (torch's step wrapper)
+        self.opt_closure = False  # that step() was given a closure
+        self.opt_t0 = 0  # when that step() began
+        self.nest = False  # its closure evaluations nest under the update (`optimizer.nests`)
+        self.evaluations = 0  # closure evaluations (forwards) in that step() so far
         self.scaling = False  # inside GradScaler.step: its optimizer's own step() is nested
         self.aux_depth = 0
+        # The optimizer phase (`phase`): one `train.optimizer` span from its first part to its last.
+        self.phase: Region | None = None  # entered, then taken off the current-region pointer
+        self.phase_end = 0  # end of its last part (perf ns)
+        self.phase_parts: list[str] = []  # what it covered, in order
+        self.part_token: Any = None  # while a part runs: the token that made the phase current
+        self.step_site: Any = None  # where the update was called from (`sites`), while probing
+        self.site_probe = True
+        # Coverage (`coverage`): the open step's top-level intervals [t0, t1, t0, t1, ...], and
+        # the end of what covers the time between steps (the last step or sibling).
+        self.cover: list[int] = []
+        self.after: int | None = None
         self.ckpt_depth = 0
         self.coll_depth = 0
         self.eval_t0: int | None = None

@@ -32,9 +32,10 @@ try:  # the loop in C (`_encode.c`); `FastPath.regions_python` is the fallback
 except ImportError:
     _encode = None  # type: ignore[assignment]
 
-#: Names the general path always takes: step siblings (their step gets a tag), and the
-#: benchmark's timed batches, whose metrics need their attributes (`metrics.TrainMetrics.observe`).
-_GENERAL_ONLY = frozenset(SIBLING_TAGS) | frozenset(semconv.BENCH_TIMED_SPANS)
+#: Names the general path always takes: step siblings (their step gets a tag), train.other
+#: between steps (parented by the step, `SpanAssembler._on_span`), and the benchmark's timed
+#: batches, whose metrics need their attributes (`metrics.TrainMetrics.observe`).
+_GENERAL_ONLY = frozenset(SIBLING_TAGS) | frozenset(semconv.BENCH_TIMED_SPANS) | {semconv.SPAN_OTHER}
 _CACHE_MAX = 4096  # bodies, steps and attribute fields remembered; each cache is cleared past this
 _NO_STEP_YET = object()  # `regions_python` before its first region: equal to no step number
 
@@ -150,7 +151,7 @@ class FastPath:
     def body(self, name: str, attrs: Mapping[Any, Any] | None) -> bytes | None:
         """A fast region's name field and user attribute fields, cached in `bodies` when it has
         none or one attribute; None sends the record the general way."""
-        if name in _GENERAL_ONLY:
+        if name in _GENERAL_ONLY:  # parented by step: `SpanAssembler._on_span`
             return None
         bodies = self.bodies
         if len(bodies) >= _CACHE_MAX:

@@ -41,7 +41,7 @@ from otel_train.export.goodput import DATA_SPANS, SLOW_TAG, RunAccount
 from otel_train.export.metrics import TrainMetrics
 from otel_train.export.otlp import LeanEncoder
 from otel_train.export.span_ids import SpanIds
-from otel_train.export.step_timeline import SIBLING_TAGS, HeldStep, StepTimeline
+from otel_train.export.step_timeline import SIBLING_TAGS, HeldStep, StepTimeline, late_events
 from otel_train.wire.ids import parse_traceparent
 from otel_train.wire.schema import (KIND_EVENT, KIND_SAMPLE, KIND_SPAN, KIND_STEP, KIND_TAG, W_ATTRS, W_DEV,
                                     W_ERROR, W_EVENTS, W_LINKS, W_NAME, W_PARENT, W_SEQ, W_STEP, W_STEP_SEQ, W_T0,
@@ -184,8 +184,9 @@ class SpanAssembler:
             parent_id = self.ids.region(parent_seq)
         elif step_seq is not None and sibling_tag is None:
             parent_id = self.ids.step_span(step_n)
-        elif sibling_tag is not None and step_n is not None:
-            # A sibling of its step has the step's parent: rank 0's step span (none on rank 0).
+        elif (sibling_tag is not None or name == semconv.SPAN_OTHER) and step_n is not None:
+            # A sibling of its step (and the script's own time between steps, `train.other`)
+            # has the step's parent: rank 0's step span (none on rank 0).
             # So a step's trace has one root, rank 0's step, whatever the ranks' clocks say;
             # Jaeger names a trace after its earliest root, and another rank's eval is not it.
             parent_id = self.ids.root_step(step_n)
@@ -242,8 +243,9 @@ class SpanAssembler:
             out.append(self.fast_path.step_span(step_n, wire[W_T0], wire[W_T1], attrs))  # type: ignore[union-attr]
             return
         parent = self.ids.root_step(step_n)
+        events = late_events(held.events, wire[W_T1]) if held.events else held.events
         out.append(self._build(semconv.SPAN_STEP, self.ids.trace(step_n), self.ids.step_span(step_n), parent,
-                               parent is not None, wire, attrs, held.events, wire[W_LINKS]))
+                               parent is not None, wire, attrs, events, wire[W_LINKS]))
 
     def _emit_lean_step(self, held: HeldStep, out: list[Any]) -> None:
         """`_emit_step` for a step the fast path held (`FastPath.lean_step`) that nothing was added

@@ -5,7 +5,12 @@ recorded after it ended (`otel_train.tag("checkpoint")` after the loop body) sti
 the checkpoint, eval, GC and benchmark spans that follow it (its siblings) are known by then; and its own
 time (`train.step.time_s`) runs from the previous step's boundary to its own, less its
 siblings' time. Records arrive in recording order, so a note whose step is not held yet (an
-orphan) waits for it, bounded (`_MAX_ORPHANS`).
+orphan) waits for it, bounded (`_MAX_ORPHANS`); so does the tag of a sibling recorded before the
+first step (an evaluation before training), for the step it joins.
+
+An event recorded after its step ended (`otel_train.event(...)` between steps) is shown at the
+step's end, where a trace viewer shows it (inside the span), with `otel_train.event.late_s`
+saying how much later it really was (`late_events`).
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ class StepTimeline:
         self.orphans: dict[int, list[tuple[int, Any]]] = {}
         self.siblings: deque[tuple[int, int]] = deque(maxlen=256)
         self.prev_step_end: int | None = None
+        self.early: dict[int, list[str]] = {}  # tags for step numbers not held yet (before the first step)
+        self.last_n: int | None = None  # the highest step number held so far
 
     def hold(self, wire: tuple[Any, ...], end: int, lean: bytes | None = None) -> list[HeldStep]:
         """Hold step `wire`, whose boundary is `end`, until the next step: its own time runs from
@@ -59,6 +66,11 @@ class StepTimeline:
         seq = wire[W_SEQ]
         for kind, payload in self.orphans.pop(seq, ()):
             (held.tags if kind == KIND_TAG else held.events).append(payload)
+        n = wire[W_STEP]
+        if self.early:
+            held.tags.extend(self.early.pop(n, ()))
+        if type(n) is int and (self.last_n is None or n > self.last_n):
+            self.last_n = n
         done = [self.held.pop(earlier) for earlier in [s for s in self.held if s < seq]] if self.held else []
         self.held[seq] = held
         return done
@@ -80,6 +92,8 @@ class StepTimeline:
             held.tags.append(tag)
         elif step_seq is not None:
             self._orphan(step_seq, KIND_TAG, tag)
+        elif type(step_n) is int and (self.last_n is None or step_n > self.last_n) and len(self.early) < _MAX_ORPHANS:
+            self.early.setdefault(step_n, []).append(tag)  # a sibling before its step (the first)
 
     def event(self, step_seq: int, payload: Any) -> None:
         """An event (`payload`: name, wall ns, attributes) for the step with seq `step_seq`."""
@@ -106,3 +120,14 @@ class StepTimeline:
             siblings.clear()
             siblings.extend(live)
         return sum(max(0, min(s1, end) - max(s0, start)) for s0, s1 in siblings)
+
+
+def late_events(events: list[tuple[str, int, Any]], end: int) -> list[tuple[str, int, Any]]:
+    """`events` with those after `end` (wall ns) moved to it, each saying how late it was."""
+    out = []
+    for name, t, attrs in events:
+        if t > end:
+            attrs = {**(attrs or {}), semconv.EVENT_LATE_S: (t - end) / 1e9}
+            t = end
+        out.append((name, t, attrs))
+    return out

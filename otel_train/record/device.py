@@ -329,6 +329,19 @@ class _DeviceRegion(Region):
 _DEVICE_TIMED = frozenset(semconv.DEVICE_TIMED_SPANS)
 
 
+def end_event(region: Any) -> None:
+    """The end event of a region recorded later than it ends (`direct.finish`: the optimizer
+    phase, which ends with the last of its calls): recorded now, in place of an earlier one."""
+    pool = _pool
+    if pool is None or not getattr(region, "timed", False) or region.dev is None:
+        return
+    old = getattr(region, "ev1", None)
+    region.ev1 = pool.take()
+    timing = _timing
+    if old is not None and timing is not None:
+        timing.dropped.append(old)  # the worker returns it to the pool once complete
+
+
 def _publish() -> None:
     """Tell `otel_train.span` (and functions decorated with it) which regions to make now.
 

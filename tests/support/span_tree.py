@@ -14,7 +14,8 @@ from typing import Any
 from otel_train import semconv
 
 PHASE_NAMES = {semconv.SPAN_DATA: "data", semconv.SPAN_FORWARD: "forward", semconv.SPAN_BACKWARD: "backward",
-               semconv.SPAN_OPTIMIZER: "optimizer", semconv.SPAN_COLLECTIVE: "collective"}
+               semconv.SPAN_OPTIMIZER: "optimizer", semconv.SPAN_ZERO_GRAD: "zero_grad",
+               semconv.SPAN_COLLECTIVE: "collective", semconv.SPAN_OTHER: "other"}
 
 
 def as_dicts(spans: Iterable[Any]) -> list[dict[str, Any]]:
@@ -50,10 +51,19 @@ class StepView:
     def tags(self) -> set[str]:
         return set(self.attrs.get(semconv.TRAIN_STEP_TAGS) or ())
 
-    def shape(self) -> list[tuple[str, int | None]]:
-        """Children as (short name, micro-batch) in start order, GC pauses left out."""
+    def shape(self, other: bool = False) -> list[tuple[str, int | None]]:
+        """Children as (short name, micro-batch) in start order, GC pauses left out, and the
+        `train.other` spans covering the script's own code unless `other`."""
         return [(PHASE_NAMES.get(c["name"], c["name"]), c["attributes"].get(semconv.TRAIN_MICRO_BATCH))
-                for c in self.children if c["name"] != semconv.SPAN_GC]
+                for c in self.children if c["name"] != semconv.SPAN_GC
+                and (other or c["name"] != semconv.SPAN_OTHER)]
+
+    def phases(self) -> list[dict[str, Any]]:
+        """Children other than `train.other` and GC pauses, in start order."""
+        return [c for c in self.children if c["name"] not in (semconv.SPAN_GC, semconv.SPAN_OTHER)]
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        return [c for c in self.children if c["name"] == name]
 
 
 @dataclass
@@ -61,6 +71,7 @@ class Tree:
     steps: dict[int, StepView]
     siblings: list[dict[str, Any]]  # eval, checkpoint, gc: parented outside any step
     others: list[dict[str, Any]]
+    between: list[dict[str, Any]] = field(default_factory=list)  # train.other between steps
 
     def siblings_named(self, name: str) -> list[dict[str, Any]]:
         return [s for s in self.siblings if s["name"] == name]
@@ -75,7 +86,7 @@ def tree(spans: Iterable[Any]) -> Tree:
             assert n not in steps, f"two train.step spans for step {n}"
             steps[n] = StepView(n, span)
     by_id = {s.span["span_id"]: s for s in steps.values()}
-    siblings, others = [], []
+    siblings, between, others = [], [], []
     for span in spans:
         if span["name"] == semconv.SPAN_STEP:
             continue
@@ -84,15 +95,18 @@ def tree(spans: Iterable[Any]) -> Tree:
             parent.children.append(span)
         elif span["name"] in semconv.STEP_SIBLING_SPANS:
             siblings.append(span)
+        elif span["name"] == semconv.SPAN_OTHER and span["parent_span_id"] not in by_id:
+            between.append(span)
         else:
             others.append(span)
-    return Tree(dict(sorted(steps.items())), siblings, others)
+    return Tree(dict(sorted(steps.items())), siblings, others, between)
 
 
 def check_invariants(t: Tree, times: bool = True) -> None:
     """What holds for every run: consecutive 0-based steps; each child names its step; siblings
-    have their step's parent (roots on rank 0) and tag the step they follow; with `times`, children lie inside their step, steps do
-    not overlap and no sibling lies inside a step."""
+    have their step's parent (roots on rank 0) and tag the step they follow, and so, untagged,
+    does the script's own time between steps (`train.other`); with `times`, children lie inside
+    their step, steps do not overlap and no sibling lies inside a step."""
     assert list(t.steps) == list(range(len(t.steps))), f"steps not 0..n-1: {list(t.steps)}"
     for view in t.steps.values():
         for child in view.children:
@@ -112,6 +126,10 @@ def check_invariants(t: Tree, times: bool = True) -> None:
                semconv.SPAN_GC: semconv.TAG_GC}[sibling["name"]]
         assert tag in t.steps[n].tags, f"{sibling['name']} after step {n} did not tag it"
         assert sibling["trace_id"] == t.steps[n].span["trace_id"]
+    for span in t.between:
+        n = span["attributes"][semconv.TRAIN_STEP]
+        assert span["parent_span_id"] == t.steps[n].span["parent_span_id"], span
+        assert span["trace_id"] == t.steps[n].span["trace_id"]
     for view in t.steps.values():
         if semconv.TAG_GC in view.tags:
             assert any(s["name"] == semconv.SPAN_GC and s["attributes"].get(semconv.TRAIN_STEP) == view.n
@@ -121,7 +139,7 @@ def check_invariants(t: Tree, times: bool = True) -> None:
     ordered = list(t.steps.values())
     for a, b in zip(ordered, ordered[1:]):
         assert a.span["end_ns"] <= b.span["start_ns"], f"steps {a.n} and {b.n} overlap"
-    for sibling in t.siblings:
+    for sibling in t.siblings + t.between:
         if sibling["name"] == semconv.SPAN_GC:
             continue
         for view in ordered:

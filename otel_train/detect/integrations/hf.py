@@ -19,6 +19,7 @@ from typing import Any
 import transformers
 import transformers.trainer as hf_trainer
 
+from otel_train import _imports
 from otel_train.detect import integrations as detection
 
 __all__ = ["OtelTrainerCallback"]
@@ -68,3 +69,6 @@ def attach() -> None:
     """Every Trainer created from now on gets an OtelTrainerCallback (until `uninstrument()`)."""
     detection.patch(hf_trainer.Trainer, "__init__", _add_callback)
     _patch_trainer()
+
+
+_imports.done(__name__)  # a hook may wait for this module to finish (`otel_train.instrumentation`)

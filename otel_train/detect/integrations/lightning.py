@@ -17,6 +17,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from otel_train import _imports
 from otel_train.detect import integrations as detection
 
 __all__ = ["OtelCallback"]
@@ -79,3 +80,6 @@ def attach() -> None:
     """Every Trainer created from now on gets an OtelCallback (until `uninstrument()`)."""
     detection.patch(pl.Trainer, "__init__", _add_callback)
     _patch_trainer()
+
+
+_imports.done(__name__)  # a hook may wait for this module to finish (`otel_train.instrumentation`)

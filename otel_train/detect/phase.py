@@ -1,0 +1,99 @@
+"""The optimizer phase: one `train.optimizer` span from the first of its calls to the last.
+
+A step's update is often several calls: `clip_grad_norm_`, `optimizer.step()` (or
+`GradScaler.step`), `zero_grad()`, with a little host code between them (`scaler.unscale_`,
+`scaler.update()`). They are one phase, one span, not a span each: `train.optimizer` runs from
+the start of its first call to the end of its last, and `train.optimizer.calls` lists them in
+order. It ends when anything else begins (a forward, a backward, a batch fetch, an evaluation, a
+checkpoint, the end of the step), at the end of its last call, so host code after the update is
+never charged to it.
+
+While one of its calls runs, the phase is the current region: what happens inside `step()` (an
+LBFGS closure's forward and backward, collectives of a sharded optimizer, the user's own spans
+and events) nests under it. Between its calls it is not: the span is entered at its first call,
+taken off the current-region pointer after each, and recorded when the phase ends, with the end
+of its last call (and, while a device is timed, the device event recorded there).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from otel_train import semconv
+from otel_train.detect import coverage
+from otel_train.detect.state import OPTIMIZER, State, region
+from otel_train.record import device, direct, recorder
+from otel_train.record.recorder import Recorder
+
+#: `train.optimizer.calls` attribute dicts, one per distinct sequence of calls (never mutated).
+_CALLS: dict[tuple[str, ...], dict[str, Any]] = {}
+CLIP, STEP, ZERO_GRAD = "clip_grad_norm_", "step", "zero_grad"
+
+
+def part_begin(s: State, name: str) -> None:
+    """A call of the update starts: the phase opens (if it is not open) and is current while it runs."""
+    phase = s.phase
+    if phase is None:
+        phase = region(OPTIMIZER).__enter__()
+        if phase.rec is None:
+            return
+        direct.leave(phase)
+        s.phase = phase
+        s.phase_parts = [name]
+    else:
+        s.phase_parts.append(name)
+    s.part_token = recorder._current.set(phase)
+
+
+def part_end(r: Recorder, s: State) -> int:
+    """That call is over: the phase is current no more and, for now, ends here. Returns the time."""
+    token = s.part_token
+    s.part_token = None
+    if token is not None:
+        try:
+            recorder._current.reset(token)
+        except ValueError:  # reset in another context: the phase's parent is current there
+            phase = s.phase
+            recorder._current.set(phase.parent if phase is not None else None)
+    t = r.now()
+    phase = s.phase
+    if phase is not None:
+        s.phase_end = t
+        if getattr(phase, "dev", None) is not None:
+            device.end_event(phase)
+    return t
+
+
+def end(r: Recorder, s: State) -> None:
+    """Something else begins: record the phase, from its first call's start to its last's end."""
+    phase = s.phase
+    if phase is None:
+        return
+    if s.part_token is not None:  # a call raised through its hook: it ends now
+        part_end(r, s)
+    s.phase = None
+    parts = tuple(s.phase_parts)
+    attrs = _CALLS.get(parts)
+    if attrs is None:
+        attrs = _CALLS[parts] = {semconv.TRAIN_OPTIMIZER_CALLS: parts}
+    t1 = s.phase_end
+    direct.finish(r, phase, t1, attrs)
+    if phase.parent is None and s.step is not None and phase.step is s.step:
+        coverage.cover(s, phase.t0, t1)
+
+
+def abandon(s: State) -> None:
+    """Forget the phase unrecorded (detection uninstalled or reset mid-phase)."""
+    token = s.part_token
+    s.part_token = None
+    if token is not None:
+        try:
+            recorder._current.reset(token)
+        except ValueError:
+            pass
+    phase = s.phase
+    s.phase = None
+    if phase is not None:
+        drop = getattr(phase, "drop_events", None)
+        if drop is not None:
+            drop()

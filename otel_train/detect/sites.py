@@ -1,0 +1,77 @@
+"""Where a `zero_grad()` after the update is written: the end of this iteration, or the top of the next.
+
+In a loop with no DataLoader, `opt.step(); opt.zero_grad()` at the end of an iteration and
+`opt.zero_grad()` at the top of the next one make the same sequence of calls. The code tells
+them apart: when `zero_grad()` is called from the same function as the update (looking through
+up to `_WRAPPERS` frames outside torch on each side, for wrappers such as accelerate's
+`AcceleratedOptimizer`), an earlier instruction offset in it means the loop came round (the top
+of the next iteration: it belongs to the next step), a later one that it follows the update
+(the end of this one: it joins the update's `train.optimizer`). Called from elsewhere (a
+framework's hook), it is neither: a `train.zero_grad` of its own in the step.
+
+The update's call site is read while probing only (`State.site_probe`): once a zero_grad's call
+site is decided, the decision is remembered by that site and the update's hook stops looking.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import CodeType, FrameType
+
+from otel_train.detect.state import State
+
+TOP, END, ELSEWHERE = 1, 2, 3
+_decided: dict[tuple[CodeType, int], int] = {}
+_OURS = ("torch.", "otel_train.")
+_MAX_DEPTH = 16  # frames looked through, torch's and ours included
+_WRAPPERS = 3  # frames outside torch looked at on each side
+
+
+def user_frames() -> list[FrameType]:
+    """The innermost `_WRAPPERS` frames of the calling stack outside torch and otel_train."""
+    out: list[FrameType] = []
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_MAX_DEPTH):
+        if frame is None:
+            break
+        name = frame.f_globals.get("__name__", "")
+        if not (name.startswith(_OURS) or name == "torch"):
+            out.append(frame)
+            if len(out) == _WRAPPERS:
+                break
+        frame = frame.f_back
+    return out
+
+
+def remember_update(s: State) -> None:
+    """In the optimizer's pre-hook: note where step() was called from."""
+    s.step_site = [(frame.f_code, frame.f_lasti) for frame in user_frames()]
+
+
+def zero_grad_place(s: State) -> int:
+    """TOP, END or ELSEWHERE for the zero_grad being called (from our patched function)."""
+    frames = user_frames()
+    if not frames:
+        return ELSEWHERE
+    key = (frames[0].f_code, frames[0].f_lasti)
+    place = _decided.get(key)
+    if place is not None:
+        return place
+    site = s.step_site
+    if site is None:  # not probing: look at the next update, decide the next time
+        s.site_probe = True
+        return ELSEWHERE
+    place = ELSEWHERE
+    for frame in frames:
+        lasti = next((lasti for code, lasti in site if code is frame.f_code), None)
+        if lasti is not None:
+            place = TOP if frame.f_lasti < lasti else END
+            break
+    _decided[key] = place
+    s.site_probe = False
+    s.step_site = None
+    return place
+
+
+def forget() -> None:
+    _decided.clear()

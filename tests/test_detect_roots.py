@@ -1,0 +1,71 @@
+"""Models that appear after discovery settled (otel_train.detect.roots, checkpoint; issue 26 zoo).
+
+A script that builds a fresh model per training loop (accelerate's own test script), or reloads
+its best model with `torch.load` for a final test (pytorch/examples' word_language_model), must
+not lose that model's forwards until the next rediscovery, hundreds of steps later. Real torch
+loops, in-process, timed by a fake clock (support/detect_loop.py).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from support.detect_loop import BWD, FWD, OPT, Net, Run, started, stop, ticking_sgd  # noqa: E402
+from torch import nn  # noqa: E402
+
+from otel_train import semconv  # noqa: E402
+from otel_train.detect.roots import roots  # noqa: E402
+
+
+@pytest.fixture
+def run() -> Iterator[Run]:
+    r = started()
+    try:
+        yield r
+    finally:
+        stop(r)
+
+
+def _train(model: nn.Module, clock: object, steps: int) -> None:
+    opt = ticking_sgd(model, clock)
+    x, y = torch.randn(4, 4), torch.randn(4, 1)
+    for _ in range(steps):
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_a_model_built_after_discovery_is_seen_from_its_second_step(run: Run) -> None:
+    clock = run.clock
+    _train(Net(clock), clock, 4)  # discovery settles on this model's root
+    assert not roots.discovering
+    _train(Net(clock), clock, 4)  # a fresh model: its first step's backward has no forward seen
+    t = run.finish()
+    shapes = [v.shape() for v in t.steps.values()]
+    assert shapes[:4] == [[(FWD, 0), (BWD, 0), (OPT, None)]] * 4
+    # Its first step shows what could be seen (its forward is script time, `train.other`) ...
+    assert shapes[4] == [(BWD, 0), (OPT, None)]
+    # ... and that step restarts discovery, which finds the new model from the next step on.
+    assert shapes[5:] == [[(FWD, 0), (BWD, 0), (OPT, None)]] * 3
+
+
+def test_a_whole_model_loaded_with_torch_load_gets_its_forwards_seen(run: Run) -> None:
+    clock = run.clock
+    model = Net(clock)
+    _train(model, clock, 4)
+    assert not roots.discovering
+    buffer = io.BytesIO()
+    torch.save(model, buffer)  # pickles carry none of our hooks: the loaded copy has none
+    buffer.seek(0)
+    best = torch.load(buffer, weights_only=False)
+    best.eval()
+    with torch.no_grad():
+        best(torch.randn(4, 4))  # the final test on the best model: an evaluation pass
+    t = run.finish()
+    assert [s["attributes"][semconv.TRAIN_STEP] for s in t.siblings_named(semconv.SPAN_EVAL)] == [3]
+    assert len(t.siblings_named(semconv.SPAN_CHECKPOINT)) == 1  # the save; a load is no checkpoint span

@@ -1,0 +1,83 @@
+"""`otel-train run` / `python -m otel_train.run` (otel_train.run): the script's traceback is its own.
+
+An exception the script leaves uncaught prints as `python script.py` prints it, without the
+frames that ran the script (the console script, the CLI, otel_train.run, runpy), through
+`sys.excepthook`, with exit status 1 (issue 26 #7).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from support.procs import clean_env, run_python
+
+SCRIPT = """
+import sys
+sys.path.insert(0, {helper!r})
+import helper
+
+def main():
+    helper.fail()
+
+main()
+"""
+HELPER = "def fail():\n    raise ValueError('boom')\n"
+OFF = {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
+
+
+def _frames(stderr: str) -> list[tuple[str, str]]:
+    block = stderr.rsplit("Traceback (most recent call last):", 1)[-1]
+    out = []
+    for line in block.splitlines():
+        line = line.strip()
+        if line.startswith('File "') and ", in " in line:
+            out.append((Path(line.split('"')[1]).name, line.rsplit(", in ", 1)[1]))
+    return out
+
+
+def _script(tmp_path: Path) -> Path:
+    (tmp_path / "helper.py").write_text(HELPER)
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.format(helper=str(tmp_path)))
+    return script
+
+
+def test_a_scripts_traceback_has_only_the_scripts_frames(tmp_path: Path) -> None:
+    script = _script(tmp_path)
+    plain = run_python(script=script, env=OFF, check=False)
+    expected = [("train.py", "<module>"), ("train.py", "main"), ("helper.py", "fail")]
+    assert plain.returncode == 1 and _frames(plain.stderr) == expected, plain.stderr
+    launchers = {
+        "python -m otel_train.run": ["-m", "otel_train.run", str(script)],
+        "otel-train run": ["-c", "import sys; from otel_train.cli import main; sys.argv[0] = 'otel-train'; "
+                                 "sys.exit(main())", "run", str(script)],
+    }
+    for name, argv in launchers.items():
+        proc = _launch(argv)
+        assert proc.returncode == 1, (name, proc.stderr)
+        assert _frames(proc.stderr) == expected, (name, proc.stderr)
+        assert "ValueError: boom" in proc.stderr
+
+
+def _launch(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *argv], env=clean_env(OFF), capture_output=True, text=True, timeout=120)
+
+
+def test_a_scripts_own_excepthook_prints_it(tmp_path: Path) -> None:
+    script = tmp_path / "hooked.py"
+    script.write_text("import sys\n"
+                      "sys.excepthook = lambda t, e, tb: print('HOOK', t.__name__, tb.tb_frame.f_code.co_filename)\n"
+                      "raise KeyError('k')\n")
+    proc = _launch(["-m", "otel_train.run", str(script)])
+    assert proc.returncode == 1
+    assert f"HOOK KeyError {script}" in proc.stdout
+
+
+def test_a_keyboard_interrupt_exits_130_with_the_scripts_frames(tmp_path: Path) -> None:
+    script = tmp_path / "interrupted.py"
+    script.write_text("raise KeyboardInterrupt\n")
+    proc = _launch(["-m", "otel_train.run", str(script)])
+    assert proc.returncode == 130
+    assert _frames(proc.stderr) == [("interrupted.py", "<module>")]

@@ -1,0 +1,183 @@
+"""Nothing of ours in the user's objects (otel_train.detect.torch_hooks, issue 26 #1).
+
+A model trained under detection carries our forward hooks on its outermost module once
+discovery settles. Saved, pickled or deep-copied, it must be byte for byte what it is without
+them, load without otel_train, and come back with no hook of ours.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import pickle
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.hooks import RemovableHandle  # noqa: E402
+
+import otel_train  # noqa: E402
+from otel_train import detect as _detect  # noqa: E402
+from otel_train import semconv  # noqa: E402
+from otel_train.detect import torch_hooks  # noqa: E402
+from otel_train.detect.roots import roots  # noqa: E402
+
+
+MODEL = """
+from torch import nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+
+    def forward(self, x):
+        return self.body(x)
+"""
+
+
+class Scale:
+    """A picklable forward pre-hook of the user's own."""
+
+    def __call__(self, module: nn.Module, args: Any) -> None:
+        return None
+
+
+@pytest.fixture(scope="module")
+def model_module(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The model's class in a module of its own, importable where otel_train is not."""
+    folder = tmp_path_factory.mktemp("user_model")
+    (folder / "user_model.py").write_text(MODEL)
+    sys.path.insert(0, str(folder))
+    try:
+        import user_model
+        yield user_model
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop("user_model", None)
+
+
+@pytest.fixture
+def exporter(model_module: Any) -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    otel_train.init(span_processors=[SimpleSpanProcessor(exporter)], export_mode="thread",
+                    traces_exporter="none", metrics_exporter="none", flush_interval_ms=10)
+    _detect.install()
+    try:
+        yield exporter
+    finally:
+        _detect.uninstall()
+        otel_train.shutdown()
+
+
+def _train(model: nn.Module, steps: int = 4) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+
+def _saved(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def _hooked(exporter: InMemorySpanExporter) -> nn.Module:
+    torch.manual_seed(0)
+    model = sys.modules["user_model"].Model()
+    _train(model)  # past discovery: the model itself carries our hooks now
+    assert model in roots.hooked and model._forward_pre_hooks and model._forward_hooks
+    return model
+
+
+def test_saved_pickled_and_copied_models_are_byte_for_byte_the_plain_ones(exporter: InMemorySpanExporter) -> None:
+    model = _hooked(exporter)
+    # (a deep copy is saved, not pickled: a pickle names each storage by its address)
+    hooked = {"torch.save": _saved(model), "pickle": pickle.dumps(model), "deepcopy": _saved(copy.deepcopy(model))}
+    _detect.uninstall()  # every hook of ours off: the same model as it is without us
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    plain = {"torch.save": _saved(model), "pickle": pickle.dumps(model), "deepcopy": _saved(copy.deepcopy(model))}
+    for kind in hooked:
+        assert hooked[kind] == plain[kind], kind
+        assert b"otel_train" not in hooked[kind], kind
+
+
+def test_a_deep_copy_carries_no_hook_and_a_shallow_copy_shares_them_as_without_us(
+        exporter: InMemorySpanExporter) -> None:
+    model = _hooked(exporter)
+    twin = copy.deepcopy(model)
+    assert not twin._forward_pre_hooks and not twin._forward_hooks and not twin._forward_hooks_always_called
+    shallow = copy.copy(model)
+    assert shallow._forward_pre_hooks is model._forward_pre_hooks  # as copy.copy does without us
+
+
+def test_our_hooks_take_no_handle_number_so_the_users_are_the_plain_ones(exporter: InMemorySpanExporter) -> None:
+    first = RemovableHandle.next_id
+    model = _hooked(exporter)  # global hooks while discovering, then the model's own
+    assert RemovableHandle.next_id == first
+    handle = model.body[0].register_forward_pre_hook(Scale())  # the user's, after ours
+    assert handle.id == first
+    hooked = pickle.dumps(model)
+    _detect.uninstall()
+    assert pickle.dumps(model) == hooked  # the user's hook is pickled, ours is not, under the plain key
+
+
+def test_pickling_a_model_is_no_checkpoint(exporter: InMemorySpanExporter) -> None:
+    """torch pickles each tensor storage through torch.save: not a checkpoint, and no span."""
+    model = _hooked(exporter)
+    pickle.dumps(model)
+    copy.deepcopy(model)
+    torch.save(model.state_dict(), io.BytesIO())  # a real one, for contrast
+    otel_train.shutdown()
+    saves = [s for s in exporter.get_finished_spans() if s.name == semconv.SPAN_CHECKPOINT]
+    assert len(saves) == 1
+
+
+LOADER = """
+import json, sys
+sys.modules["otel_train"] = None  # a process that cannot import otel_train
+import torch
+path, model_path = sys.argv[1], sys.argv[2]
+sys.path.insert(0, model_path)
+unsafe = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+model = torch.load(path, weights_only=False)
+hooks = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+print(json.dumps({"unsafe": unsafe, "hooks": hooks}))
+"""
+
+
+def test_a_model_saved_under_detection_loads_without_otel_train_and_with_no_hook(
+        exporter: InMemorySpanExporter, model_module: Any, tmp_path: Path) -> None:
+    model = _hooked(exporter)
+    path = tmp_path / "model.pt"
+    torch.save(model, path)
+    folder = str(Path(model_module.__file__).parent)
+    proc = subprocess.run([sys.executable, "-c", LOADER, str(path), folder], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["hooks"] == 0
+    # weights_only=True refuses exactly what it refuses in a plain save: the model's own classes.
+    assert out["unsafe"] == sorted(["user_model.Model", "torch.nn.modules.activation.ReLU",
+                                    "torch.nn.modules.container.Sequential", "torch.nn.modules.linear.Linear"])
+
+
+def test_uninstall_removes_the_pickling_filter_and_every_entry(exporter: InMemorySpanExporter) -> None:
+    model = _hooked(exporter)
+    assert "__reduce_ex__" in vars(nn.Module)
+    _detect.uninstall()
+    assert "__reduce_ex__" not in vars(nn.Module)
+    assert not torch_hooks.ours(model._forward_pre_hooks) and not model._forward_pre_hooks
