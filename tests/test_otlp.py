@@ -10,6 +10,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
 
+from otel_train import semconv
 from otel_train.export.otlp import LeanEncoder, LeanSpanBatch, _len_field
 from otel_train.record import direct
 from otel_train.wire import schema
@@ -189,7 +190,8 @@ def test_fast_path_encodes_exactly_what_the_general_path_does(rank: int, c_encod
 
 def step_records() -> list:
     """Steps as automatic detection records them (epoch, micro-batches) between usual regions,
-    and each way a step leaves the lean path: a tag during it, a tag after it, user attributes,
+    some with the batch sizes detection counts (lean all the same), and each way a step leaves
+    the lean path: a tag during it, a tag after it, user attributes,
     a GC pause in it, an epoch beyond int64, a tag record that arrives before its step's record
     (an orphan); a checkpoint inside a lean step's time, a step number beyond int64, and a step
     that ends the batch (held until the flush)."""
@@ -201,7 +203,9 @@ def step_records() -> list:
     _recorder.install(recorder)
     try:
         for n, epoch in ((0, None), (1, 0), (2, 0), (3, 1), (4, 1), (2**70, 1), (6, 2**70), (7, 2), (8, 2), (9, 2)):
-            step = direct.begin_step(n, epoch, {"x.user": 1} if n == 4 else None, clock.now_ns)
+            attrs = {"x.user": 1} if n == 4 else {semconv.TRAIN_SAMPLES: 4, semconv.TRAIN_TOKENS: 64} if n in (1, 9) \
+                else {semconv.TRAIN_SAMPLES: 2**70} if n == 0 else None  # batch sizes stay lean, unless past 64 bits
+            step = direct.begin_step(n, epoch, attrs, clock.now_ns)
             assert step is not None
             for mb in range(2 if n % 2 else 1):
                 with _recorder.Region("train.forward", **{"train.micro_batch": mb}):
@@ -250,9 +254,10 @@ def test_lean_steps_encode_exactly_what_the_general_path_does(rank: int, step_sa
                                             step_sample=step_sample)
     assert lean == general
     assert lean_metrics == general_metrics
-    # 2 tagged during, 3 tagged after, 4 with user attributes, 6 an epoch beyond int64, 7 an orphan,
-    # 8 tagged by its GC pause; a step number beyond int64 goes as a string either way
-    assert sorted(lean_steps) == [0, 1, 9, 2**70]
+    # 0 a batch size beyond int64, 2 tagged during, 3 tagged after, 4 with user attributes, 6 an epoch
+    # beyond int64, 7 an orphan, 8 tagged by its GC pause; a step number beyond int64 goes as a string
+    # either way; 1 and 9 carry batch sizes
+    assert sorted(lean_steps) == [1, 9, 2**70]
     numbers = sorted((int(v.string_value) if v.HasField("string_value") else v.int_value)
                      for s in lean if s.name == "train.step"
                      for v in [next(kv.value for kv in s.attributes if kv.key == "train.step")])

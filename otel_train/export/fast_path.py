@@ -2,7 +2,8 @@
 
 A training run repeats itself: the same names, the same one or two attributes, one step after
 another. So a usual record (a region with no exception, event or device time; a step with no
-user attributes, tags, events, links or exception) is encoded from cached pieces: a span's name
+attributes but the batch sizes detection counts, no tags, events, links or exception) is encoded
+from cached pieces: a span's name
 and attribute fields as one `body` (per name, or per name and its one attribute), a step's
 trace id, span id and `train.step` fields once per step. Everything else goes the general way
 (`spans.SpanAssembler`), which builds the same message from cleaned attributes.
@@ -37,6 +38,9 @@ except ImportError:
 #: batches, whose metrics need their attributes (`metrics.TrainMetrics.observe`).
 _GENERAL_ONLY = frozenset(SIBLING_TAGS) | frozenset(semconv.BENCH_TIMED_SPANS) | {semconv.SPAN_OTHER}
 _CACHE_MAX = 4096  # bodies, steps and attribute fields remembered; each cache is cleared past this
+#: The only step attributes a lean step may carry: what automatic detection counts from the
+#: batches' shape (`detect.batch_size`), the same most steps of a run.
+_SIZES = frozenset({semconv.TRAIN_SAMPLES, semconv.TRAIN_TOKENS})
 _NO_STEP_YET = object()  # `regions_python` before its first region: equal to no step number
 
 #: What the fast path keeps of a step: its trace id field, the step span's id (wire form), the
@@ -58,7 +62,8 @@ class FastPath:
         self.bodies: dict[Any, bytes] = {}  # `body`'s: name field + user attribute fields
         self.steps: dict[int | None, StepFields] = {}  # `step`'s
         self._attr_kvs: dict[tuple[str, Any, type, Any], bytes] = {}
-        self._lean_kvs: dict[tuple[int | None, int], bytes] = {}  # `lean_step`'s, by (epoch, micro-batches)
+        # `lean_step`'s, by (epoch, micro-batches, batch sizes as (key, value) pairs in order)
+        self._lean_kvs: dict[tuple[Any, ...], bytes] = {}
 
     # -- regions -----------------------------------------------------------------------
     def regions(self, records: Iterable[tuple[Any, ...]], offset: int, out: list[Any],
@@ -224,32 +229,39 @@ class FastPath:
 
     def lean_step(self, record: tuple[Any, ...], offset: int) -> tuple[tuple[Any, ...], int, bytes] | None:
         """A usual step record as the recorder appended it (the hot path's KIND_STEP tuple): no
-        user attributes, tags, events, links or exception, and int step number, epoch and
+        attributes but int `train.samples` / `train.tokens`, no tags, events, links or
+        exception, and int step number, epoch and
         micro-batch count. Returns its wire tuple, its end (wall ns) and its epoch and
         micro-batch fields encoded already, to be held with them (`HeldStep.lean`) and emitted
         from them unless a note joins it (`lean_step_span`). None: not such a record."""
         _, seq, n, t0, t1, attrs, epoch, micro_batches, tags, events, links, exc = record
-        if (attrs or tags or events or links or exc is not None or type(n) is not int
+        if (tags or events or links or exc is not None or type(n) is not int
                 or type(micro_batches) is not int or (epoch is not None and type(epoch) is not int)):
             return None
-        wire_attrs = step_wire_attrs(None, epoch, micro_batches)
-        lean = self._lean_kvs.get((epoch, micro_batches))
+        sizes: tuple[Any, ...] = ()
+        if attrs:
+            if not _SIZES.issuperset(attrs) or any(type(v) is not int for v in attrs.values()):
+                return None
+            sizes = tuple(attrs.items())  # in order: the general path encodes them in this order
+        key = (epoch, micro_batches, sizes)
+        wire_attrs = step_wire_attrs(attrs, epoch, micro_batches)
+        lean = self._lean_kvs.get(key)
         if lean is None:
-            lean = self._lean_fields(epoch, micro_batches, wire_attrs)
+            lean = self._lean_fields(key, wire_attrs)
             if lean is None:
                 return None
         t1 += offset
         return (KIND_STEP, semconv.SPAN_STEP, seq, None, n, seq, t0 + offset, t1, wire_attrs, None, None, None,
                 False, None), t1, lean
 
-    def _lean_fields(self, epoch: int | None, micro_batches: int, attrs: dict[str, Any]) -> bytes | None:
-        """The encoded epoch and micro-batch fields (`attrs`) `lean_step` holds a step with
+    def _lean_fields(self, key: tuple[Any, ...], attrs: dict[str, Any]) -> bytes | None:
+        """The encoded batch-size, epoch and micro-batch fields (`attrs`) `lean_step` holds a step with
         (cached), None where the cleaner would change a value (past 64 bits)."""
         if any(not -(1 << 63) <= value < (1 << 63) for value in attrs.values()):
             return None
         if len(self._lean_kvs) >= _CACHE_MAX:
             self._lean_kvs.clear()
-        lean = self._lean_kvs[(epoch, micro_batches)] = self.encoder.attributes(attrs)
+        lean = self._lean_kvs[key] = self.encoder.attributes(attrs)
         return lean
 
     def lean_step_span(self, held: HeldStep) -> bytes:

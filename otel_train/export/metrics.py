@@ -254,8 +254,9 @@ class TrainMetrics:
         for index, reader in enumerate(readers):
             reader._set_collect_callback(self._collector(index))
 
-    def observe_step(self, duration_s: float, attrs: Mapping[str, Any]) -> None:
-        """A step span's own time and attributes (`observe` for `train.step`)."""
+    def observe_step(self, duration_s: float, attrs: Mapping[str, Any], step_n: int | None = None) -> None:
+        """A step span's own time and attributes (`observe` for `train.step`); `step_n` where
+        `attrs` lacks `train.step` (a lean step's wire attributes)."""
         with self.lock:
             self.step_duration.record(duration_s)
             if duration_s > 0 and (semconv.TRAIN_TOKENS in attrs or semconv.TRAIN_SAMPLES in attrs):
@@ -265,7 +266,7 @@ class TrainMetrics:
                     if isinstance(count, (int, float)) and not isinstance(count, bool):
                         gauge.set(count / duration_s, self._time_ns())
             self._observe_device(semconv.SPAN_STEP, attrs)
-            self._step_done(attrs.get(semconv.TRAIN_STEP), duration_s, attrs)
+            self._step_done(attrs.get(semconv.TRAIN_STEP, step_n), duration_s, attrs)
 
     def observe_step_time(self, duration_s: float, step_n: int | None = None) -> None:
         """A step span's own time alone: `observe_step` for a step with no throughput or device attribute."""

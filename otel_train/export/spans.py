@@ -251,7 +251,11 @@ class SpanAssembler:
         """`_emit_step` for a step the fast path held (`FastPath.lean_step`) that nothing was added
         to since: the same metric and the same bytes, from its encoded fields."""
         if self.metrics is not None:
-            self.metrics.observe_step_time(held.time_s, held.wire[W_STEP])
+            attrs = held.wire[W_ATTRS]
+            if semconv.TRAIN_SAMPLES in attrs or semconv.TRAIN_TOKENS in attrs:  # throughput, MFU
+                self.metrics.observe_step(held.time_s, attrs, held.wire[W_STEP])
+            else:
+                self.metrics.observe_step_time(held.time_s, held.wire[W_STEP])
         if self.sampled(held.wire[W_STEP]):
             out.append(self.fast_path.lean_step_span(held))  # type: ignore[union-attr]
 

@@ -149,5 +149,6 @@ def check_invariants(t: Tree, times: bool = True) -> None:
 
 
 def plain_tags(view: StepView) -> set[str]:
-    """The step's tags without `gc` (GC pauses come when they come)."""
-    return view.tags - {semconv.TAG_GC}
+    """The step's tags without `gc` and `slow` (GC pauses and slow steps on a busy machine come
+    when they come)."""
+    return view.tags - {semconv.TAG_GC, semconv.TAG_SLOW}
