@@ -75,7 +75,11 @@ def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
         # batch fetch no longer marks a step; the next forward after an update does.
         s.data_driven = False
         _log.debug("otel_train: several optimizer steps per batch; steps now end at the next forward")
-    s.opt_frame = sys._getframe(1)  # torch's step wrapper (or ours for GradScaler): on the stack until step() ends
+    s.opt_frame = frame = sys._getframe(1)  # torch's step wrapper (or ours for GradScaler): on the stack until step() ends
+    caller = frame.f_back
+    if caller is not None:  # where the update was called from, for a zero_grad site not placed yet (`sites`)
+        outer = caller.f_back
+        s.last_callers = (caller, caller.f_lasti, outer, outer.f_lasti if outer is not None else -1)
     s.opt_owner = optimizer
     s.opt_closure = closure is not None
     s.nest = nest

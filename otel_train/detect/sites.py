@@ -9,7 +9,9 @@ of the next iteration: it belongs to the next step), a later one that it follows
 (the end of this one: it joins the update's `train.optimizer`). Called from elsewhere (a
 framework's hook), it is neither: a `train.zero_grad` of its own in the step.
 
-The update's call site is read while probing only (`State.site_probe`): once a zero_grad's call
+A zero_grad at a call site not yet decided while not probing (a second loop) is placed from
+the two live frames that called the last update (`State.last_callers`, two attribute reads per
+update), when it is called from one of them. The update's full call site is read while probing only (`State.site_probe`): once a zero_grad's call
 site is decided, the decision is remembered by that site and the update's hook stops looking.
 """
 
@@ -58,7 +60,11 @@ def zero_grad_place(s: State) -> int:
     if place is not None:
         return place
     site = s.step_site
-    if site is None:  # not probing: look at the next update, decide the next time
+    if site is None:  # not probing: the live frames that called the last update, else the next one
+        place = _by_callers(frames, s.last_callers)
+        if place is not None:
+            _decided[key] = place
+            return place
         s.site_probe = True
         return ELSEWHERE
     place = ELSEWHERE
@@ -71,6 +77,21 @@ def zero_grad_place(s: State) -> int:
     s.site_probe = False
     s.step_site = None
     return place
+
+
+def _by_callers(frames: list[FrameType], last: tuple | None) -> int | None:
+    """From the two frames that called the last update (kept by the optimizer's pre-hook, with
+    their instruction offsets then): a zero_grad called from one of them, still running, at an
+    offset before (or at: the same call made again, the loop came round) the update's is at the
+    top of the next iteration, after it at the end of this one."""
+    if last is None:
+        return None
+    for frame in frames:
+        if frame is last[0]:
+            return TOP if frame.f_lasti <= last[1] else END
+        if frame is last[2]:
+            return TOP if frame.f_lasti <= last[3] else END
+    return None
 
 
 def forget() -> None:

@@ -58,7 +58,7 @@ class State:
                  "pending", "data_driven", "train_src", "train_iter", "epoch", "epoch_fixed", "uses_opt",
                  "fetching", "fwd_depth", "fwd_kind", "fwd_region", "fwd_nested", "bwd_depth", "opt_depth",
                  "opt_owner", "opt_frame", "opt_closure", "opt_t0", "nest", "evaluations", "scaling", "aux_depth",
-                 "phase", "phase_end", "phase_parts", "part_token", "step_site", "site_probe", "cover",
+                 "phase", "phase_end", "phase_parts", "part_token", "step_site", "site_probe", "last_callers", "cover",
                  "after", "ckpt_depth", "coll_depth", "eval_t0", "eval_t1", "eval_data", "eval_module",
                  "eval_region", "eval_explicit", "gc_t0", "lazy")
 
@@ -103,6 +103,7 @@ class State:
         self.part_token: Any = None  # while a part runs: the token that made the phase current
         self.step_site: Any = None  # where the update was called from (`sites`), while probing
         self.site_probe = True
+        self.last_callers: Any = None  # (frame, f_lasti) x 2 that called the last update (`sites`)
         # Coverage (`coverage`): the open step's top-level intervals [t0, t1, t0, t1, ...], and
         # the end of what covers the time between steps (the last step or sibling).
         self.cover: list[int] = []

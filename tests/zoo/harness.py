@@ -279,13 +279,14 @@ def main(argv: Sequence[str]) -> int:
     import analysis
     from support.otlp_receiver import OTLPReceiver
 
-    names = list(argv) or list(catalog.ENTRIES)
+    every = {**catalog.ENTRIES, **catalog.PACKAGED}
+    names = list(argv) or list(every)
     receiver = OTLPReceiver().start()
     root = Path(tempfile.mkdtemp(prefix="zoo-"))
     try:
         runs = []
         for name in names:
-            entry = catalog.ENTRIES[name]
+            entry = every[name]
             for mode in ("plain", "otel"):
                 runs.append(Run(entry, mode, root / f"{name}-{mode}", receiver.grpc_endpoint))
         t0 = time.monotonic()
