@@ -243,9 +243,12 @@ def _report(st: _State, recorder: _recorder.Recorder, stats: dict[str, int] | No
     buffer_full = recorder.dropped + (stats or {}).get("overflow", 0)
     who = f"otel_train: rank {st.run.rank}:" if st.run is not None and st.run.world_size > 1 else "otel_train:"
     if stats is None:
-        msg = (f"{who} shutdown bound of {bound:g} s reached while still exporting to {st.destination}; "
-               f"dropped: {buffer_full} (buffer full), {st.worker.pending()} still queued and the batch "
-               "being exported (cut off at shutdown)")
+        # The sink is still busy: what it confirmed so far counts as exported, the rest as lost.
+        partial = getattr(st.worker.sink, "partial_stats", lambda: {})()
+        buffer_full += partial.get("overflow", 0)
+        msg = (f"{who} {partial.get('exported', 0)} spans exported to {st.destination} when the shutdown bound "
+               f"of {bound:g} s was reached; dropped: {buffer_full} (buffer full), "
+               f"{partial.get('failed', 0) + st.worker.pending()} (export failed or cut off at shutdown)")
     else:
         failed = stats.get("failed", 0)
         if st.destination == "none":

@@ -31,6 +31,21 @@ from otel_train.export.transport import Outcome, Transport
 _log = logging.getLogger("otel_train")
 _BACKOFF_S = 0.5
 _BACKOFF_MAX_S = 5.0
+_BACKOFF_DOUBLINGS = 16  # far past the cap
+
+
+_said_lock = threading.Lock()
+_said_anywhere: set[tuple[str, str]] = set()
+
+
+def first_time(where: str, reason: str) -> bool:
+    """True the first time this process meets `reason` at `where`: traces and metrics going to
+    one collector that refuses them both make one message, not one per signal."""
+    with _said_lock:
+        if (where, reason) in _said_anywhere:
+            return False
+        _said_anywhere.add((where, reason))
+        return True
 
 
 class Delivery:
@@ -131,9 +146,11 @@ class Delivery:
             with self._cond:
                 while not self._stopped:
                     now = self.clock()
-                    if self._queue and now >= self._retry_at:
+                    ended = self._deadline is not None and now >= self._deadline
+                    if self._queue and now >= self._retry_at and not ended:
                         break
-                    self._cond.wait(None if not self._queue else self._retry_at - now)
+                    # Past the deadline nothing more is tried: `close` counts what is left.
+                    self._cond.wait(None if not self._queue or ended else self._retry_at - now)
                 if self._stopped:
                     return
                 payload, spans = self._queue.popleft()
@@ -172,9 +189,10 @@ class Delivery:
             return
         if not outcome.retry or self._stopped:
             self.failed += spans
-            self._say(f"refused:{outcome.reason}", "otel_train: %s did not take an export (%s): %s; its spans are "
-                                                   "dropped and counted (later exports are tried as usual).",
-                      self.where, outcome.reason, outcome.hint)
+            if first_time(self.where, outcome.reason):
+                self._say(f"refused:{outcome.reason}", "otel_train: %s did not take an export (%s): %s; its spans are "
+                                                       "dropped and counted (later exports are tried as usual).",
+                          self.where, outcome.reason, outcome.hint)
             return
         # Retryable: back to the head of the queue, tried again after a backoff.
         self._queue.appendleft((payload, spans))
@@ -182,10 +200,13 @@ class Delivery:
         self._trim()
         if self._outage_since is None:
             self._outage_since = now
-        self._say(f"retry:{outcome.reason}", "otel_train: exporting to %s failed (%s: %s); what failed is kept "
-                                             "and sent when it answers (up to OTEL_TRAIN_BUFFER_SIZE=%d spans).",
-                  self.where, outcome.reason, outcome.hint, self.capacity)
-        backoff = min(_BACKOFF_MAX_S, _BACKOFF_S * (2 ** self._failures)) * random.uniform(0.8, 1.2)
+        if first_time(self.where, outcome.reason):
+            self._say(f"retry:{outcome.reason}", "otel_train: exporting to %s failed (%s: %s); what failed is kept "
+                                                 "and sent when it answers (up to OTEL_TRAIN_BUFFER_SIZE=%d spans).",
+                      self.where, outcome.reason, outcome.hint, self.capacity)
+        # The exponent stops growing at the cap: an outage of hours must not overflow it.
+        backoff = min(_BACKOFF_MAX_S, _BACKOFF_S * (2 ** min(self._failures, _BACKOFF_DOUBLINGS))) * \
+            random.uniform(0.8, 1.2)
         self._failures += 1
         delay = outcome.delay_s if outcome.delay_s is not None else backoff
         self._retry_at = now + delay

@@ -21,7 +21,7 @@ from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 
-from otel_train.export.delivery import Delivery
+from otel_train.export.delivery import Delivery, first_time
 from otel_train.export.destination import Destination
 from otel_train.export.otlp_json import FileTransport
 from otel_train.export.transport import GrpcTransport, HttpTransport, Transport
@@ -66,7 +66,6 @@ class TransportMetricExporter(MetricExporter):  # type: ignore[misc]
         super().__init__()
         self.transport = transport
         self.dest = dest
-        self._said: set[str] = set()
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
         from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
@@ -81,8 +80,7 @@ class TransportMetricExporter(MetricExporter):  # type: ignore[misc]
             delay = outcome.delay_s if outcome.delay_s is not None else 0.5 * 2 ** attempt * random.uniform(0.8, 1.2)
             attempt += 1
             if not outcome.retry or time.monotonic() + delay >= deadline:
-                if outcome.reason not in self._said:
-                    self._said.add(outcome.reason)
+                if first_time(self.dest.describe(), outcome.reason):  # once, spans' delivery included
                     _log.warning("otel_train: exporting metrics to %s failed (%s: %s).", self.dest.describe(),
                                  outcome.reason, outcome.hint)
                 return MetricExportResult.FAILURE

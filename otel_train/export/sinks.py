@@ -76,6 +76,12 @@ class LocalSink:
     def close(self, deadline: float) -> dict[str, int]:
         return self.pipeline.shutdown(deadline)
 
+    def partial_stats(self) -> dict[str, int]:
+        """At a shutdown cut short: what is confirmed exported, the rest of what was built as failed."""
+        stats = self.pipeline.stats()
+        return {"exported": stats["exported"], "overflow": stats["overflow"],
+                "failed": max(0, stats["built"] - stats["exported"] - stats["overflow"])}
+
     def abort(self) -> bool:
         return False  # work on this thread cannot be interrupted (delivery's own calls are bounded)
 
@@ -99,6 +105,9 @@ def _widen_pipe(pipe: Any) -> None:
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     env[ENV_CHILD] = "1"
+    # gRPC's own log lines (one per failed TLS handshake, per reconnect) would repeat what our
+    # one message says; a user who sets GRPC_VERBOSITY keeps theirs.
+    env.setdefault("GRPC_VERBOSITY", "ERROR")
     # `opentelemetry-instrument` injects a sitecustomize through PYTHONPATH; the exporter must
     # not instrument itself (it would trace its own exports).
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
@@ -123,6 +132,7 @@ class ProcessSink:
         self._aborted = False
         self.took_over = False  # exported from this process: the exporter process was never ready
         self.sent = 0
+        self.given = 0  # records handed to this sink, whatever became of them
         self.lost = 0
         self.overflowed = 0
         self._strings_sent = 0  # how much of the recorder's string table went into messages
@@ -149,6 +159,7 @@ class ProcessSink:
     # -- records in ----------------------------------------------------------------------
     def send(self, segments: Segments, offset: int, dropped: Mapping[str, int]) -> None:
         if self._fallback is not None:
+            self.given += segments_count(segments)
             self._fallback.send(segments, offset, dropped)
             return
         self._deliver(("batch", segments, offset, dict(dropped)), segments_count(segments))
@@ -159,6 +170,7 @@ class ProcessSink:
         table, which only grows: the process gets what it has not had yet with them."""
         self._strings = strings
         if self._fallback is not None:
+            self.given += count
             self._fallback.send(unpack(slots, side, wire, strings), offset, dropped)
             return
         new = strings[self._strings_sent:]
@@ -176,6 +188,7 @@ class ProcessSink:
         it to be ready; before it is, keep it, dropping the oldest past the capacity."""
         with self._lock:
             if message is not None:
+                self.given += count
                 self._waiting.append((message, count))
                 self._waiting_records += count
                 self._trim()
@@ -282,6 +295,19 @@ class ProcessSink:
         accounted = progress.get("exported", 0) + progress.get("failed", 0) + progress.get("overflow", 0)
         return (max(0, self.sent - progress.get("received", 0)) + max(0, progress.get("built", 0) - accounted)
                 + progress.get("held", 0))
+
+    def partial_stats(self) -> dict[str, int]:
+        """At a shutdown cut short (the closer still busy): what is confirmed exported by the last
+        report (its fallback's too), and everything else this sink was given as failed."""
+        with self._reported:
+            progress = dict(self._at_death or self.progress)
+        exported = progress.get("exported", 0)
+        overflow = progress.get("overflow", 0) + self.overflowed
+        if self._fallback is not None:
+            local = self._fallback.partial_stats()
+            exported += local["exported"]
+            overflow += local["overflow"]
+        return {"exported": exported, "overflow": overflow, "failed": max(0, self.given - exported - overflow)}
 
     def abort(self) -> bool:
         self._aborted = True

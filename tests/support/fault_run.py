@@ -26,7 +26,8 @@ from typing import Any
 from support.procs import clean_env
 
 #: argv: steps, seconds a step sleeps, then optionally "raise" at step N, "hold" (block after
-#: the last step, for a signal to arrive mid-step).
+#: the last step, for a signal to arrive mid-step); any further arguments are the script's own
+#: (ignored, as a real script's flags would be by us).
 LOOP = textwrap.dedent("""
     import json, os, sys, time
     import otel_train
@@ -79,12 +80,12 @@ class TrainingRun:
 
     def __init__(self, env: Mapping[str, str], steps: int, step_s: float = 0.01, mode: str = "",
                  cwd: str | os.PathLike[str] | None = None, run_id: str | None = None,
-                 preexec: Any = None) -> None:
+                 preexec: Any = None, args: tuple[str, ...] = ()) -> None:
         self.run_id = run_id or f"fault-{uuid.uuid4().hex[:8]}"
         environ = clean_env({"OTEL_TRAIN_RUN_ID": self.run_id, "OTEL_TRAIN_FLUSH_INTERVAL_MS": "100",
                              "OTEL_METRIC_EXPORT_INTERVAL": "600000", **env})
         self.started = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, "-u", "-c", LOOP, str(steps), str(step_s), mode], cwd=cwd,
+        self.proc = subprocess.Popen([sys.executable, "-u", "-c", LOOP, str(steps), str(step_s), mode, *args], cwd=cwd,
                                      env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      preexec_fn=preexec)
         self.completed = 0
