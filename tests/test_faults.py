@@ -243,8 +243,10 @@ def test_a_rank_that_dies_delivers_every_completed_step_and_shows_where(receiver
 def test_kill_9_loses_at_most_the_last_flush_interval(receiver: OTLPReceiver) -> None:
     """Fault: SIGKILL to the trainer alone. Kept: everything its worker had drained (every
     100 ms here, OTEL_TRAIN_FLUSH_INTERVAL_MS): the exporter process sees its input end and
-    exports it. Lost: what was recorded since the last drain, and the open step."""
-    run = TrainingRun(_otlp(receiver.grpc_endpoint), 20, 0.05, mode="hold")
+    exports it. Lost: what was recorded since the last drain, and the open step. (Before the
+    exporter process is up, what was recorded waits in the trainer and dies with it: the run
+    waits for it here, as any run longer than its start-up does.)"""
+    run = TrainingRun(_otlp(receiver.grpc_endpoint, FAULT_RUN_WAIT_READY="1"), 20, 0.05, mode="hold")
     run.wait_for("HOLDING")
     time.sleep(0.5)  # five flush intervals: every completed step has been drained
     run.proc.kill()

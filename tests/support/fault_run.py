@@ -34,6 +34,9 @@ LOOP = textwrap.dedent("""
     steps, step_s = int(sys.argv[1]), float(sys.argv[2])
     mode = sys.argv[3] if len(sys.argv) > 3 else ""
     otel_train.init()
+    if os.environ.get("FAULT_RUN_WAIT_READY"):  # start training once the exporter process is up
+        from otel_train import _runtime
+        _runtime.state().worker.sink.ready.wait(120)
     t0 = time.monotonic()
     for n in range(steps):
         with otel_train.step():
