@@ -2,7 +2,7 @@
 
 `GrpcTransport` and `HttpTransport` send bytes that are an `Export*ServiceRequest` already
 (`otlp.LeanEncoder`, or the SDK's metrics encoder) and classify the answer as the OTLP
-specification says (opentelemetry-proto `docs/specification.md`, "Failures"):
+specification says (https://opentelemetry.io/docs/specs/otlp/#failures):
 
 - retryable: gRPC UNAVAILABLE, CANCELLED, DEADLINE_EXCEEDED, ABORTED, OUT_OF_RANGE, DATA_LOSS,
   and RESOURCE_EXHAUSTED only when the server sent `RetryInfo`; HTTP 429, 502, 503, 504; a
