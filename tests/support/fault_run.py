@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -94,6 +95,18 @@ class TrainingRun:
         self.completed = 0
         self.lines: list[str] = []
         self._done: dict[str, Any] | None = None
+        # stderr is read on a thread all along (a full pipe would block the run), and stdout
+        # only through its TextIOWrapper: `communicate()` reads the raw pipe and would lose the
+        # lines `wait_for` had buffered (the DONE line among them).
+        self._stderr: list[str] = []
+        self._stderr_reader = threading.Thread(target=lambda: self._stderr.append(self.proc.stderr.read()),
+                                               daemon=True)
+        self._stderr_reader.start()
+        # When the process ended, seen as it happens (a test may finish several runs in turn).
+        self._ended: list[float] = []
+        self._waiter = threading.Thread(target=lambda: (self.proc.wait(), self._ended.append(time.time())),
+                                        daemon=True)
+        self._waiter.start()
 
     def wait_for(self, text: str, timeout: float = 120.0) -> None:
         """Read stdout until a line starts with `text` (`STEP 5`, `HOLDING`)."""
@@ -102,7 +115,9 @@ class TrainingRun:
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
             if not line:
-                raise AssertionError(f"the run ended before {text!r}: {self.lines[-3:]}\n{self.proc.stderr.read()}")
+                self.proc.wait()
+                self._stderr_reader.join(10)
+                raise AssertionError(f"the run ended before {text!r}: {self.lines[-3:]}\n{''.join(self._stderr)}")
             self._take(line.strip())
             if line.startswith(text):
                 return
@@ -116,8 +131,15 @@ class TrainingRun:
             self._done = json.loads(line[5:])
 
     def finish(self, timeout: float = 120.0) -> Result:
-        out, err = self.proc.communicate(timeout=timeout)
-        ended = time.time()
+        rest: list[str] = []
+        reader = threading.Thread(target=lambda: rest.append(self.proc.stdout.read()), daemon=True)
+        reader.start()
+        self.proc.wait(timeout=timeout)
+        self._waiter.join(timeout)
+        ended = self._ended[0] if self._ended else time.time()
+        reader.join(timeout)
+        self._stderr_reader.join(timeout)
+        out, err = "".join(rest), "".join(self._stderr)
         for line in out.splitlines():
             self._take(line.strip())
         done = self._done or {}
