@@ -57,6 +57,8 @@ def _sample(pid: int, t_s: float) -> Sample | None:
         fds = len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         return None
+    if "VmRSS" not in fields:  # exited, not yet reaped
+        return None
     rss_kb = int(fields["VmRSS"].split()[0])
     return Sample(t_s, rss_kb / 1024.0, int(fields["Threads"]), fds)
 
