@@ -322,6 +322,9 @@ import json, sys
 import numpy as np
 import otel_train
 steps = 0
+otel_train.tag("too-early")  # before any step: nowhere to go, said once each
+otel_train.event("orphan")
+otel_train.event("orphan")
 for n in ("5", -1, 1.5, 2 ** 70, np.int64(9), True):
     with otel_train.step(n):
         steps += 1
@@ -358,7 +361,8 @@ def test_bad_input_is_said_once_each_and_loses_nothing(tmp_path) -> None:
     for text in ("step('5')", "step(-1)", "step(1.5)", "step(1180591620717411303424)", "step(True)",
                  "'tensor': type ndarray", "'none': None", "'raw': type bytes", "'nested': type dict",
                  "'huge': list of 1048576 items cut to 64", "'mixed': a list attribute", "'obj': type object",
-                 "'text': value of 100000 characters cut to 64"):
+                 "'text': value of 100000 characters cut to 64", "tag() outside any step",
+                 "event() outside any step"):
         assert err.count(text) == 1, (text, err)
     assert not (tmp_path.parent / "escape").exists()  # the run id stayed one directory inside
     files = list((tmp_path / "otel-train").glob("*/traces-rank0.jsonl"))

@@ -5,7 +5,7 @@ phase spans a step, no torch: seconds to start, so a fault test stays cheap), le
 follow its steps as they complete (one `STEP n` line each), and collects what it said: steps
 completed, training time, exit time (from the loop's end to the process's end), its stderr and
 its closing line's counts. `report()` prints one row of the fault table (docs/faults.md) and,
-with `OTEL_TRAIN_FAULT_TABLE` set to a file, appends it there as JSON.
+with `FAULT_TABLE_FILE` set to a file, appends it there as JSON.
 """
 
 from __future__ import annotations
@@ -175,12 +175,12 @@ def settle(receiver: Any, run_id: str, timeout: float = 15.0, quiet_s: float = 0
 
 
 def report(fault: str, kept: str, lost: str, faulted: Result, base: Result | None) -> None:
-    """One row of the fault table: printed, and appended to $OTEL_TRAIN_FAULT_TABLE if set."""
+    """One row of the fault table: printed, and appended to $FAULT_TABLE_FILE if set."""
     row = {"fault": fault, "kept": kept, "lost": lost,
            "train_s": faulted.train_s, "exit_s": faulted.exit_s,
            "base_train_s": base.train_s if base else None, "base_exit_s": base.exit_s if base else None}
     print("FAULT " + json.dumps(row))
-    table = os.environ.get("OTEL_TRAIN_FAULT_TABLE")
+    table = os.environ.get("FAULT_TABLE_FILE")
     if table:
         with open(Path(table), "a", encoding="utf-8") as out:
             out.write(json.dumps(row) + "\n")
