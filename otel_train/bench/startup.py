@@ -6,8 +6,9 @@ fixed CPU work (about `--step-ms` each, calibrated once), and the same loop afte
 embedded default: files). What the instrumented process pays at start is `init()` itself (on
 the training thread, before the loop) and whatever the exporter process's start takes from the
 loop's CPU while it imports and builds its pipeline. Printed: `init()`'s time, each step's
-median time over the rounds, plain and instrumented, the first steps' total and when the
-exporter process said it was ready (seconds after `init()` returned).
+median time over the rounds, plain and instrumented, the first steps' total, the training
+thread's own CPU time over them (what it did itself, which a loaded machine does not blur) and
+when the exporter process said it was ready (seconds after `init()` returned).
 
 Wall-clock figures: run it on a quiet machine (issue 26 item 6 measured 190-946 ms first steps
 against 25 ms when the exporter started on the training thread's time).
@@ -46,9 +47,9 @@ CHILD = textwrap.dedent("""
             def wait_ready():
                 ready.append(time.perf_counter() - started if sink.ready.wait(120) else None)
             threading.Thread(target=wait_ready, daemon=True).start()
-    times = []
+    times, cpu = [], []
     for n in range(steps):
-        begin = time.perf_counter()
+        begin, begin_cpu = time.perf_counter(), time.thread_time()
         if mode == "instrumented":
             with otel_train.step():
                 with otel_train.span("train.forward"):
@@ -56,11 +57,12 @@ CHILD = textwrap.dedent("""
         else:
             step_work()
         times.append(time.perf_counter() - begin)
+        cpu.append(time.thread_time() - begin_cpu)
     if mode == "instrumented":
         deadline = time.perf_counter() + 60
         while not ready and time.perf_counter() < deadline:
             time.sleep(0.01)
-    print("RESULT " + json.dumps({"init_s": init_s, "steps": times, "ready_s": ready[0] if ready else None}))
+    print("RESULT " + json.dumps({"init_s": init_s, "steps": times, "cpu": cpu, "ready_s": ready[0] if ready else None}))
 """)
 
 
@@ -104,11 +106,15 @@ def run_startup(steps: int, step_ms: float, rounds: int) -> dict[str, float]:
         for n, value in enumerate(per_step):
             figures[f"{mode}.step{n}_ms"] = value * 1000
         figures[f"{mode}.first{steps}_total_ms"] = statistics.median(sum(r["steps"]) for r in results) * 1000
+        # The training thread's own CPU time: what it does itself, whatever else the machine runs.
+        figures[f"{mode}.first{steps}_thread_cpu_ms"] = statistics.median(sum(r["cpu"]) for r in results) * 1000
     figures["instrumented.import_and_init_ms"] = statistics.median(r["init_s"] for r in runs["instrumented"]) * 1000
     ready = [r["ready_s"] for r in runs["instrumented"] if r["ready_s"] is not None]
     if ready:
         figures["instrumented.exporter_ready_after_init_s"] = statistics.median(ready)
     figures[f"ratio.first{steps}_total"] = (figures[f"instrumented.first{steps}_total_ms"]
                                            / figures[f"plain.first{steps}_total_ms"])
+    figures[f"ratio.first{steps}_thread_cpu"] = (figures[f"instrumented.first{steps}_thread_cpu_ms"]
+                                                / figures[f"plain.first{steps}_thread_cpu_ms"])
     figures["rounds"] = rounds
     return figures
