@@ -49,8 +49,10 @@ def test_tls_and_a_bearer_token_deliver_and_anything_wrong_fails_closed_with_one
             "good": TrainingRun(_env(endpoint, protocol, f"authorization=Bearer%20{token}",
                                      OTEL_EXPORTER_OTLP_CERTIFICATE=tls.ca_file,
                                      OTEL_TRAIN_SHUTDOWN_TIMEOUT_S="20"), STEPS),
+            # Retried until the bound: long enough for a loaded machine's exporter to start and fail.
             "wrong CA": TrainingRun(_env(endpoint, protocol, f"authorization=Bearer%20{token}",
-                                         OTEL_EXPORTER_OTLP_CERTIFICATE=tls.other_ca_file), STEPS),
+                                         OTEL_EXPORTER_OTLP_CERTIFICATE=tls.other_ca_file,
+                                         OTEL_TRAIN_SHUTDOWN_TIMEOUT_S="6"), STEPS),
             "wrong token": TrainingRun(_env(endpoint, protocol, "authorization=Bearer%20not-the-token",
                                             OTEL_EXPORTER_OTLP_CERTIFICATE=tls.ca_file), STEPS),
         }
