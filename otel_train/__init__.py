@@ -83,7 +83,7 @@ def inject() -> dict[str, str]:
     if rec is not None and isinstance(rec.step, _recorder.Step):
         n = rec.step.n
         return {"traceparent": format_traceparent(trace_id_for(run.run_id, n),
-                                                  step_span_id(run.run_id, n, run.rank, run.restart))}
+                                                  step_span_id(run.run_id, n, run.rank, run.restart, run.launch))}
     return {}
 
 

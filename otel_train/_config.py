@@ -2,8 +2,10 @@
 
 Every field may arrive as a string (from the environment) or as a typed value (from
 `otel_train.init(**overrides)`). `__post_init__` parses each one; an invalid value logs one
-message naming the setting, the value and what is allowed, and falls back to the default,
-so a typo never stops a training run.
+message naming the setting, the value (never a header's: it may hold a token) and what is
+allowed, and falls back to the default, so a typo never stops a training run. Resolved once
+in the training process; the exporter process receives the resolved object, never parses
+again. docs/configuration.md lists every variable.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
+import urllib.parse
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from otel_train import semconv
@@ -21,6 +25,10 @@ _log = logging.getLogger("otel_train")
 
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
+
+
+#: The largest OTEL_TRAIN_BUFFER_SIZE: 4 Mi records, about 300 MB of slots at most.
+BUFFER_MAX = 1 << 22
 
 
 class _Invalid(ValueError):
@@ -43,6 +51,21 @@ def _int_at_least(minimum: int) -> Callable[[Any], int]:
             number = None
         if isinstance(number, bool) or not isinstance(number, int) or number < minimum:
             raise _Invalid(f"expected an integer >= {minimum}")
+        return number
+
+    return parse
+
+
+def _int_between(minimum: int, maximum: int) -> Callable[[Any], int]:
+    at_least = _int_at_least(minimum)
+
+    def parse(value: Any) -> int:
+        try:
+            number = at_least(value)
+        except _Invalid:
+            number = None
+        if number is None or number > maximum:
+            raise _Invalid(f"expected an integer from {minimum} to {maximum}")
         return number
 
     return parse
@@ -86,29 +109,99 @@ def _text(value: Any) -> str:
     return value.strip()
 
 
-def _optional_text(value: Any) -> str | None:
-    if value is None:
-        return None
-    return _text(value)
-
-
 def _endpoint(value: Any) -> str | None:
+    """An OTLP endpoint URL: scheme http or https, a host, a port from 1 to 65535 if given."""
     if value is None:
         return None
     text = _text(value)
+    allowed = "expected a URL such as http://127.0.0.1:4317 (scheme http or https, a host, a port 1-65535)"
     if "://" not in text:
-        raise _Invalid("expected a URL such as http://127.0.0.1:4317 (scheme http or https)")
-    scheme = text.split("://", 1)[0].lower()
-    if scheme not in ("http", "https"):
+        raise _Invalid(allowed)
+    try:
+        parts = urllib.parse.urlsplit(text)
+        port = parts.port  # raises for a port that is not a number, or past 65535
+    except ValueError:
+        raise _Invalid(allowed) from None
+    if parts.scheme.lower() not in ("http", "https"):
         raise _Invalid("expected a URL whose scheme is http or https")
+    if not parts.hostname or port == 0:
+        raise _Invalid(allowed)
     return text
 
 
+#: What a run id may hold: it names a directory (`<output dir>/<run id>/`) and a resource attribute.
+_RUN_ID_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+RUN_ID_MAX = 128
+
+
+def safe_run_id(text: str, source: str) -> str:
+    """`text` as a run id that names exactly one directory inside the output directory: letters,
+    digits, '.', '_' and '-', not starting with '.', at most `RUN_ID_MAX` characters. Anything
+    else is replaced (the same way on every rank, so the ranks still agree) and said once."""
+    safe = _RUN_ID_CHARS.sub("_", text)[:RUN_ID_MAX]
+    if safe.startswith("."):
+        safe = "_" + safe[1:]
+    if safe != text:
+        _log.warning("otel_train: %s=%r is not a valid run id: it names a directory, so only letters, digits, "
+                     "'.', '_' and '-' are allowed (not a leading '.', at most %d characters); using %r.",
+                     source, text, RUN_ID_MAX, safe)
+    return safe
+
+
+def _run_id(value: Any) -> str | None:
+    if value is None:
+        return None
+    return safe_run_id(_text(value), semconv.ENV_RUN_ID)
+
+
+def _headers(value: Any) -> dict[str, str] | None:
+    """`key=value,key2=value2` (values URL-encoded, as the OTLP specification says) as a dict.
+
+    A malformed item is dropped with a message that names its position, never its text: a
+    header may hold a secret (`Authorization=Bearer ...`)."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        return {str(k).strip().lower(): str(v).strip() for k, v in value.items()}
+    text = _text(value)
+    items = text.split(",")
+    headers: dict[str, str] = {}
+    for index, item in enumerate(items, 1):
+        key, sep, val = item.partition("=")
+        key = urllib.parse.unquote(key.strip()).lower()
+        if not sep or not key or not _HEADER_NAME.fullmatch(key):
+            _log.warning("otel_train: OTEL_EXPORTER_OTLP_HEADERS item %d of %d is not key=value with a valid "
+                         "header name (it is not shown: headers may hold secrets; write Authorization=Bearer%%20<token>, "
+                         "not Authorization: Bearer <token>); it is not sent.",
+                         index, len(items))
+            continue
+        headers[key] = urllib.parse.unquote(val.strip())
+    return headers or None
+
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")
+
+
+def _readable_file(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = _text(value)
+    if not os.path.isfile(text) or not os.access(text, os.R_OK):
+        raise _Invalid("expected the path of a readable file")
+    return text
+
+
+def _compression(value: Any) -> str:
+    return _one_of("none", "gzip")(value)
+
+
 def _protocol(value: Any) -> str:
-    text = _one_of("grpc", "http/protobuf", "http/json")(value)
+    text = value.strip().lower() if isinstance(value, str) else value
     if text == "http/json":
-        # The Python OTLP exporters speak grpc and http/protobuf only.
+        # The OTLP exporters here speak grpc and http/protobuf only.
         raise _Invalid("expected grpc or http/protobuf (http/json is not available in Python)")
+    if text not in ("grpc", "http/protobuf"):
+        raise _Invalid("expected grpc or http/protobuf")
     return text
 
 
@@ -138,6 +231,10 @@ def _device_timing(value: Any) -> str:
 class _Spec:
     env: tuple[str, ...]
     parse: Callable[[Any], Any]
+    #: Never printed (a header may hold a token): messages name the setting, not its value.
+    secret: bool = False
+    #: What a rejected value falls back to, when that is not simply the default.
+    fallback: str | None = None
 
 
 @dataclass
@@ -169,7 +266,8 @@ class Config:
     step_sample: int = 1
     """OTEL_TRAIN_STEP_SAMPLE: export the spans of every Nth step (metrics always see every step)."""
     buffer_size: int = 65536
-    """OTEL_TRAIN_BUFFER_SIZE: records the hot-path buffer holds before dropping the oldest."""
+    """OTEL_TRAIN_BUFFER_SIZE: records the hot-path buffer holds before dropping the oldest (64 to
+    4194304; a record is about 72 bytes). Also bounds what waits for a collector that is down."""
     export_mode: str = "process"
     """OTEL_TRAIN_EXPORT_MODE: process (a per-rank exporter process encodes and sends) or thread."""
     exporter_priority: str = "low"
@@ -197,8 +295,17 @@ class Config:
     """OTEL_EXPORTER_OTLP_TIMEOUT (ms in the environment): the bound on one export request."""
     metric_interval_ms: int = 10000
     """OTEL_METRIC_EXPORT_INTERVAL: how often metrics are exported."""
-    headers: str | None = None
-    """OTEL_EXPORTER_OTLP_HEADERS: `key=value,key2=value2` sent with every export."""
+    headers: dict[str, str] | None = field(default=None, repr=False)
+    """OTEL_EXPORTER_OTLP_HEADERS: `key=value,key2=value2` sent with every export (values never printed)."""
+    certificate: str | None = None
+    """OTEL_EXPORTER_OTLP_CERTIFICATE: the CA bundle (PEM) that verifies an https endpoint; the
+    system's roots when unset."""
+    client_key: str | None = None
+    """OTEL_EXPORTER_OTLP_CLIENT_KEY: the private key (PEM) for mutual TLS."""
+    client_certificate: str | None = None
+    """OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE: the certificate chain (PEM) for mutual TLS."""
+    compression: str = "none"
+    """OTEL_EXPORTER_OTLP_COMPRESSION: none or gzip."""
     flops_per_step: float | None = None
     """OTEL_TRAIN_FLOPS_PER_STEP: floating-point operations one rank computes in one optimizer step,
     for `train.mfu` (a step's `train.flops` attribute wins; unset: 6 x parameters x tokens when
@@ -208,8 +315,12 @@ class Config:
     name, bf16 dense, `export/peak_flops.py`; on the CPU no MFU unless this is set)."""
     console_every: int = 0
     """OTEL_TRAIN_CONSOLE_EVERY: print one summary line on rank 0 every N steps (0: never)."""
+    rejected: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    """The fields given a value that was not valid (each said once): set by `resolve`, read where a
+    fallback depends on it (an invalid endpoint sends to local files, never to the default one)."""
 
     def __post_init__(self) -> None:
+        rejected = list(self.rejected)
         for name, spec in _SPECS.items():
             value = getattr(self, name)
             default = _DEFAULTS[name]
@@ -218,8 +329,10 @@ class Config:
             try:
                 setattr(self, name, spec.parse(value))
             except _Invalid as err:
-                _warn_invalid(spec.env[0] if spec.env else name, value, str(err), default)
+                _warn_invalid(spec.env[0] if spec.env else name, value, str(err), default, spec)
                 setattr(self, name, default)
+                rejected.append(name)
+        self.rejected = tuple(dict.fromkeys(rejected))
 
     @classmethod
     def resolve(cls, overrides: Mapping[str, Any] | None = None,
@@ -234,16 +347,17 @@ class Config:
             overrides.pop(key)
         values: dict[str, Any] = {}
         warned: set[str] = set()  # one variable can feed two fields: say it once
+        rejected: list[str] = []
         for name, spec in _SPECS.items():
             if name in overrides and overrides[name] is not None:
-                values[name] = _checked(name, spec, overrides[name], f"init({name}=...)", environ, warned)
+                values[name] = _checked(name, spec, overrides[name], f"init({name}=...)", environ, warned, rejected)
                 continue
             for var in spec.env:
                 raw = environ.get(var)
                 if raw is not None and raw.strip():
-                    values[name] = _checked(name, spec, _env_value(var, raw), var, None, warned)
+                    values[name] = _checked(name, spec, _env_value(var, raw), var, None, warned, rejected)
                     break
-        return cls(**values)
+        return cls(**values, rejected=tuple(rejected))
 
 
 def _env_value(var: str, raw: str) -> str:
@@ -256,60 +370,74 @@ def _env_value(var: str, raw: str) -> str:
     return raw
 
 
-def _checked(name: str, spec: _Spec, value: Any, source: str,
-             environ: Mapping[str, str] | None, warned: set[str]) -> Any:
+def _checked(name: str, spec: _Spec, value: Any, source: str, environ: Mapping[str, str] | None,
+             warned: set[str], rejected: list[str]) -> Any:
     """Parse one value; on failure warn naming `source` and fall back (to the env, then default)."""
     try:
         return spec.parse(value)
     except _Invalid as err:
         default = _DEFAULTS[name]
+        rejected.append(name)
         if source not in warned:
             warned.add(source)
-            _warn_invalid(source, value, str(err), default)
+            _warn_invalid(source, value, str(err), default, spec)
         if environ is not None:
             for var in spec.env:
                 raw = environ.get(var)
                 if raw is not None and raw.strip():
-                    return _checked(name, spec, _env_value(var, raw), var, None, warned)
+                    return _checked(name, spec, _env_value(var, raw), var, None, warned, rejected)
         return default
 
 
-def _warn_invalid(source: str, value: Any, why: str, default: Any) -> None:
+def _warn_invalid(source: str, value: Any, why: str, default: Any, spec: _Spec | None = None) -> None:
     """The one message a bad setting gets: what, which value, what is allowed, what is used."""
-    _log.warning("otel_train: %s=%r is not valid: %s; using the default %r.", source, value, why, default)
+    shown = "(value not shown)" if spec is not None and spec.secret else repr(value)
+    instead = spec.fallback if spec is not None and spec.fallback else f"using the default {default!r}"
+    _log.warning("otel_train: %s=%s is not valid: %s; %s.", source, shown, why, instead)
 
+
+_INVALID_ENDPOINT = "using the default: local files (the embedded default), never another endpoint"
 
 _SPECS: dict[str, _Spec] = {
     "disabled": _Spec(("OTEL_SDK_DISABLED",), _parse_bool),
     "service_name": _Spec(("OTEL_SERVICE_NAME",), _text),
-    "run_id": _Spec((semconv.ENV_RUN_ID,), _optional_text),
+    "run_id": _Spec((semconv.ENV_RUN_ID,), _run_id),
     "role": _Spec((semconv.ENV_ROLE,), _one_of(semconv.ROLE_TRAINER, semconv.ROLE_INFERENCE)),
     "traces_exporter": _Spec(("OTEL_TRACES_EXPORTER",), _exporter),
     "metrics_exporter": _Spec(("OTEL_METRICS_EXPORTER",), _exporter),
-    "endpoint": _Spec(("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"), _endpoint),
+    "endpoint": _Spec(("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"), _endpoint,
+                      fallback=_INVALID_ENDPOINT),
     "metrics_endpoint": _Spec(("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"),
-                              _endpoint),
+                              _endpoint, fallback=_INVALID_ENDPOINT),
     "protocol": _Spec(("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"), _protocol),
     "output_dir": _Spec((semconv.ENV_OUTPUT_DIR,), _text),
     "device_timing": _Spec((semconv.ENV_DEVICE_TIMING,), _device_timing),
     "step_sample": _Spec((semconv.ENV_STEP_SAMPLE,), _int_at_least(1)),
-    "buffer_size": _Spec((semconv.ENV_BUFFER_SIZE,), _int_at_least(64)),
+    "buffer_size": _Spec((semconv.ENV_BUFFER_SIZE,), _int_between(64, BUFFER_MAX)),
     "export_mode": _Spec((semconv.ENV_EXPORT_MODE,), _one_of("process", "thread")),
     "exporter_priority": _Spec((semconv.ENV_EXPORTER_PRIORITY,), _one_of("low", "idle", "normal")),
-    "flush_interval_ms": _Spec((semconv.ENV_FLUSH_INTERVAL,), _int_at_least(1)),
-    "export_delay_ms": _Spec(("OTEL_BSP_SCHEDULE_DELAY",), _int_at_least(0)),
+    "flush_interval_ms": _Spec((semconv.ENV_FLUSH_INTERVAL,), _int_between(1, 10**9)),
+    "export_delay_ms": _Spec(("OTEL_BSP_SCHEDULE_DELAY",), _int_between(0, 10**9)),
     "shutdown_timeout_s": _Spec((semconv.ENV_SHUTDOWN_TIMEOUT,), _float_above(0.0)),
-    "attribute_value_limit": _Spec(("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",), _int_at_least(1)),
-    "export_batch_size": _Spec(("OTEL_BSP_MAX_EXPORT_BATCH_SIZE",), _int_at_least(1)),
+    "attribute_value_limit": _Spec(("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",), _int_between(1, 1 << 24)),
+    "export_batch_size": _Spec(("OTEL_BSP_MAX_EXPORT_BATCH_SIZE",), _int_between(1, 1 << 20)),
     "export_timeout_s": _Spec(("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"),
                               _float_above(0.0)),
-    "metric_interval_ms": _Spec(("OTEL_METRIC_EXPORT_INTERVAL",), _int_at_least(1)),
-    "headers": _Spec(("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"), _optional_text),
+    "metric_interval_ms": _Spec(("OTEL_METRIC_EXPORT_INTERVAL",), _int_between(1, 86_400_000)),
+    "headers": _Spec(("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"), _headers, secret=True),
+    "certificate": _Spec(("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE"),
+                         _readable_file, fallback="TLS uses the system's CA roots"),
+    "client_key": _Spec(("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "OTEL_EXPORTER_OTLP_CLIENT_KEY"), _readable_file,
+                        fallback="no client certificate is presented"),
+    "client_certificate": _Spec(("OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+                                 "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"), _readable_file,
+                                fallback="no client certificate is presented"),
+    "compression": _Spec(("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "OTEL_EXPORTER_OTLP_COMPRESSION"), _compression),
     "flops_per_step": _Spec((semconv.ENV_FLOPS_PER_STEP,), _optional_float_above(0.0)),
     "peak_flops": _Spec((semconv.ENV_PEAK_FLOPS,), _optional_float_above(0.0)),
-    "console_every": _Spec((semconv.ENV_CONSOLE_EVERY,), _int_at_least(0)),
+    "console_every": _Spec((semconv.ENV_CONSOLE_EVERY,), _int_between(0, 10**9)),
 }
-_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Config)}
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Config) if f.name != "rejected"}
 assert set(_SPECS) == set(_DEFAULTS), "every Config field needs a spec"
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_train import semconv
+from otel_train._config import safe_run_id
 
 _log = logging.getLogger("otel_train")
 
@@ -34,6 +35,9 @@ class RunInfo:
     restart: int = 0
     role: str = semconv.ROLE_TRAINER
     instance_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    #: This launch of the run, shared by its ranks (`launch_id`): two launches given the same run
+    #: id (a rerun with OTEL_TRAIN_RUN_ID fixed) get different step span ids.
+    launch: str = ""
 
     def resource_attributes(self) -> dict[str, Any]:
         return {
@@ -45,6 +49,7 @@ class RunInfo:
             semconv.ML_ROLE: self.role,
             semconv.ML_RESTART: self.restart,
             semconv.SERVICE_INSTANCE_ID: self.instance_id,
+            **({semconv.ML_RUN_LAUNCH: self.launch} if self.launch else {}),
         }
 
 
@@ -65,14 +70,34 @@ def detect_run_info(run_id: str | None, role: str, environ: Mapping[str, str] | 
     rank = _env_int(environ, "RANK", 0)
     world = _env_int(environ, "WORLD_SIZE", 1)
     return RunInfo(
-        run_id=run_id or _run_id_from_env(environ),
+        run_id=run_id or safe_run_id(_run_id_from_env(environ), "TORCHELASTIC_RUN_ID"),
         rank=rank,
         local_rank=_env_int(environ, "LOCAL_RANK", 0),
         world_size=world,
         node_rank=_env_int(environ, "GROUP_RANK", 0),
         restart=_env_int(environ, "TORCHELASTIC_RESTART_COUNT", 0),
         role=role,
+        launch=launch_id(environ, world),
     )
+
+
+def launch_id(environ: Mapping[str, str], world: int) -> str:
+    """What the ranks of this launch share with no communication, and a rerun does not.
+
+    One process: a random token (nobody to agree with). Several ranks: the rendezvous address
+    (torchrun picks a free MASTER_PORT per launch unless told one), with the launcher's pid and
+    start time when every rank runs on this node. Ranks launched with a fixed MASTER_PORT on
+    several nodes and a fixed run id get the same ids on every rerun: set a new
+    OTEL_TRAIN_RUN_ID (or --rdzv-id) per launch there."""
+    if world <= 1:
+        return secrets.token_hex(4)
+    if "MASTER_PORT" not in environ:
+        return ""
+    seed = f"{environ.get('MASTER_ADDR', '')}:{environ['MASTER_PORT']}"
+    local_world = _env_int(environ, "LOCAL_WORLD_SIZE", 0)
+    if local_world and local_world == world:
+        seed += f"/{os.getppid()}/{_process_start_ticks(os.getppid())}"
+    return hashlib.blake2b(seed.encode(), digest_size=4).hexdigest()
 
 
 def _run_id_from_env(environ: Mapping[str, str]) -> str:

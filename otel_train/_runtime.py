@@ -17,9 +17,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from otel_train import semconv
+from otel_train import _resource
 from otel_train._config import Config
 from otel_train._distributed import RunInfo, detect_run_info
+from otel_train.export.destination import make_setup
 from otel_train.export.sinks import ENV_CHILD, LocalSink, ProcessSink
 from otel_train.export.worker import Worker
 from otel_train.record import recorder as _recorder
@@ -50,32 +51,11 @@ _forked_child = False
 _hooks_installed = False
 
 
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("otel-train")
-    except Exception:  # noqa: BLE001 - running from a source tree
-        return "0"
-
-
-def build_resource(cfg: Config, run: RunInfo) -> dict[str, Any]:
-    """Resource attributes: SDK detectors (OTEL_RESOURCE_ATTRIBUTES, process, host), then ours."""
-    from opentelemetry.sdk.resources import (OTELResourceDetector, ProcessResourceDetector, Resource,
-                                             _HostResourceDetector, get_aggregated_resources)
-    detected = get_aggregated_resources([OTELResourceDetector(), ProcessResourceDetector(),
-                                         _HostResourceDetector()], initial_resource=Resource.create({}))
-    attrs = dict(detected.attributes)
-    explicit_name = os.environ.get("OTEL_SERVICE_NAME")
-    if cfg.service_name != semconv.DEFAULT_SERVICE_NAME or explicit_name or "service.name" not in attrs or \
-            attrs["service.name"].startswith("unknown_service"):
-        attrs[semconv.SERVICE_NAME] = cfg.service_name
-    attrs.update(run.resource_attributes())
-    return attrs
-
-
 def init(span_processors: Sequence[Any] = (), metric_readers: Sequence[Any] = (),
          clock: Clock | None = None, **overrides: Any) -> RunInfo | None:
-    """Configure once; later calls return the existing run. See `otel_train.init`."""
+    """Configure once; later calls return the existing run. See `otel_train.init`.
+
+    Never raises into the caller: a failure here leaves the process uninstrumented and says so."""
     global _state
     init_ns = (clock or SystemClock()).wall_ns()  # the run's goodput window opens here
     with _lock:
@@ -83,52 +63,88 @@ def init(span_processors: Sequence[Any] = (), metric_readers: Sequence[Any] = ()
             if overrides or span_processors or metric_readers:
                 _log.debug("otel_train: init() called again; the first configuration stays in force")
             return _state.run
-        if os.environ.get(ENV_CHILD) == "1":
-            overrides["disabled"] = True  # the exporter process never instruments itself
-        cfg = Config.resolve(overrides)
-        if cfg.disabled:
-            _recorder.install(None)
-            _state = _State(cfg, None, None, "disabled")
-            span.set_disabled(True)  # `otel_train.span(...)` makes the shared no-op
+        try:
+            return _init(span_processors, metric_readers, clock, overrides, init_ns)
+        except Exception as err:  # noqa: BLE001 - instrumentation must never stop training
+            _log.warning("otel_train: could not start (%r); this process runs uninstrumented.", err)
+            _disable(Config())
             return None
-        run = detect_run_info(cfg.run_id, cfg.role)
-        recorder = _recorder.Recorder(cfg.buffer_size, clock)
-        salt = new_salt()
-        from otel_train.export.exporters import describe_destination
-        from otel_train.export.pipeline import ExportPipeline, make_setup
-        setup = make_setup(cfg, run, build_resource(cfg, run), salt, _version(), init_ns)
 
-        def local() -> LocalSink:
-            return LocalSink(ExportPipeline(setup, span_processors, metric_readers))
 
-        sink: Any
-        from otel_train.export.exporters import exporter_kinds
-        # The console exporter prints on stdout, which in process mode is the child's progress pipe.
-        console = "console" in exporter_kinds(cfg)
-        if cfg.export_mode == "thread" or span_processors or metric_readers or console:
+def _disable(cfg: Config) -> None:
+    global _state
+    _recorder.install(None)
+    _state = _State(cfg, None, None, "disabled")
+    span.set_disabled(True)  # `otel_train.span(...)` makes the shared no-op
+
+
+def _init(span_processors: Sequence[Any], metric_readers: Sequence[Any], clock: Clock | None,
+          overrides: dict[str, Any], init_ns: int) -> RunInfo | None:
+    global _state
+    if os.environ.get(ENV_CHILD) == "1":
+        overrides["disabled"] = True  # the exporter process never instruments itself
+    cfg = Config.resolve(overrides)
+    if cfg.disabled:
+        _disable(cfg)
+        return None
+    if _in_dataloader_worker():
+        _disable(cfg)
+        return None
+    run = detect_run_info(cfg.run_id, cfg.role)
+    recorder = _recorder.Recorder(cfg.buffer_size, clock)
+    salt = new_salt()
+    # Light on purpose: the training thread pays for this (often inside its first step), so
+    # nothing here imports the SDK, gRPC or the pipeline unless this process exports itself.
+    setup = make_setup(cfg, run, _resource.build(cfg, run), salt, init_ns)
+
+    def local() -> LocalSink:
+        from otel_train.export.pipeline import ExportPipeline
+        return LocalSink(ExportPipeline(setup, span_processors, metric_readers))
+
+    sink: Any
+    # The console exporter prints on stdout, which in process mode is the child's progress pipe.
+    console = "console" in (setup.traces.kind, setup.metrics.kind)
+    if cfg.export_mode == "thread" or span_processors or metric_readers or console:
+        sink = local()
+    else:
+        try:
+            sink = ProcessSink(setup, local)
+        except OSError as err:
+            _log.warning("otel_train: cannot start the exporter process (%s); exporting from a thread.", err)
             sink = local()
-        else:
-            try:
-                sink = ProcessSink(setup, local)
-            except OSError as err:
-                _log.warning("otel_train: cannot start the exporter process (%s); exporting from a thread.", err)
-                sink = local()
-        if isinstance(sink, ProcessSink) and _recorder._hotpath is not None and _exporter_unpacks():
+    if isinstance(sink, ProcessSink) and _recorder._hotpath is not None and _exporter_unpacks():
+        try:
             recorder.packing = True  # plain regions as slots: the worker moves them as bytes
-        resolve = None
-        if cfg.device_timing == "auto":
-            from otel_train.record import device as _device
-            resolve = _device.install(recorder)  # chooses the device lazily; torch is never imported here
-        from otel_train.export.samples import Sampler
-        worker = Worker(recorder, sink, cfg.flush_interval_ms / 1000.0, resolve=resolve, sample=Sampler())
-        _state = _State(cfg, run, worker, describe_destination(cfg, run))
-        _state.salt = salt
-        _state.device = resolve
-        _recorder.install(recorder)
-        span.set_disabled(False)
-        worker.start()
-        _install_process_hooks()
-        return run
+        except MemoryError:
+            _log.warning("otel_train: no memory for a packed buffer of %d records; records stay tuples.",
+                         cfg.buffer_size)
+    resolve = None
+    if cfg.device_timing == "auto":
+        from otel_train.record import device as _device
+        resolve = _device.install(recorder)  # chooses the device lazily; torch is never imported here
+    from otel_train.export.samples import Sampler
+    worker = Worker(recorder, sink, cfg.flush_interval_ms / 1000.0, resolve=resolve, sample=Sampler())
+    _state = _State(cfg, run, worker, setup.traces.describe())
+    _state.salt = salt
+    _state.device = resolve
+    _recorder.install(recorder)
+    span.set_disabled(False)
+    worker.start()
+    _install_process_hooks()
+    return run
+
+
+def _in_dataloader_worker() -> bool:
+    """A torch DataLoader worker (fork, forkserver or spawn) is never a trainer: it records
+    nothing (the trainer's `train.data` spans show its batches), and says so once, from worker 0."""
+    worker = sys.modules.get("torch.utils.data._utils.worker")
+    info = getattr(worker, "_worker_info", None) if worker is not None else None
+    if info is None:
+        return False
+    if getattr(info, "id", None) == 0:
+        _log.warning("otel_train: spans made in DataLoader worker processes are not recorded (the trainer's "
+                     "train.data spans show the batches they load); otel_train calls there do nothing.")
+    return True
 
 
 def _exporter_unpacks() -> bool:
@@ -158,8 +174,9 @@ def auto_init() -> _recorder.Recorder | None:
     return _recorder.active()
 
 
-def shutdown(timeout_s: float | None = None) -> None:
-    """Flush and stop within `timeout_s` (default: OTEL_TRAIN_SHUTDOWN_TIMEOUT_S); print what happened once."""
+def shutdown(timeout_s: float | None = None, reason: str | None = None) -> None:
+    """Flush and stop within `timeout_s` (default: OTEL_TRAIN_SHUTDOWN_TIMEOUT_S); print what happened once.
+    `reason` (a signal's name): why the process stops, put on what is force-ended."""
     with _lock:
         st = _state
         if st is None or st.closed or st.worker is None:
@@ -177,7 +194,7 @@ def shutdown(timeout_s: float | None = None) -> None:
         recorder = st.worker.recorder
         _recorder.install(None)
         try:
-            _truncate_open(recorder)
+            _truncate_open(recorder, reason or _uncaught())
             stats = st.worker.stop(deadline)
             if st.device is not None:
                 from otel_train.record import device as _device
@@ -203,29 +220,43 @@ def remove_before_shutdown(fn: Callable[[], None]) -> None:
         _before_shutdown.remove(fn)
 
 
-def _truncate_open(recorder: _recorder.Recorder) -> None:
-    """Force-end what is still open (a SIGTERM mid-step) and mark it `otel_train.truncated`."""
+def _uncaught() -> str | None:
+    """The type of the exception that is ending the program, if one is (at exit, uncaught)."""
+    exc = getattr(sys, "last_exc", None)
+    kind = type(exc) if exc is not None else getattr(sys, "last_type", None)
+    return kind.__name__ if kind is not None else None
+
+
+def _truncate_open(recorder: _recorder.Recorder, reason: str | None = None) -> None:
+    """Force-end what is still open (a SIGTERM mid-step) and mark it `otel_train.truncated`; with
+    a `reason` (a signal, an uncaught exception) it ended in error."""
     now = recorder.now()
     for record in recorder.open_records():
         record.t1 = now
-        record.exc = Truncated
+        record.exc = Truncated(reason) if reason else Truncated
         if isinstance(record, _recorder.Step):
             recorder.step = _recorder.After(record)
         recorder.append(record)
 
 
 def _report(st: _State, recorder: _recorder.Recorder, stats: dict[str, Any] | None, bound: float) -> None:
-    buffer_full = recorder.dropped
+    """The closing line: what was exported where, what was lost and why. Under torchrun each
+    rank says its own, so each names its rank."""
+    buffer_full = recorder.dropped + (stats or {}).get("overflow", 0)
+    who = f"otel_train: rank {st.run.rank}:" if st.run is not None and st.run.world_size > 1 else "otel_train:"
     if stats is None:
-        msg = (f"otel_train: shutdown bound of {bound:g} s reached while still exporting to {st.destination}; "
-               f"dropped: {buffer_full} (buffer full), {st.worker.pending()} still queued and the batch "
-               "being exported (cut off at shutdown)")
+        # The sink is still busy: what it confirmed so far counts as exported, the rest as lost.
+        partial = getattr(st.worker.sink, "partial_stats", lambda: {})()
+        buffer_full += partial.get("overflow", 0)
+        msg = (f"{who} {partial.get('exported', 0)} spans exported to {st.destination} when the shutdown bound "
+               f"of {bound:g} s was reached; dropped: {buffer_full} (buffer full), "
+               f"{partial.get('failed', 0) + st.worker.pending()} (export failed or cut off at shutdown)")
     else:
         failed = stats.get("failed", 0)
         if st.destination == "none":
-            msg = f"otel_train: {stats.get('built', 0)} spans emitted (no exporter configured)"
+            msg = f"{who} {stats.get('built', 0)} spans emitted (no exporter configured)"
         else:
-            msg = f"otel_train: {stats.get('exported', 0)} spans exported to {st.destination}"
+            msg = f"{who} {stats.get('exported', 0)} spans exported to {st.destination}"
         if buffer_full or failed:
             msg += f"; dropped: {buffer_full} (buffer full), {failed} (export failed or cut off at shutdown)"
         else:
@@ -258,12 +289,36 @@ def _install_process_hooks() -> None:
 
 
 def _at_exit() -> None:
+    interrupted = _uncaught() == "KeyboardInterrupt"
     shutdown()
+    if interrupted:
+        _keep_interrupt_exit_status()
+
+
+def _keep_interrupt_exit_status() -> None:
+    """Leave a Ctrl-C's exit status as it would be without us.
+
+    CPython ends a program stopped by an uncaught KeyboardInterrupt by killing itself with SIGINT
+    (status -2, 130 in a shell), if the last code it evaluated the top-level way ended in that
+    KeyboardInterrupt. A module imported during exit (our shutdown may import the encoder) can
+    evaluate code that way in its initialisation and clear the note, and the status becomes 1.
+    Evaluating a `raise KeyboardInterrupt` the same way puts it back."""
+    try:
+        import ctypes
+
+        run = ctypes.pythonapi.PyRun_String
+        run.restype = ctypes.py_object
+        run.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object]
+        run(b"raise KeyboardInterrupt", 257, {}, {})  # 257: Py_file_input
+    except KeyboardInterrupt:
+        pass
+    except Exception:  # noqa: BLE001 - not CPython, or no ctypes: the status may read 1
+        pass
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     try:
-        shutdown()
+        shutdown(reason="SIGTERM")
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)

@@ -75,6 +75,9 @@ WIRE_SAMPLE_DEVICE_NAME: Final = "_device.name"
 WIRE_SAMPLE_PARAMETERS: Final = "_model.parameters"
 #: Standard OTel attribute: the exception type that ended a span with an error.
 ERROR_TYPE: Final = "error.type"
+#: The span event of an exception (OpenTelemetry semantic conventions), at the span's end.
+EVENT_EXCEPTION: Final = "exception"
+EXCEPTION_TYPE: Final = "exception.type"
 
 # --- step tags ----------------------------------------------------------------------
 TAG_CHECKPOINT: Final = "checkpoint"
@@ -86,6 +89,8 @@ TAG_BENCH: Final = "bench"
 SERVICE_NAME: Final = "service.name"
 SERVICE_INSTANCE_ID: Final = "service.instance.id"
 ML_RUN_ID: Final = "ml.run.id"
+#: This launch of the run (`_distributed.launch_id`): tells apart two launches given one run id.
+ML_RUN_LAUNCH: Final = "ml.run.launch"
 ML_RANK: Final = "ml.rank"
 ML_LOCAL_RANK: Final = "ml.local_rank"
 ML_WORLD_SIZE: Final = "ml.world_size"

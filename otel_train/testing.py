@@ -4,6 +4,8 @@
 - `held(worker)`: keep the worker from draining inside a block.
 - `spans_disabled()`: `otel_train.span` makes the disabled no-op inside a block.
 - `SyncCounter`: counts every call that makes the host wait for the device, per thread.
+- `ENV_EXPORTER_START_DELAY`: the exporter process waits this many seconds before it is ready,
+  as on a node too busy to start it (`exporter_start_delay`, called by the exporter process).
 
 `otel-train bench` uses them to time parts of the pipeline alone and to count synchronisations;
 the test suite uses them to check exactly that. Nothing in the package itself calls them.
@@ -13,10 +15,24 @@ Imports nothing heavy until used.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
+
+
+#: Seconds the exporter process sleeps after reading its setup, before it builds its pipeline and
+#: says it is ready: what a loaded node does to it, made deterministic for a test.
+ENV_EXPORTER_START_DELAY = "OTEL_TRAIN_TESTING_EXPORTER_START_DELAY_S"
+
+
+def exporter_start_delay() -> None:
+    """Sleep as `ENV_EXPORTER_START_DELAY` says (the exporter process calls this; unset: at once)."""
+    raw = os.environ.get(ENV_EXPORTER_START_DELAY)
+    if raw:
+        time.sleep(float(raw))
 
 
 def paused_detection() -> contextlib.AbstractContextManager[None]:

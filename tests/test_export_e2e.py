@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import subprocess
 import uuid
 
@@ -60,9 +61,10 @@ def _assert_trace_shape(spans: list[dict], run_id: str, steps: int, rank: int = 
     step_spans = {s["attributes"][semconv.TRAIN_STEP]: s for s in spans if s["name"] == "train.step"}
     assert sorted(step_spans) == list(range(steps))
     for n, step in step_spans.items():
+        launch = step["resource"].get(semconv.ML_RUN_LAUNCH, "")
         assert step["trace_id"] == f"{trace_id_for(run_id, n):032x}"
-        assert step["span_id"] == f"{step_span_id(run_id, n, rank):016x}"
-        expected_parent = None if rank == 0 else f"{step_span_id(run_id, n, 0):016x}"
+        assert step["span_id"] == f"{step_span_id(run_id, n, rank, launch=launch):016x}"
+        expected_parent = None if rank == 0 else f"{step_span_id(run_id, n, 0, launch=launch):016x}"
         assert step["parent_span_id"] == expected_parent
         assert step["attributes"][semconv.TRAIN_EPOCH] == 0
         assert step["attributes"][semconv.TRAIN_SAMPLES] == 4
@@ -126,5 +128,8 @@ def test_embedded_default_writes_otlp_json_files(tmp_path) -> None:
 
 
 def test_console_exporter_prints_spans_on_stdout() -> None:
+    """The console gets what a file gets: OTLP JSON, one export request a line."""
     result = run_python(LOOP, args=["1"], env={"OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "none"})
-    assert '"name": "train.step"' in result.stdout and '"name": "train.forward"' in result.stdout
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    names = [s["name"] for doc in lines for rs in doc["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
+    assert "train.step" in names and "train.forward" in names

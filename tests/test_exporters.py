@@ -1,43 +1,37 @@
-"""Exporters: the embedded default's OTLP JSON matches the official encoder and reads back
-losslessly (`export/otlp_json.py`); OTLP headers are parsed as the specification says
-(`export/exporters.py`)."""
+"""The embedded default's files (`export/otlp_json.py`): the OTLP JSON line is the encoded request
+the OTLP exporters send, it reads back losslessly, and a file that cannot be written costs an
+export, never a partial or glued line."""
 
 from __future__ import annotations
 
 import base64
 import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import textwrap
 
 from google.protobuf import json_format
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
 
-from otel_train.export.exporters import parse_headers
-from otel_train.export.otlp_json import FileSpanExporter, read_spans, spans_to_otlp_json
+from otel_train.export.otlp import LeanEncoder
+from otel_train.export.otlp_json import FileTransport, read_spans, trace_request_json
 
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
+RESOURCE = {"service.name": "svc", "ml.rank": 1}
 
 
-def _spans() -> list[ReadableSpan]:
-    resource = Resource({"service.name": "svc", "ml.rank": 1})
-    scope = InstrumentationScope("otel_train", "1.0")
-    flags = TraceFlags(TraceFlags.SAMPLED)
-    root = SpanContext(0xA1, 0xB1, False, flags)
-    return [
-        ReadableSpan("train.step", context=root, resource=resource, instrumentation_scope=scope,
-                     attributes={"train.step": 3, "train.step.tags": ("eval", "gc"), "train.step.time_s": 0.25,
-                                 "ok": True},
-                     events=[Event("loss.spike", {"loss": 9.5}, 1_700_000_000_000_000_500)],
-                     links=[Link(SpanContext(0xC1, 0xD1, True, flags))],
-                     start_time=1_700_000_000_000_000_000, end_time=1_700_000_000_250_000_000),
-        ReadableSpan("train.forward", context=SpanContext(0xA1, 0xB2, False, flags), parent=root,
-                     resource=resource, instrumentation_scope=scope, attributes={"train.micro_batch": 0},
-                     status=Status(StatusCode.ERROR, "ValueError"),
-                     start_time=1_700_000_000_000_000_100, end_time=1_700_000_000_100_000_000),
-    ]
+def _payload() -> bytes:
+    """Two spans as the pipeline encodes them: a step with tags, an event and a link; a failed forward."""
+    step = ("train.step", 0xA1, 0xB1, None, False, 1_700_000_000_000_000_000, 1_700_000_000_250_000_000,
+            {"train.step": 3, "train.step.tags": ("eval", "gc"), "train.step.time_s": 0.25, "ok": True},
+            [("loss.spike", 1_700_000_000_000_000_500, {"loss": 9.5})], [(0xC1, 0xD1)], 0, None)
+    fwd = ("train.forward", 0xA1, 0xB2, 0xB1, False, 1_700_000_000_000_000_100, 1_700_000_000_100_000_000,
+           {"train.micro_batch": 0}, None, None, 2, "ValueError")
+    (batch,) = LeanEncoder(RESOURCE, "otel_train", "1.0").batches([step, fwd], 10, 1 << 20)
+    return batch.payload
 
 
 def _hex_to_b64(node: object) -> object:
@@ -49,47 +43,71 @@ def _hex_to_b64(node: object) -> object:
     return node
 
 
-def test_json_parses_into_the_official_message_equal_to_the_official_encoding() -> None:
-    ours = spans_to_otlp_json(_spans())
-    parsed = json_format.ParseDict(_hex_to_b64(ours), ExportTraceServiceRequest())
-    official = encode_spans(_spans())
-    ours_spans = [s for rs in parsed.resource_spans for ss in rs.scope_spans for s in ss.spans]
-    official_spans = [s for rs in official.resource_spans for ss in rs.scope_spans for s in ss.spans]
-    for mine, theirs in zip(ours_spans, official_spans, strict=True):
-        theirs.ClearField("flags")  # the official encoder adds W3C flag bits we do not write
-        mine.ClearField("flags")
-        for link in theirs.links:
+def test_the_json_line_parses_into_the_request_it_was_made_from() -> None:
+    payload = _payload()
+    parsed = json_format.ParseDict(_hex_to_b64(json.loads(trace_request_json(payload))), ExportTraceServiceRequest())
+    original = ExportTraceServiceRequest.FromString(payload)
+    for span in [s for rs in original.resource_spans for ss in rs.scope_spans for s in ss.spans]:
+        span.ClearField("flags")  # the JSON line leaves out the W3C flag bits
+        for link in span.links:
             link.ClearField("flags")
-        assert mine == theirs
-    assert parsed.resource_spans[0].resource == official.resource_spans[0].resource
+    assert parsed == original
 
 
-def test_file_exporter_roundtrip(tmp_path) -> None:
+def test_file_roundtrip(tmp_path) -> None:
     path = tmp_path / "run" / "traces-rank1.jsonl"
-    exporter = FileSpanExporter(path)
-    exporter.export(_spans())
-    exporter.export(_spans()[:1])
-    exporter.shutdown()
-    assert len(path.read_text().splitlines()) == 2 and json.loads(path.read_text().splitlines()[0])
+    out = FileTransport(path)
+    assert out.send(_payload(), 1.0).ok and out.send(_payload(), 1.0).ok
+    out.close()
+    assert len(path.read_text().splitlines()) == 2
+    assert oct(path.stat().st_mode & 0o777) == "0o600" and oct(path.parent.stat().st_mode & 0o777) == "0o700"
     spans = list(read_spans(path))
-    assert [s["name"] for s in spans] == ["train.step", "train.forward", "train.step"]
+    assert [s["name"] for s in spans] == ["train.step", "train.forward"] * 2
     step, fwd = spans[0], spans[1]
     assert step["trace_id"] == f"{0xA1:032x}" and step["parent_span_id"] is None
     assert fwd["parent_span_id"] == f"{0xB1:016x}" and fwd["status_code"] == 2
     assert step["attributes"] == {"train.step": 3, "train.step.tags": ["eval", "gc"], "train.step.time_s": 0.25,
                                   "ok": True}
-    assert step["resource"] == {"service.name": "svc", "ml.rank": 1}
+    assert step["resource"] == RESOURCE
     assert step["events"][0]["name"] == "loss.spike" and step["links"][0]["span_id"] == f"{0xD1:016x}"
 
 
-def test_unwritable_output_dir_fails_the_export_not_the_run(tmp_path) -> None:
+def test_an_unwritable_output_dir_fails_the_export_not_the_run(tmp_path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    result = FileSpanExporter(blocker / "sub" / "traces.jsonl").export(_spans())
-    assert result.name == "FAILURE"
+    outcome = FileTransport(blocker / "sub" / "traces.jsonl").send(_payload(), 1.0)
+    assert not outcome.ok and not outcome.retry and "OTEL_TRAIN_OUTPUT_DIR" in outcome.hint
 
 
-def test_headers_parse_and_bad_items_are_named(caplog) -> None:
-    assert parse_headers("Authorization=Bearer%20x, x-team = ml") == {"authorization": "Bearer x", "x-team": "ml"}
-    assert parse_headers("novalue,a=b") == {"a": "b"}
-    assert "'novalue'" in caplog.text
+def test_a_full_disk_leaves_whole_lines_and_exact_counts(tmp_path) -> None:
+    """A size limit (RLIMIT_FSIZE, what a full disk does to one file) part-way through a line:
+    the line is cut back, the next ones fail whole, every line left parses, and what the writer
+    said it wrote is what reads back."""
+    path = tmp_path / "traces.jsonl"
+    code = textwrap.dedent(f"""
+        import resource, signal, sys
+        from otel_train.export.otlp_json import FileTransport
+        payload = bytes.fromhex(sys.argv[1])
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2500, 2500))
+        out = FileTransport({str(path)!r})
+        results = [out.send(payload, 1.0) for _ in range(8)]
+        print(sum(r.ok for r in results), sorted({{r.reason for r in results if not r.ok}}))
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run([sys.executable, "-c", code, _payload().hex()], capture_output=True, text=True, env=env,
+                          timeout=60, check=True)
+    ok, reasons = proc.stdout.split(" ", 1)
+    lines = path.read_text().splitlines()
+    assert 0 < int(ok) < 8 and "File too large" in reasons
+    assert len(lines) == int(ok) and all(json.loads(line) for line in lines)
+    assert len(list(read_spans(path))) == 2 * int(ok)
+    assert resource and signal  # the limits above are Linux's (this suite runs there)
+
+
+def test_reading_skips_a_line_cut_short(tmp_path, caplog) -> None:
+    path = tmp_path / "traces.jsonl"
+    line = trace_request_json(_payload())
+    path.write_text(line + "\n" + line[: len(line) // 2] + "\n" + line + "\n")
+    assert len(list(read_spans(path))) == 4
+    assert "1 line(s)" in caplog.text

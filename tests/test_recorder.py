@@ -36,7 +36,7 @@ def test_nested_spans_have_exact_times_and_parents(harness: Harness) -> None:
     assert inner.parent.span_id == outer.context.span_id
     assert outer.parent.span_id == step.context.span_id
     assert step.parent is None  # rank 0: the step is the root of its trace
-    assert step.context.span_id == step_span_id("test-run", 0, 0)
+    assert step.context.span_id == step_span_id("test-run", 0, 0, launch=harness.run.launch)
     assert {s.context.trace_id for s in spans} == {trace_id_for("test-run", 0)}
     assert outer.attributes == {"a": 1, semconv.TRAIN_STEP: 0}
 
@@ -53,7 +53,7 @@ def test_steps_number_themselves_and_get_one_trace_each(harness: Harness) -> Non
     for fwd in by_name(spans, semconv.SPAN_FORWARD):
         n = fwd.attributes[semconv.TRAIN_STEP]
         assert fwd.context.trace_id == trace_id_for("test-run", n)
-        assert fwd.parent.span_id == step_span_id("test-run", n, 0)
+        assert fwd.parent.span_id == step_span_id("test-run", n, 0, launch=harness.run.launch)
 
 
 def test_step_time_is_between_boundaries_minus_siblings(harness: Harness) -> None:
@@ -236,8 +236,8 @@ def test_rank_other_than_zero_parents_its_step_to_rank_zero(monkeypatch: pytest.
     with otel_train.step(4):
         pass
     (step,) = h.finish()
-    assert step.parent.span_id == step_span_id("test-run", 4, 0) and step.parent.is_remote
-    assert step.context.span_id == step_span_id("test-run", 4, 1)
+    assert step.parent.span_id == step_span_id("test-run", 4, 0, launch=h.run.launch) and step.parent.is_remote
+    assert step.context.span_id == step_span_id("test-run", 4, 1, launch=h.run.launch)
     assert step.resource.attributes[semconv.ML_RANK] == 1
     assert step.resource.attributes[semconv.ML_WORLD_SIZE] == 2
 
@@ -259,7 +259,7 @@ def test_siblings_on_other_ranks_share_their_steps_parent(monkeypatch: pytest.Mo
     siblings = by_name(spans, semconv.SPAN_EVAL) + by_name(spans, semconv.SPAN_CHECKPOINT)
     assert len(siblings) == 2
     for sibling in siblings:
-        assert sibling.parent.span_id == step.parent.span_id == step_span_id("test-run", 3, 0)
+        assert sibling.parent.span_id == step.parent.span_id == step_span_id("test-run", 3, 0, launch=h.run.launch)
         assert sibling.parent.is_remote and sibling.context.trace_id == step.context.trace_id
 
 

@@ -38,6 +38,7 @@ def test_records_cross_to_the_exporter_process_as_plain_values() -> None:
     (_, [(_, [out])], _, _) = loaded
     attrs = out[7]
     assert attrs["t"] == "<tensor shape=(2, 3) dtype=torch.float32 device=cpu>"
+    assert attrs["t"].type_name == "Tensor"  # the exporter says, once, that a tensor was described
     assert attrs["size"] == (2, 3) and type(attrs["size"]) is tuple
     assert attrs["lvl"] == 3 and type(attrs["lvl"]) is int
     assert attrs["pair"] == (1, 2) and type(attrs["pair"]) is tuple
@@ -124,23 +125,23 @@ def test_a_drain_takes_what_the_buffer_held_when_it_began() -> None:
 
 
 def test_thread_mode_makes_one_export_call_per_drain_not_per_slice(monkeypatch: pytest.MonkeyPatch) -> None:
-    from opentelemetry.sdk.trace.export import SpanExportResult
-
     import otel_train
     from otel_train import _runtime, semconv
     from otel_train.export import pipeline as _pipeline
 
     calls: list[int] = []
 
-    class CountingExporter:
-        def export(self, spans) -> SpanExportResult:
-            calls.append(len(spans))
-            return SpanExportResult.SUCCESS
+    class CountingDelivery:
+        def add(self, payload: bytes, spans: int) -> None:
+            calls.append(spans)
 
-        def shutdown(self) -> None:
+        def stats(self) -> dict[str, int]:
+            return {"exported": sum(calls), "failed": 0, "queued": 0}
+
+        def close(self, deadline: float) -> None:
             pass
 
-    monkeypatch.setattr(_pipeline, "build_span_exporter", lambda cfg, run: CountingExporter())
+    monkeypatch.setattr(_pipeline, "build_span_delivery", lambda dest, capacity: CountingDelivery())
     otel_train.init(run_id="one-call", export_mode="thread", metrics_exporter="none", flush_interval_ms=10**9)
     for n in range(100):  # 1,000 records: four slices of the worker's drain
         with otel_train.step(n):

@@ -1,4 +1,4 @@
-"""`otel-train bench overhead`, `bench device` and `bench latency`: the benchmarks
+"""`otel-train bench overhead`, `startup`, `soak`, `device` and `latency`: the benchmarks
 (`otel_train.bench`), run by users on their own hardware. `latency`'s flags: `bench_latency`."""
 
 from __future__ import annotations
@@ -39,6 +39,14 @@ def add_parser(sub: Any) -> None:
                                "groups: the step overheads alone, plain steps alternating one by "
                                "one with instrumented ones (or, every other group, automatic ones), "
                                "judged by group of 200 steps (--rounds groups; no --block-steps)")
+    startup = bench_sub.add_parser("startup", help="the first steps' time with and without otel_train's start")
+    startup.add_argument("--steps", type=int, default=10, help="steps timed from the start (default 10)")
+    startup.add_argument("--step-ms", type=float, default=25.0, help="CPU work per step, ms (default 25)")
+    startup.add_argument("--rounds", type=int, default=5, help="fresh process pairs, alternating (default 5)")
+    soak = bench_sub.add_parser("soak", help="a long run to a live receiver: RSS, threads, fds; every step delivered")
+    soak.add_argument("--minutes", type=float, default=20.0, help="how long the run lasts (default 20)")
+    soak.add_argument("--step-ms", type=float, default=2.0, help="sleep per step, ms (default 2)")
+    soak.add_argument("--sample-s", type=float, default=5.0, help="seconds between samples (default 5)")
     device = bench_sub.add_parser("device", help="device timing: synchronisations and device durations")
     device.add_argument("--steps", type=int, default=50, help="training steps per variant (default 50)")
     bench_latency.add_parser(bench_sub)
@@ -58,6 +66,21 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return run_overhead(quick=args.quick, modes=modes, rounds=args.rounds, steps=steps,
                             targets_only=args.targets_only, block_steps=args.block_steps,
                             design=args.design)
+    if args.bench == "startup":
+        if args.steps < 1 or args.rounds < 1 or args.step_ms <= 0:
+            parser.error("--steps and --rounds must be positive integers, --step-ms a positive number")
+        from otel_train.bench.startup import run_startup
+        for name, value in run_startup(args.steps, args.step_ms, args.rounds).items():
+            print(f"{name}: {value:.3f}" if isinstance(value, float) else f"{name}: {value}")
+        return 0
+    if args.bench == "soak":
+        if args.minutes <= 0 or args.step_ms < 0 or args.sample_s <= 0:
+            parser.error("--minutes and --sample-s must be positive numbers, --step-ms >= 0")
+        from otel_train.bench.soak import run_soak
+        result = run_soak(args.minutes, args.step_ms, args.sample_s)
+        for name, value in result.items():
+            print(f"{name}: {value:.3f}" if isinstance(value, float) else f"{name}: {value}")
+        return 0 if result["spans_delivered"] == result["spans_made"] else 1
     if args.bench == "device":
         if args.steps < 1:
             parser.error("--steps must be a positive integer")

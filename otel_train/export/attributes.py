@@ -2,7 +2,9 @@
 
 A user's attribute value may be anything (a tensor, a numpy number, a list of mixed types);
 what leaves is str, bool, int (64 bits), float or a list of one of them, with one warning per
-(span, key) saying what was changed and why. Never `str()` of a tensor: that copies it to the
+(span, key) saying what was changed and why: strings cut to OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT
+characters, lists to as many items (a request stays far below a collector's 4 MiB limit), None
+left out, anything else described as a string. Never `str()` of a tensor: that copies it to the
 host, a device sync (`describe`).
 """
 
@@ -32,10 +34,17 @@ class AttributeCleaner:
             if not isinstance(key, str) or not key:
                 self._warn(span_name, repr(key), "attribute keys must be non-empty strings; key made a string")
                 key = str(key) or "_"
+            if value is None:
+                self._warn(span_name, key, "None is not an attribute value; the attribute is left out")
+                continue
             out[key] = self._value(span_name, key, value)
         return out
 
     def _value(self, span_name: str, key: str, value: Any) -> Any:
+        if type(value) is Described:  # described by the training process (`pipe`): not allowed as it was
+            self._warn(span_name, key, f"type {value.type_name} is not allowed (str, bool, int, float or a list of "
+                                       "one of them); recorded as a string")
+            return self._cut(span_name, key, str(value))
         if isinstance(value, str):
             return self._cut(span_name, key, value)
         if isinstance(value, bool):
@@ -53,6 +62,10 @@ class AttributeCleaner:
             return float(value)
         if isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
             items = list(value)
+            if len(items) > self.limit:
+                self._warn(span_name, key, f"list of {len(items)} items cut to {self.limit} "
+                                           "(OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT)")
+                items = items[: self.limit]
             kinds = {type(item) for item in items}
             if len(kinds) <= 1 and kinds <= set(SCALARS):
                 return tuple(self._cut(span_name, key, item) if isinstance(item, str) else item for item in items)
@@ -92,3 +105,23 @@ def describe(value: Any) -> str:
     if isinstance(value, (bytes, bytearray)):
         return value.hex()
     return str(value)
+
+
+class Described(str):
+    """A value that is not a valid attribute, described as text by the training process (`pipe`,
+    which must not send a tensor across); the cleaner records the text and says why, as it does
+    for the value itself in thread mode."""
+
+    type_name: str
+
+    def __new__(cls, text: str, type_name: str) -> Described:
+        obj = super().__new__(cls, text)
+        obj.type_name = type_name
+        return obj
+
+    @classmethod
+    def of(cls, value: Any) -> Described:
+        return cls(describe(value), type(value).__name__)
+
+    def __reduce__(self) -> Any:
+        return Described, (str(self), self.type_name)

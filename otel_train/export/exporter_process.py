@@ -2,12 +2,16 @@
 
 Started by the training process (`sinks.ProcessSink`); never imports torch, nor the training
 hot path (`otel_train.record`). Messages are length-prefixed, a format byte then a marshal or
-pickle of a tuple (`pipe`): `("setup", dict)`, then `("batch", segments, offset, dropped
+pickle of a tuple (`pipe`): `("setup", ExportSetup)`, then `("batch", segments, offset, dropped
 totals)` or `("packed", slots, side records, wire flags, new strings, offset, dropped totals)`…,
-then `("shutdown", seconds)`. End of input (the trainer died) is a shutdown too. Whenever it has
-caught up with its input, and after every flush, it writes one JSON line of progress to
-stdout, which the trainer reads to report exactly what was lost if it has to kill this
-process at the shutdown bound.
+then `("shutdown", seconds)`. End of input (the trainer died) is a shutdown too. Once its
+pipeline is built it says it is ready; after that, whenever it has caught up with its input and
+after every flush, it writes one JSON line of progress to stdout, which the trainer reads to
+report exactly what was lost if it has to kill this process at the shutdown bound.
+
+It lowers its CPU priority before anything else, ignores SIGINT, and survives SIGTERM (a
+`torchrun` stop signals the whole process group): the trainer's shutdown, or the end of its
+input, ends it. A SIGTERM makes it export everything at once instead of on its schedule.
 """
 
 from __future__ import annotations
@@ -62,11 +66,12 @@ def _report(stats: dict[str, int]) -> None:
 
 
 def _watch_parent(timeout_s: float) -> None:
-    """If the trainer dies, finish within its shutdown bound instead of lingering in an export."""
+    """If the trainer dies, finish within its shutdown bound instead of lingering in an export
+    (the end of input starts that shutdown; this bounds it)."""
     parent = os.getppid()
     while os.getppid() == parent:
         time.sleep(0.5)
-    time.sleep(timeout_s)
+    time.sleep(timeout_s + 1.0)
     os._exit(0)
 
 
@@ -92,69 +97,107 @@ def lower_priority(priority: str) -> None:
         pass  # left at what could be set: still correct, only less polite
 
 
-def main() -> int:
-    # Ctrl-C reaches the whole process group; the trainer decides when we stop.
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    # First of all: the imports below are most of what starting costs, and training must not pay
+    # for it (`lower_priority`). The trainer passes the priority on the command line for this.
+    lower_priority(args[0] if args else "low")
+    # Ctrl-C reaches the whole process group, and so does torchrun's SIGTERM (os.killpg): the
+    # trainer decides when we stop (its shutdown message, or the end of our input if it dies), and
+    # until then we must not die with what we hold. SIGTERM only makes us export at once.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    wake = _wake_on_sigterm()
     stdin = sys.stdin.fileno()
     first = _read(stdin)
     if first is None or first[0] != "setup":
         return 1
     setup = first[1]
-    lower_priority(setup["config"].get("exporter_priority", "low"))
+    from otel_train import testing
+    testing.exporter_start_delay()  # tests only: a node too busy to start us in time
     from otel_train.export.pipeline import ExportPipeline
 
-    timeout_s = float(setup["config"]["shutdown_timeout_s"])
+    cfg = setup.config
+    timeout_s = float(cfg.shutdown_timeout_s)
     threading.Thread(target=_watch_parent, args=(timeout_s,), daemon=True).start()
     pipeline = ExportPipeline(setup)
     # Everything imported and built so far lives as long as this process: keep the garbage
     # collector from scanning it again on every collection (gRPC and protobuf are large).
     gc.freeze()
-    # Spans are exported every `export_delay_ms` (OTEL_BSP_SCHEDULE_DELAY), when a full request
-    # is ready, on a flush and at shutdown: an export call has a fixed cost of 0.4-1.4 ms of
-    # CPU here, which at one call per trainer drain was most of what the exporter cost a slow
-    # step rate.
-    delay_s = setup["config"]["export_delay_ms"] / 1000.0
-    full = setup["config"]["export_batch_size"]
+    # Spans are encoded and handed to delivery every `export_delay_ms` (OTEL_BSP_SCHEDULE_DELAY),
+    # when a full request is ready, on a flush, at a SIGTERM and at shutdown: a request has a
+    # fixed cost of 0.4-1.4 ms of CPU here, which at one per trainer drain was most of what the
+    # exporter cost a slow step rate.
+    delay_s = cfg.export_delay_ms / 1000.0
+    full = cfg.export_batch_size
     next_export = time.monotonic() + delay_s
     flushed = 0
-    strings: list[str] = []  # the trainer's string table, as far as it has sent it
 
     def export() -> float:
-        """Export what is pending; returns when the next export is due."""
+        """Hand what is pending to delivery; returns when the next export is due."""
         pipeline.export_pending()
         return time.monotonic() + delay_s
 
     def report() -> None:
-        _report({**pipeline.stats(), "flushed": flushed, "cpu_ns": time.process_time_ns()})
+        _report({**pipeline.stats(), "ready": 1, "flushed": flushed, "cpu_ns": time.process_time_ns()})
 
+    report()  # ready: the trainer sends records from now on
     while True:
-        if pipeline.pending() and not _more_input(stdin, max(0.0, next_export - time.monotonic())):
+        wait = max(0.0, next_export - time.monotonic()) if pipeline.pending() else None
+        ready = _wait_input(stdin, wake, wait)
+        if wake in ready:
+            _drain_wake(wake)
+            delay_s = 0.0  # stopping: everything goes out as soon as it comes in
             next_export = export()
             report()
+        if stdin not in ready:
+            if pipeline.pending() and time.monotonic() >= next_export:
+                next_export = export()
+                report()
             continue
         message = _read(stdin)
         if message is None or message[0] == "shutdown":
             budget = timeout_s if message is None else float(message[1])
             stats = pipeline.shutdown(time.monotonic() + budget)
-            _report({**stats, "final": 1})
+            _report({**stats, "ready": 1, "final": 1})
             return 0
-        if message[0] == "packed":  # slots as the recorder packed them, and the strings new since
-            _, slots, side, wire, new, offset, dropped = message
-            strings.extend(new)
-            pipeline.feed_packed(slots, side, wire, strings, offset, dropped)
-        elif message[0] == "batch":
-            pipeline.feed(*message[1:], export=False)
         if message[0] in ("packed", "batch"):
+            pipeline.apply(message)
             more = _more_input(stdin)
             # Full requests wait for the rest of a drain (one call for several), up to a bound.
-            if pipeline.pending() >= (full * _HELD_REQUESTS if more else full):
+            if pipeline.pending() >= (full * _HELD_REQUESTS if more else full) or not delay_s:
                 next_export = export()
             if more:
                 continue  # a drain comes as several slices: report once, when caught up
         elif message[0] == "flush":
-            next_export = export()
+            pipeline.wait_idle(float(message[2]) if len(message) > 2 else 30.0)
+            next_export = time.monotonic() + delay_s
             flushed = message[1]
         report()
+
+
+def _wake_on_sigterm() -> int:
+    """A pipe that becomes readable when SIGTERM arrives (the main loop waits on it beside stdin)."""
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    os.set_blocking(write, False)
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)  # handled: the wakeup fd carries it
+    return read
+
+
+def _drain_wake(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _wait_input(stdin: int, wake: int, timeout_s: float | None) -> list[int]:
+    try:
+        return select.select([stdin, wake], [], [], timeout_s)[0]
+    except InterruptedError:  # pragma: no cover - PEP 475 retries; kept for other platforms
+        return [wake]
 
 
 if __name__ == "__main__":

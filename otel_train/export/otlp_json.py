@@ -1,8 +1,11 @@
-"""OTLP JSON files: the embedded default's exporters, and reading their lines back.
+"""OTLP JSON files: the embedded default's writer, and reading its lines back.
 
 One export request per line (`ExportTraceServiceRequest` / `ExportMetricsServiceRequest` as
 OTLP/JSON: ids in hex, 64-bit integers as strings), the format of the OpenTelemetry
-Collector's file exporter. `read_spans` reads ours and the Collector's alike.
+Collector's file exporter. What is written is the same encoded request an OTLP exporter
+sends (`otlp.LeanEncoder`), turned into JSON here (`FileTransport`), so files and collectors
+get one encoding. `read_spans` reads ours and the Collector's alike, and skips (and counts) a
+line cut short by a crash or a full disk instead of failing on it.
 """
 
 from __future__ import annotations
@@ -11,140 +14,167 @@ import json
 import logging
 import os
 import threading
-from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from otel_train.export.transport import OK, Outcome
 
 _log = logging.getLogger("otel_train")
 
 
-def _any_value(value: Any) -> dict[str, Any]:
-    if isinstance(value, bool):
-        return {"boolValue": value}
-    if isinstance(value, int):
-        return {"intValue": str(value)}
-    if isinstance(value, float):
-        return {"doubleValue": value}
-    if isinstance(value, str):
-        return {"stringValue": value}
-    if isinstance(value, (list, tuple)):
-        return {"arrayValue": {"values": [_any_value(v) for v in value]}}
-    return {"stringValue": str(value)}
+class JsonLinesFile:
+    """Appends one JSON document per line, whole or not at all; opened lazily (no unused file).
 
+    Each line goes down in `os.write` calls on a descriptor opened with O_APPEND. If a write
+    fails part-way (a full disk), the file is cut back to where the line began, so no partial
+    line is left for the next one to be glued to; if even that fails, the next line starts on a
+    fresh line. The run directory is created readable by its owner only (0700) and the files
+    0600: they hold attribute values, paths and host names (docs/security.md)."""
 
-def _kv(attrs: Any) -> list[dict[str, Any]]:
-    return [{"key": k, "value": _any_value(v)} for k, v in (attrs or {}).items()]
-
-
-def _span_json(span: ReadableSpan) -> dict[str, Any]:
-    ctx = span.context
-    out: dict[str, Any] = {
-        "traceId": f"{ctx.trace_id:032x}",
-        "spanId": f"{ctx.span_id:016x}",
-        "name": span.name,
-        "kind": span.kind.value + 1,  # OTLP numbers SPAN_KIND_INTERNAL as 1
-        "startTimeUnixNano": str(span.start_time),
-        "endTimeUnixNano": str(span.end_time),
-        "attributes": _kv(span.attributes),
-        "status": {"code": span.status.status_code.value} if span.status.status_code.value else {},
-    }
-    if span.status.description:
-        out["status"]["message"] = span.status.description
-    if span.parent is not None:
-        out["parentSpanId"] = f"{span.parent.span_id:016x}"
-    if span.events:
-        out["events"] = [{"timeUnixNano": str(e.timestamp), "name": e.name, "attributes": _kv(e.attributes)}
-                         for e in span.events]
-    if span.links:
-        out["links"] = [{"traceId": f"{link.context.trace_id:032x}", "spanId": f"{link.context.span_id:016x}",
-                         "attributes": _kv(link.attributes)} for link in span.links]
-    return out
-
-
-def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
-    """An OTLP/JSON `ExportTraceServiceRequest` (ids in hex, 64-bit integers as strings)."""
-    grouped: dict[Any, dict[Any, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for span in spans:
-        grouped[span.resource][span.instrumentation_scope].append(_span_json(span))
-    return {"resourceSpans": [
-        {"resource": {"attributes": _kv(resource.attributes)},
-         "scopeSpans": [{"scope": {"name": scope.name, "version": scope.version or ""}, "spans": items}
-                        for scope, items in scopes.items()]}
-        for resource, scopes in grouped.items()]}
-
-
-class _JsonLinesFile:
-    """Appends one JSON document per line; opened lazily so an unused sink creates no file."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, stream: Any = None) -> None:
+        self.path = Path(path)
+        self._stream = stream  # the console: write there instead of a file
         self._lock = threading.Lock()
-        self._file: Any = None
+        self._fd: int | None = None
+        self._broken_line = False
 
-    def write(self, doc: dict[str, Any]) -> bool:
-        line = json.dumps(doc, separators=(",", ":")) + "\n"
+    def write(self, doc: Any) -> Outcome:
+        """Append `doc` (a dict, or JSON text already) as one line."""
+        text = doc if isinstance(doc, str) else json.dumps(doc, separators=(",", ":"))
+        data = (text + "\n").encode("utf-8")
         with self._lock:
+            if self._stream is not None:
+                try:
+                    self._stream.write(data.decode("utf-8"))
+                    self._stream.flush()
+                    return OK
+                except (OSError, ValueError) as err:
+                    return Outcome(False, False, None, str(err), "the console stream is closed")
             try:
-                if self._file is None:
-                    self.path.parent.mkdir(parents=True, exist_ok=True)
-                    self._file = open(self.path, "a", encoding="utf-8")
-                self._file.write(line)
-                self._file.flush()
-                return True
+                fd = self._open()
             except OSError as err:
-                _log.warning("otel_train: cannot write %s: %s", self.path, err)
-                return False
+                return Outcome(False, False, None, err.strerror or type(err).__name__,
+                               f"cannot create {self.path}: check OTEL_TRAIN_OUTPUT_DIR")
+            start = None
+            try:
+                start = os.fstat(fd).st_size
+                if self._broken_line:
+                    data = b"\n" + data
+                view = memoryview(data)
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+                self._broken_line = False
+                return OK
+            except OSError as err:
+                self._cut_back(fd, start)
+                return Outcome(False, False, None, err.strerror or type(err).__name__,
+                               f"writing {self.path} failed (a full disk, or a size limit?)")
+
+    def _open(self) -> int:
+        if self._fd is None:
+            if not self.path.parent.is_dir():
+                self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
+                               0o600)
+        return self._fd
+
+    def _cut_back(self, fd: int, size: int | None) -> None:
+        try:
+            if size is None:
+                raise OSError
+            os.ftruncate(fd, size)
+        except OSError:
+            self._broken_line = True  # a partial line may remain: the next one starts afresh
 
     def close(self) -> None:
         with self._lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
 
-class FileSpanExporter(SpanExporter):
-    """Writes OTLP JSON lines (the embedded default)."""
+class FileTransport:
+    """The embedded default (and the console) as a transport (`transport.Transport`): an encoded
+    OTLP request is appended as one OTLP JSON line."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self._out = _JsonLinesFile(self.path)
+    def __init__(self, path: Path, signal: str = "traces", stream: Any = None) -> None:
+        self.out = JsonLinesFile(path, stream)
+        self.signal = signal
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        ok = self._out.write(spans_to_otlp_json(spans))
-        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+    def send(self, payload: bytes, timeout_s: float) -> Outcome:
+        text = trace_request_json(payload) if self.signal == "traces" else metrics_request_json(payload)
+        return self.out.write(text)
 
-    def shutdown(self) -> None:
-        self._out.close()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
+    def close(self) -> None:
+        self.out.close()
 
 
-class FileMetricExporter(MetricExporter):
-    """Writes OTLP JSON lines of `ExportMetricsServiceRequest`s."""
+# --- OTLP protobuf -> OTLP JSON ---------------------------------------------------------------
+def _json_value(value: Any) -> dict[str, Any]:
+    kind = value.WhichOneof("value")
+    if kind == "string_value":
+        return {"stringValue": value.string_value}
+    if kind == "int_value":
+        return {"intValue": str(value.int_value)}
+    if kind == "double_value":
+        return {"doubleValue": value.double_value}
+    if kind == "bool_value":
+        return {"boolValue": value.bool_value}
+    if kind == "array_value":
+        return {"arrayValue": {"values": [_json_value(v) for v in value.array_value.values]}}
+    if kind == "kvlist_value":
+        return {"kvlistValue": {"values": _json_kvs(value.kvlist_value.values)}}
+    if kind == "bytes_value":
+        import base64
+        return {"bytesValue": base64.b64encode(value.bytes_value).decode("ascii")}
+    return {}
 
-    def __init__(self, path: Path) -> None:
-        super().__init__()
-        self.path = Path(path)
-        self._out = _JsonLinesFile(self.path)
 
-    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
-        from google.protobuf.json_format import MessageToDict
-        from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
-        doc = MessageToDict(encode_metrics(metrics_data), use_integers_for_enums=True)
-        ok = self._out.write(doc)
-        return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
+def _json_kvs(items: Any) -> list[dict[str, Any]]:
+    return [{"key": kv.key, "value": _json_value(kv.value)} for kv in items]
 
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return True
 
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        self._out.close()
+def _json_span(span: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"traceId": span.trace_id.hex(), "spanId": span.span_id.hex(), "name": span.name,
+                           "kind": span.kind, "startTimeUnixNano": str(span.start_time_unix_nano),
+                           "endTimeUnixNano": str(span.end_time_unix_nano), "attributes": _json_kvs(span.attributes)}
+    status = span.status
+    out["status"] = ({"code": status.code, **({"message": status.message} if status.message else {})}
+                     if status.code or status.message else {})
+    if span.parent_span_id:
+        out["parentSpanId"] = span.parent_span_id.hex()
+    if span.events:
+        out["events"] = [{"timeUnixNano": str(e.time_unix_nano), "name": e.name, "attributes": _json_kvs(e.attributes)}
+                         for e in span.events]
+    if span.links:
+        out["links"] = [{"traceId": link.trace_id.hex(), "spanId": link.span_id.hex(),
+                         "attributes": _json_kvs(link.attributes)} for link in span.links]
+    return out
+
+
+def trace_request_json(payload: bytes) -> str:
+    """An encoded `ExportTraceServiceRequest` as one line of OTLP JSON (ids in hex, 64-bit
+    integers as strings), the OpenTelemetry Collector file exporter's format."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    request = ExportTraceServiceRequest.FromString(payload)
+    doc = {"resourceSpans": [
+        {"resource": {"attributes": _json_kvs(rs.resource.attributes)},
+         "scopeSpans": [{"scope": {"name": ss.scope.name, "version": ss.scope.version},
+                         "spans": [_json_span(span) for span in ss.spans]} for ss in rs.scope_spans]}
+        for rs in request.resource_spans]}
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def metrics_request_json(payload: bytes) -> str:
+    """An encoded `ExportMetricsServiceRequest` as one line of OTLP JSON."""
+    from google.protobuf.json_format import MessageToDict
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    doc = MessageToDict(ExportMetricsServiceRequest.FromString(payload), use_integers_for_enums=True)
+    return json.dumps(doc, separators=(",", ":"))
 
 
 # --- reading OTLP JSON back -----------------------------------------------------------
@@ -168,11 +198,17 @@ def _attrs(items: list[dict[str, Any]] | None) -> dict[str, Any]:
 
 def read_spans(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """Flattened spans from an OTLP JSON lines file (ours or the Collector's file exporter)."""
-    with open(path, encoding="utf-8") as lines:
+    unreadable = 0
+    with open(path, encoding="utf-8", errors="replace") as lines:
         for line in lines:
             if not line.strip():
                 continue
-            for resource_spans in json.loads(line).get("resourceSpans", []):
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                unreadable += 1  # cut short by a crash or a full disk: the rest of the file still reads
+                continue
+            for resource_spans in doc.get("resourceSpans", []):
                 resource = _attrs(resource_spans.get("resource", {}).get("attributes"))
                 for scope_spans in resource_spans.get("scopeSpans", []):
                     for span in scope_spans.get("spans", []):
@@ -191,3 +227,5 @@ def read_spans(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
                                       for link in span.get("links", [])],
                             "status_code": int(span.get("status", {}).get("code", 0)),
                         }
+    if unreadable:
+        _log.warning("otel_train: %d line(s) of %s could not be read (cut short?) and were skipped.", unreadable, path)

@@ -1,9 +1,10 @@
 """The pipe between the worker and the exporter process: message framing and serialisation.
 
 Each message is a 4-byte little-endian length, then a format byte, then a marshal or pickle of
-a tuple: `("setup", dict)`, then `("batch", segments, offset, dropped totals)` or
-`("packed", slots, side records, wire flags, new strings, offset, dropped totals)`, or
-`("flush", token)`, then `("shutdown", seconds)`. Both ends import this module; the exporter
+a tuple: `("setup", ExportSetup)`, then `("batch", segments, offset, dropped totals)` or
+`("packed", slots, side records, wire flags, new strings, offset, dropped totals)` (or
+`("strings", new strings)` where such a message had to be dropped), or `("flush", token,
+seconds)`, then `("shutdown", seconds)`. Both ends import this module; the exporter
 process never imports the training hot path. (Not in `exporter_process`, which runs as
 `python -m`: imported by the package first, runpy would warn.)
 """
@@ -40,14 +41,17 @@ class _WirePickler(pickle.Pickler):
     The C pickler consults `reducer_override` only for objects that are not plain str, int,
     float, bool, None, bytes, tuple, list, dict or set, so the usual record costs nothing
     extra. What does reach it: a class not in builtins (a span's `exc`: its name goes), a number
-    of another type (numpy, IntEnum: as int or float), anything else (a tensor would be copied
-    whole, or its `str()` would sync the device) as a short description, which the exporter
-    records as a string.
+    of another type (numpy, IntEnum: as int or float), the package's own setup objects (as they
+    are), anything else (a tensor would be copied whole, or its `str()` would sync the device)
+    as a short description (`attributes.Described`), which the exporter records as a string and
+    says so, as it does in thread mode.
     """
 
     def reducer_override(self, obj: Any) -> Any:
+        if type(obj).__module__.startswith("otel_train."):
+            return NotImplemented  # the setup's dataclasses, `Described`: the exporter imports them
         if isinstance(obj, type):
-            if obj.__module__ == "builtins":
+            if obj.__module__ == "builtins" or obj.__module__.startswith("otel_train."):
                 return NotImplemented  # ValueError, or the `str` of a reduction made here: by reference
             return str, (obj.__name__,)  # a user's exception class: the exporter cannot import it
         if isinstance(obj, numbers.Integral):
@@ -56,8 +60,8 @@ class _WirePickler(pickle.Pickler):
             return float, (float(obj),)
         if isinstance(obj, (tuple, list)):  # torch.Size, a namedtuple: the exporter has neither
             return tuple, (tuple(obj),)
-        from otel_train.export.attributes import describe  # only when such a value appears
-        return str, (describe(obj),)
+        from otel_train.export.attributes import Described  # only when such a value appears
+        return Described.of(obj).__reduce__()
 
 
 def dumps(message: tuple[Any, ...]) -> bytes:

@@ -2,8 +2,11 @@
 
 - `ProcessSink` (default): the records go over a pipe (`pipe`) to a per-rank exporter process
   (`exporter_process`); span building, OTLP encoding and network I/O never compete with
-  training for the GIL. If that process cannot start or dies, the sink falls back to a
-  `LocalSink` and says so.
+  training for the GIL. Until that process says it is ready, records wait here (bounded by the
+  buffer size), so a process slow to start (a loaded node, where it runs at low priority)
+  costs nothing: if it is still not ready at shutdown, it is stopped and this process exports
+  what waited itself. If it dies, the sink falls back to a `LocalSink`, says so, and counts
+  what the process held as lost.
 - `LocalSink`: the `ExportPipeline` runs right here on the worker thread (needed when the
   user installs their own in-process span processors).
 
@@ -19,9 +22,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from otel_train.export.destination import ExportSetup
 from otel_train.export.pipe import FRAME, Segments, dumps, segments_count
 from otel_train.record.recorder import unpack
 
@@ -60,18 +65,28 @@ class LocalSink:
     def send(self, segments: Segments, offset: int, dropped: Mapping[str, int]) -> None:
         self.pipeline.feed(segments, offset, dropped, export=False)
 
+    def apply(self, message: tuple[Any, ...]) -> None:
+        """A message meant for the exporter process (`pipe`), taken here instead."""
+        self.pipeline.apply(message)
+
     def drained(self) -> None:
-        """The end of a drain: one export call for all its slices (one per full request)."""
+        """The end of a drain: its spans are encoded and handed to delivery (its own thread)."""
         self.pipeline.export_pending()
 
     def close(self, deadline: float) -> dict[str, int]:
         return self.pipeline.shutdown(deadline)
 
+    def partial_stats(self) -> dict[str, int]:
+        """At a shutdown cut short: what is confirmed exported, the rest of what was built as failed."""
+        stats = self.pipeline.stats()
+        return {"exported": stats["exported"], "overflow": stats["overflow"],
+                "failed": max(0, stats["built"] - stats["exported"] - stats["overflow"])}
+
     def abort(self) -> bool:
-        return False  # an exporter call on this thread cannot be interrupted
+        return False  # work on this thread cannot be interrupted (delivery's own calls are bounded)
 
     def wait_idle(self, timeout_s: float) -> bool:
-        return True  # a drain exports before it returns
+        return self.pipeline.wait_idle(timeout_s)
 
 
 def _widen_pipe(pipe: Any) -> None:
@@ -90,6 +105,9 @@ def _widen_pipe(pipe: Any) -> None:
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     env[ENV_CHILD] = "1"
+    # gRPC's own log lines (one per failed TLS handshake, per reconnect) would repeat what our
+    # one message says; a user who sets GRPC_VERBOSITY keeps theirs.
+    env.setdefault("GRPC_VERBOSITY", "ERROR")
     # `opentelemetry-instrument` injects a sitecustomize through PYTHONPATH; the exporter must
     # not instrument itself (it would trace its own exports).
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
@@ -99,66 +117,126 @@ def _child_env() -> dict[str, str]:
 
 
 class ProcessSink:
-    """Feeds a per-rank exporter process through its stdin; reads its progress from stdout."""
+    """Feeds a per-rank exporter process through its stdin; reads its progress from stdout.
 
-    def __init__(self, setup: Mapping[str, Any], fallback: Callable[[], LocalSink]) -> None:
+    Counts, for the closing line: `sent` records written to the process; what it reports back
+    (`progress`: received, built, exported, failed, overflow, held); `lost` records that could
+    not be written (aborted at the shutdown bound); `overflowed` records that waited past the
+    capacity before it was ready."""
+
+    def __init__(self, setup: ExportSetup, fallback: Callable[[], LocalSink]) -> None:
         self._fallback_factory = fallback
-        self._priority = setup["config"].get("exporter_priority", "low")
+        self._priority = setup.config.exporter_priority
+        self._capacity = setup.config.buffer_size
         self._fallback: LocalSink | None = None
         self._aborted = False
+        self.took_over = False  # exported from this process: the exporter process was never ready
         self.sent = 0
+        self.given = 0  # records handed to this sink, whatever became of them
         self.lost = 0
-        self._strings_sent = 0  # how much of the recorder's string table the process has
+        self.overflowed = 0
+        self._strings_sent = 0  # how much of the recorder's string table went into messages
+        self._strings_written = 0  # ... into messages the process got
+        self._strings: list[str] = []  # the recorder's table (it only grows)
         self.progress: dict[str, int] = {}
+        self._at_death: dict[str, int] | None = None  # its last progress, when it died mid-run
         self._flushes = 0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one writer at a time; guards the waiting messages
+        self._waiting: deque[tuple[tuple[Any, ...], int]] = deque()  # (message, records) before ready
+        self._waiting_records = 0
+        self.ready = threading.Event()
         self._reported = threading.Condition()  # notified at each progress report and at EOF
         self._eof = False
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "otel_train.export.exporter_process"],
+            [sys.executable, "-m", "otel_train.export.exporter_process", self._priority],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_child_env(), close_fds=True)
         _widen_pipe(self.proc.stdin)
         self._reader = threading.Thread(target=self._read_progress, name="otel_train-exporter-reader",
                                         daemon=True)
         self._reader.start()
-        self._write(("setup", dict(setup)))
+        self._write(("setup", setup))
 
+    # -- records in ----------------------------------------------------------------------
     def send(self, segments: Segments, offset: int, dropped: Mapping[str, int]) -> None:
         if self._fallback is not None:
+            self.given += segments_count(segments)
             self._fallback.send(segments, offset, dropped)
             return
-        count = segments_count(segments)
-        if self._write(("batch", segments, offset, dict(dropped))):
-            self.sent += count
-        elif self._fallback is not None:
-            self._fallback.send(segments, offset, dropped)
-        else:
-            self.lost += count  # aborted at the shutdown bound
+        self._deliver(("batch", segments, offset, dict(dropped)), segments_count(segments))
 
     def send_packed(self, count: int, slots: bytes, side: list[Any], wire: list[bool] | None,
                     strings: list[str], offset: int, dropped: Mapping[str, int]) -> None:
         """`count` records as `RecorderBase.drain_packed` gave them; `strings` is the recorder's
         table, which only grows: the process gets what it has not had yet with them."""
-        if self._fallback is None:
-            new = strings[self._strings_sent:]
-            if self._write(("packed", slots, side, wire, new, offset, dict(dropped))):
-                self.sent += count
-                self._strings_sent += len(new)
-                return
-            if self._fallback is None:
-                self.lost += count  # aborted at the shutdown bound
-                return
-        self._fallback.send(unpack(slots, side, wire, strings), offset, dropped)
+        self._strings = strings
+        if self._fallback is not None:
+            self.given += count
+            self._fallback.send(unpack(slots, side, wire, strings), offset, dropped)
+            return
+        new = strings[self._strings_sent:]
+        self._strings_sent += len(new)
+        self._deliver(("packed", slots, side, wire, new, offset, dict(dropped)), count)
 
     def drained(self) -> None:
-        if self._fallback is not None:  # the exporter process coalesces export calls itself
+        if self._fallback is not None:  # the exporter process coalesces requests itself
             self._fallback.drained()
+        elif self._waiting and self.ready.is_set():
+            self._deliver(None, 0)
 
+    def _deliver(self, message: tuple[Any, ...] | None, count: int) -> None:
+        """Write `message` (None: only what waits) to the process, in order after what waits for
+        it to be ready; before it is, keep it, dropping the oldest past the capacity."""
+        with self._lock:
+            if message is not None:
+                self.given += count
+                self._waiting.append((message, count))
+                self._waiting_records += count
+                self._trim()
+            if not self.ready.is_set():
+                return
+            while self._waiting and self._fallback is None:
+                message, count = self._waiting[0]
+                if not self._write_locked(message):
+                    if self._fallback is None:  # aborted at the shutdown bound
+                        self.lost += self._waiting_records
+                        self._waiting.clear()
+                        self._waiting_records = 0
+                    break
+                self._waiting.popleft()
+                self._waiting_records -= count
+                self.sent += count
+                if message[0] == "packed":
+                    self._strings_written += len(message[4])
+            if self._fallback is not None:
+                self._replay_into_fallback()
+
+    def _trim(self) -> None:
+        """Past the capacity, drop the oldest waiting messages, counted; the strings they brought
+        stay (the slots after them refer to them), in one `("strings", ...)` message at the head."""
+        carried: list[str] = []
+        while self._waiting_records > self._capacity and len(self._waiting) > 1:
+            message, count = self._waiting.popleft()
+            self._waiting_records -= count
+            self.overflowed += count
+            if message[0] == "packed":
+                carried.extend(message[4])
+            elif message[0] == "strings":
+                carried.extend(message[1])
+        if carried:
+            self._waiting.appendleft((("strings", carried), 0))
+
+    # -- the end -------------------------------------------------------------------------
     def close(self, deadline: float) -> dict[str, int]:
+        if self._fallback is None and not self.ready.is_set():
+            self._take_over()
         if self._fallback is not None:
+            with self._lock:
+                self._replay_into_fallback()
             stats = self._fallback.close(deadline)
-            stats["failed"] = stats.get("failed", 0) + self.unacknowledged()
+            self._add_losses(stats)
+            stats["overflow"] = stats.get("overflow", 0) + self.overflowed
             return stats
+        self._deliver(None, 0)
         self._write(("shutdown", max(0.05, deadline - time.monotonic() - 0.2)))
         try:
             self.proc.stdin.close()  # type: ignore[union-attr]
@@ -171,12 +249,65 @@ class ProcessSink:
             self.proc.wait()
         self._reader.join(timeout=0.5)
         stats = dict(self.progress)
-        if not stats.get("final"):
-            # Killed at the bound: whatever it had not exported is lost, and said so.
-            stats["failed"] = max(0, self.sent - stats.get("exported", 0)) + self.lost
-        else:
+        if stats.get("final"):
             stats["failed"] = stats.get("failed", 0) + self.unacknowledged() + self.lost
+        else:  # killed at the bound: whatever it had not exported is lost, and said so
+            stats["failed"] = stats.get("failed", 0) + self._lost_in_process(stats) + self.lost
+        stats["failed"] += self._waiting_records  # never written: it was not ready in time
+        stats["overflow"] = stats.get("overflow", 0) + self.overflowed
         return stats
+
+    def _take_over(self) -> None:
+        """The process never became ready (a loaded node starves it at low priority): it has
+        nothing but its setup, so stop it and export what waited from here, where training
+        no longer runs. No record is sent twice."""
+        self.proc.kill()
+        self.proc.wait()
+        self._reader.join(timeout=0.5)
+        self.took_over = True
+        _log.info("otel_train: the exporter process was not ready by shutdown; exporting from the training "
+                  "process instead.")
+        self._fallback = self._fallback_factory()
+
+    def _replay_into_fallback(self) -> None:
+        """What waited for the process, into the fallback, in order (the lock is held)."""
+        assert self._fallback is not None
+        while self._waiting:
+            message, count = self._waiting.popleft()
+            self._waiting_records -= count
+            try:
+                self._fallback.apply(message)
+            except Exception as err:  # noqa: BLE001 - never let shutdown fail
+                self.lost += count
+                _log.warning("otel_train: exporting %d records failed: %s", count, err)
+
+    def _add_losses(self, stats: dict[str, int]) -> None:
+        """A fallback's counts, plus what the dead process held and what never reached it."""
+        stats["failed"] = stats.get("failed", 0) + self.lost
+        if self._at_death is not None:
+            stats["exported"] = stats.get("exported", 0) + self._at_death.get("exported", 0)
+            stats["failed"] += self._lost_in_process(self._at_death) + self._at_death.get("failed", 0)
+            stats["overflow"] = stats.get("overflow", 0) + self._at_death.get("overflow", 0)
+
+    def _lost_in_process(self, progress: Mapping[str, int]) -> int:
+        """What the process got and did not export, by its last report: records sent that it had
+        not read, spans built and not exported, steps still held."""
+        accounted = progress.get("exported", 0) + progress.get("failed", 0) + progress.get("overflow", 0)
+        return (max(0, self.sent - progress.get("received", 0)) + max(0, progress.get("built", 0) - accounted)
+                + progress.get("held", 0))
+
+    def partial_stats(self) -> dict[str, int]:
+        """At a shutdown cut short (the closer still busy): what is confirmed exported by the last
+        report (its fallback's too), and everything else this sink was given as failed."""
+        with self._reported:
+            progress = dict(self._at_death or self.progress)
+        exported = progress.get("exported", 0)
+        overflow = progress.get("overflow", 0) + self.overflowed
+        if self._fallback is not None:
+            local = self._fallback.partial_stats()
+            exported += local["exported"]
+            overflow += local["overflow"]
+        return {"exported": exported, "overflow": overflow, "failed": max(0, self.given - exported - overflow)}
 
     def abort(self) -> bool:
         self._aborted = True
@@ -185,8 +316,11 @@ class ProcessSink:
         self.proc.kill()  # any write blocked on the full pipe now fails at once
         return True
 
+    # -- what it says --------------------------------------------------------------------
     def overflow_hint(self) -> str:
         """Why the buffer may have overflowed, for the worker's one warning."""
+        if not self.ready.is_set():
+            return "The exporter process is still starting (a busy node?)."
         behind = self.unacknowledged()
         if not behind:
             return "Raise OTEL_TRAIN_BUFFER_SIZE, or lower OTEL_TRAIN_FLUSH_INTERVAL_MS, for this span rate."
@@ -203,34 +337,45 @@ class ProcessSink:
     def wait_idle(self, timeout_s: float) -> bool:
         """Have the exporter process export everything sent to it, and wait until it has
         (benchmarks, tests)."""
+        end = time.monotonic() + timeout_s
+        if not self.ready.wait(timeout_s):
+            return False
+        self._deliver(None, 0)
         if self._fallback is not None:
-            return True
+            return self._fallback.wait_idle(max(0.0, end - time.monotonic()))
         self._flushes += 1
         token = self._flushes
-        if not self._write(("flush", token)):
+        if not self._write(("flush", token, max(0.0, end - time.monotonic()))):
             return self._fallback is not None
         with self._reported:
             return self._reported.wait_for(
-                lambda: self.progress.get("flushed", 0) >= token or self._eof, timeout_s,
+                lambda: self.progress.get("flushed", 0) >= token or self._eof, max(0.0, end - time.monotonic()),
             ) and self.progress.get("flushed", 0) >= token
 
     def unacknowledged(self) -> int:
         return max(0, self.sent - self.progress.get("received", 0))
 
+    # -- the pipe ------------------------------------------------------------------------
     def _write(self, message: tuple[Any, ...]) -> bool:
+        with self._lock:
+            return self._write_locked(message)
+
+    def _write_locked(self, message: tuple[Any, ...]) -> bool:
         payload = dumps(message)
         try:
-            with self._lock:
-                stdin = self.proc.stdin
-                stdin.write(FRAME.pack(len(payload)))  # type: ignore[union-attr]
-                stdin.write(payload)  # type: ignore[union-attr]
-                stdin.flush()  # type: ignore[union-attr]
+            stdin = self.proc.stdin
+            stdin.write(FRAME.pack(len(payload)))  # type: ignore[union-attr]
+            stdin.write(payload)  # type: ignore[union-attr]
+            stdin.flush()  # type: ignore[union-attr]
             return True
         except (BrokenPipeError, OSError, ValueError) as err:
-            if self._fallback is None and message[0] != "shutdown" and not self._aborted:
+            if self._fallback is None and message[0] not in ("shutdown", "setup") and not self._aborted:
                 _log.warning("otel_train: the exporter process is gone (%s); exporting from a thread "
-                             "in the training process instead.", err)
+                             "in the training process instead (what it held is counted as lost).", err)
+                self._at_death = dict(self.progress)
                 self._fallback = self._fallback_factory()
+                # The fallback reads packed slots with the whole string table, not message by message.
+                self._fallback.apply(("strings", list(self._strings[:self._strings_written])))
             return False
 
     def _read_progress(self) -> None:
@@ -242,6 +387,8 @@ class ProcessSink:
                     continue
                 with self._reported:
                     self.progress = progress
+                    if progress.get("ready"):
+                        self.ready.set()
                     self._reported.notify_all()
         finally:
             with self._reported:

@@ -19,7 +19,7 @@ class SpanIds:
         self.run = run
         self.salt = salt
         #: The ids' bytes as they go on the wire (the fast path's form).
-        self.step_bytes = StepIds(run.run_id, run.rank, run.restart)
+        self.step_bytes = StepIds(run.run_id, run.rank, run.restart, run.launch)
         self._trace_ids: dict[int | None, int] = {}
         self._step_ids: dict[int, int] = {}
 
@@ -39,13 +39,13 @@ class SpanIds:
             if len(self._step_ids) > _CACHE_MAX:
                 self._step_ids.clear()
             run = self.run
-            cached = self._step_ids[step_n] = step_span_id(run.run_id, step_n, run.rank, run.restart)
+            cached = self._step_ids[step_n] = step_span_id(run.run_id, step_n, run.rank, run.restart, run.launch)
         return cached
 
     def root_step(self, step_n: int) -> int | None:
         """The parent of this rank's step span: rank 0's step span (None on rank 0)."""
         run = self.run
-        return None if run.rank == 0 else step_span_id(run.run_id, step_n, 0, run.restart)
+        return None if run.rank == 0 else step_span_id(run.run_id, step_n, 0, run.restart, run.launch)
 
     def region(self, seq: int) -> int:
         """The span id of this process's `seq`-th region."""

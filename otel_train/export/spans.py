@@ -10,9 +10,8 @@ Three kinds of input, one output:
 - `feed(wire records)`: wire tuples (`wire.schema`), records the worker converted already
   (device time, force-ended at shutdown): the general way.
 
-The general way turns a record into a span with its final ids, parent and timestamps: a
-`ReadableSpan` (for the SDK's span processors and the HTTP and file exporters), or with a lean
-`encoder` (OTLP/gRPC) a plain tuple it encodes at export (`otlp.LeanEncoder`). Regions are
+The general way turns a record into a span with its final ids, parent and timestamps: a plain
+tuple the encoder (`otlp.LeanEncoder`) encodes at export, for every destination alike. Regions are
 emitted at once; a step is held until the next one (`step_timeline.StepTimeline`: late tags and
 events, its siblings, its own time). Every record, sampled out or not, feeds the metrics and
 the run's goodput account (`goodput.RunAccount`), whose slow-step rule tags a step `slow`.
@@ -29,9 +28,7 @@ from itertools import repeat
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import StatusCode
 
 from otel_train import semconv
 from otel_train._distributed import RunInfo
@@ -48,21 +45,20 @@ from otel_train.wire.schema import (KIND_EVENT, KIND_SAMPLE, KIND_SPAN, KIND_STE
                                     W_T1, W_TRUNC, tuple_to_wire)
 
 _log = logging.getLogger("otel_train")
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NO_LOCK = nullcontext()
 
 
 class SpanAssembler:
     """Records in, spans out through `emit`; metrics observed on the way.
 
-    What comes out is a `ReadableSpan`, or with an `encoder` (the lean OTLP/gRPC path) a plain
-    tuple the encoder encodes at export or, for the usual region and step, its encoded bytes
-    already (`fast_path`).
+    What comes out is a plain tuple the encoder encodes at export or, for the usual region and
+    step (`fast` on), its encoded bytes already (`fast_path`).
     """
 
     def __init__(self, run: RunInfo, salt: int, resource: Resource, cleaner: AttributeCleaner,
                  emit: Callable[[list[Any]], None], step_sample: int = 1, metrics: TrainMetrics | None = None,
                  version: str = "", encoder: LeanEncoder | None = None, account: RunAccount | None = None) -> None:
+        encoder = encoder or LeanEncoder(dict(resource.attributes), semconv.SCOPE_NAME, version)
         self.run = run
         self.salt = salt
         self.resource = resource
@@ -70,13 +66,14 @@ class SpanAssembler:
         self.emit = emit
         self.step_sample = step_sample
         self.metrics = metrics
-        self.scope = InstrumentationScope(semconv.SCOPE_NAME, version)
-        self.encoder = encoder  # if set: plain tuples (or bytes) for it, not ReadableSpans
+        self.encoder = encoder
         self.account = account  # goodput and slow steps, fed under the metrics lock (collect reads it)
         self.ids = SpanIds(run, salt)
         self.timeline = StepTimeline()
-        self.fast_path = FastPath(encoder, cleaner, self.ids, self.sampled) if encoder is not None else None
-        self.fast = encoder is not None  # the fast path may take usual records (tests turn it off)
+        self.fast_path = FastPath(encoder, cleaner, self.ids, self.sampled)
+        #: The fast path may take usual records, which then come out as bytes (off where span
+        #: processors need every span as a tuple, and in tests).
+        self.fast = True
         self.lean_steps = True  # usual step records by the fast path's lean form (tests turn it off)
         self._windows: dict[str, tuple[Any, list[Any]]] = {}
         self.spans_built = 0
@@ -265,32 +262,20 @@ class SpanAssembler:
         return step_n is None or self.step_sample == 1 or step_n % self.step_sample == 0
 
     def _build(self, name: str, trace_id: int, span_id: int, parent_id: int | None, parent_remote: bool,
-               wire: tuple[Any, ...], attrs: dict[str, Any], events: Any, links: Any) -> Any:
-        """A `ReadableSpan`, or in lean mode the plain tuple `otlp.LeanEncoder` encodes."""
+               wire: tuple[Any, ...], attrs: dict[str, Any], events: Any, links: Any) -> tuple[Any, ...]:
+        """The plain tuple `otlp.LeanEncoder` encodes (`pipeline.readable_span` makes a
+        `ReadableSpan` of it where the user installed span processors). A span that ended by an
+        exception, or was force-ended by a signal or an uncaught exception, has status ERROR and
+        an `exception` event at its end, so the backend shows where the rank stopped."""
         if wire[W_TRUNC]:
             attrs[semconv.TRUNCATED] = True
         error = wire[W_ERROR]
+        events = [(n, t, self.cleaner.clean(n, a)) for n, t, a in events] if events else None
         if error:
             attrs[semconv.ERROR_TYPE] = error
-        link_ids = self._link_ids(links)
-        if self.encoder is not None:
-            return (name, trace_id, span_id, parent_id, parent_remote, wire[W_T0], wire[W_T1], attrs,
-                    [(n, t, self.cleaner.clean(n, a)) for n, t, a in events] if events else None,
-                    link_ids, StatusCode.ERROR.value if error else 0, error)
-        return ReadableSpan(
-            name=name,
-            context=SpanContext(trace_id, span_id, False, _SAMPLED),
-            parent=SpanContext(trace_id, parent_id, parent_remote, _SAMPLED) if parent_id else None,
-            resource=self.resource,
-            attributes=attrs,
-            events=[Event(n, self.cleaner.clean(n, a), t) for n, t, a in events] if events else (),
-            links=[Link(SpanContext(t, s, True, _SAMPLED)) for t, s in link_ids],
-            kind=SpanKind.INTERNAL,
-            status=Status(StatusCode.ERROR, error) if error else Status(StatusCode.UNSET),
-            start_time=wire[W_T0],
-            end_time=wire[W_T1],
-            instrumentation_scope=self.scope,
-        )
+            events = [*(events or ()), (semconv.EVENT_EXCEPTION, wire[W_T1], {semconv.EXCEPTION_TYPE: error})]
+        return (name, trace_id, span_id, parent_id, parent_remote, wire[W_T0], wire[W_T1], attrs, events,
+                self._link_ids(links), StatusCode.ERROR.value if error else 0, error)
 
     def _link_ids(self, carriers: Any) -> list[tuple[int, int]]:
         if not carriers:

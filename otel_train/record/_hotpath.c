@@ -92,11 +92,12 @@ mod_leave(PyObject *module, PyObject *region)
 static PyObject *
 mod_bind_steps(PyObject *module, PyObject *args)
 {
-    PyObject *kind_step, *reopened;
-    if (!PyArg_UnpackTuple(args, "bind_steps", 2, 2, &kind_step, &reopened))
+    PyObject *kind_step, *reopened, *step_number = NULL;
+    if (!PyArg_UnpackTuple(args, "bind_steps", 2, 3, &kind_step, &reopened, &step_number))
         return NULL;
     Py_XSETREF(g_kind_step, Py_NewRef(kind_step));
     Py_XSETREF(g_reopened, Py_NewRef(reopened));
+    Py_XSETREF(g_step_number, step_number != NULL ? Py_NewRef(step_number) : NULL);
     Py_RETURN_NONE;
 }
 
@@ -107,7 +108,7 @@ mod_unpack(PyObject *module, PyObject *args)
 }
 
 static PyMethodDef mod_methods[] = {
-    {"bind_steps", mod_bind_steps, METH_VARARGS, "bind_steps(kind_step, reopened)"},
+    {"bind_steps", mod_bind_steps, METH_VARARGS, "bind_steps(kind_step, reopened, step_number=None)"},
     {"step", (PyCFunction)(void (*)(void))mod_step, METH_FASTCALL | METH_KEYWORDS,
      "step(n=None, epoch=None, **attrs)\n--\n\nMark one training step: `with otel_train.step(n):` "
      "(n defaults to the previous step + 1)."},

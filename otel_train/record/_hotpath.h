@@ -31,6 +31,7 @@ static PyObject *g_aexit;      /* async (region, exc_type, exc, tb) -> None */
 static PyObject *g_rec;        /* the RecorderBase in force, or NULL */
 static PyObject *g_kind_step;  /* KIND_STEP */
 static PyObject *g_reopened;   /* (new step, recorder): says so and closes the step still open */
+static PyObject *g_step_number; /* (n, next step): a valid step number for an `n` that is not one */
 
 #if defined(_MSC_VER)
 #define THREAD_LOCAL __declspec(thread)

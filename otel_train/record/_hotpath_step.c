@@ -119,6 +119,17 @@ close_step(RecorderObject *rec, StepObject *step, PyObject *t1, PyObject *exc_ty
     return append_record(rec, record);
 }
 
+/* Whether `n` is a step number as it must be: an int from 0 to 2**63 - 1 (a bool is not one). */
+static int
+step_number_ok(PyObject *n)
+{
+    if (!PyLong_CheckExact(n))
+        return 0;
+    int overflow;
+    long long value = PyLong_AsLongLongAndOverflow(n, &overflow);
+    return !overflow && value >= 0;
+}
+
 static PyObject *
 step_enter(StepObject *self)
 {
@@ -137,6 +148,16 @@ step_enter(StepObject *self)
     }
     if (self->n == NULL || self->n == Py_None)
         Py_XSETREF(self->n, Py_NewRef(rec->next_step));
+    else if (!step_number_ok(self->n)) {  /* `step("5")`, `step(-1)`, `step(1.5)`: said, and made valid */
+        if (g_step_number == NULL) {
+            PyErr_SetString(PyExc_TypeError, "otel_train.step(n): n must be an integer >= 0");
+            return NULL;
+        }
+        PyObject *fixed = PyObject_CallFunctionObjArgs(g_step_number, self->n, rec->next_step, NULL);
+        if (fixed == NULL)
+            return NULL;
+        Py_XSETREF(self->n, fixed);
+    }
     PyObject *next = PyNumber_Add(self->n, s_one);
     if (next == NULL)
         return NULL;

@@ -35,6 +35,7 @@ import functools
 import inspect
 import itertools
 import logging
+import numbers
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -270,6 +271,8 @@ class _PyStep:
             _reopened(self, r)
         if self.n is None:
             self.n = r.next_step
+        elif type(self.n) is not int or not 0 <= self.n <= _STEP_MAX:
+            self.n = step_number(self.n, r.next_step)
         r.next_step = self.n + 1
         self.seq = next(seq)
         self.ref = (self.n, self.seq)  # what a region records of the step it ran in
@@ -298,6 +301,36 @@ def _reopened(step: Any, r: Recorder) -> None:
     r.step.__exit__(None, None, None)
 
 
+_STEP_MAX = (1 << 63) - 1
+_said_steps: set[str] = set()
+
+
+def step_number(n: Any, next_step: int) -> int:
+    """A valid step number for an `n` given to `otel_train.step(n)` that is not an int from 0 to
+    2**63 - 1: the same number where it plainly is one ("5", 5.0, a numpy integer), else the
+    previous step + 1. Said once per kind of value; never raised into the training loop."""
+    fixed: int | None = None
+    if not isinstance(n, bool):
+        try:
+            if isinstance(n, numbers.Integral) or (isinstance(n, float) and n.is_integer()):
+                fixed = int(n)
+            elif isinstance(n, str) and n.strip().isdigit():
+                fixed = int(n.strip())
+        except (TypeError, ValueError, OverflowError):
+            fixed = None
+    if fixed is not None and not 0 <= fixed <= _STEP_MAX:
+        fixed = None
+    if isinstance(n, numbers.Integral) and fixed is not None and not isinstance(n, bool):
+        return fixed  # a numpy or other integer type: the same number, nothing to say
+    problem = "" if fixed is not None else "/negative" if isinstance(n, (int, float)) and n < 0 else "/invalid"
+    key = type(n).__name__ + problem
+    if key not in _said_steps:
+        _said_steps.add(key)
+        used = f"using {fixed}" if fixed is not None else f"using {next_step} (the previous step + 1)"
+        _log.warning("otel_train: step(%r): a step number is an integer from 0 to 2**63-1; %s.", n, used)
+    return fixed if fixed is not None else next_step
+
+
 def _py_new_step(n: int | None = None, epoch: int | None = None, **attrs: Any) -> _PyStep:
     """Mark one training step: `with otel_train.step(n):` (n defaults to the previous step + 1)."""
     return _PyStep(n, epoch, attrs or None)
@@ -322,7 +355,7 @@ if _hotpath is not None:
     Step: type = _hotpath.Step
     After: type = _hotpath.After
     _hotpath.bind(_current, NO_STEP, KIND_SPAN, _auto_init, _decorate, _aenter, _aexit)
-    _hotpath.bind_steps(KIND_STEP, _reopened)
+    _hotpath.bind_steps(KIND_STEP, _reopened, step_number)
     #: `otel_train.step(n=None, epoch=None, **attrs)`
     new_step: Callable[..., Any] = _hotpath.step
     #: `close_step(recorder, step, t1, exc_type)`: end the open step at `t1`, append its record.
@@ -401,11 +434,23 @@ def set_span_target(target: Any) -> None:
         _py_span_target = None if target is None or target is Region else _PyOff if target is NOOP else target
 
 
+_said_outside: set[str] = set()
+
+
+def _outside(what: str) -> None:
+    """`tag()` / `event()` with no step to go to: said once for each, then dropped quietly."""
+    if what not in _said_outside:
+        _said_outside.add(what)
+        _log.warning("otel_train: %s() outside any step (and, for event(), any span) has nowhere to go; it is "
+                     "dropped. Call it inside `with otel_train.step():`, or right after a step to note that step.",
+                     what)
+
+
 def tag(name: str) -> None:
     """Tag the open step, or the step just ended when called between steps."""
-    r = _rec
+    r = _rec if _rec is not None else auto_init()
     if r is None:
-        return
+        return  # disabled, shut down, or a DataLoader worker: nothing is recorded
     step = r.step
     if isinstance(step, Step):
         if step.tags is None:
@@ -415,12 +460,12 @@ def tag(name: str) -> None:
     elif isinstance(step, After):
         r.append((KIND_TAG, step.step.ref, name))
     else:
-        _log.debug("otel_train: tag(%r) before the first step is ignored", name)
+        _outside("tag")
 
 
 def event(name: str, attrs: Mapping[str, Any] | None) -> None:
     """An instant on the innermost open region, else the open step, else the step just ended."""
-    r = _rec
+    r = _rec if _rec is not None else auto_init()
     if r is None:
         return
     t = r.now()
@@ -437,7 +482,7 @@ def event(name: str, attrs: Mapping[str, Any] | None) -> None:
     elif isinstance(r.step, After):
         r.append((KIND_EVENT, r.step.step.ref, payload))
     else:
-        _log.warning("otel_train: event(%r) outside any span or step has nowhere to go; it is dropped.", name)
+        _outside("event")
 
 
 def link(carrier: Any) -> None:

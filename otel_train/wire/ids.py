@@ -1,8 +1,9 @@
 """The ids every rank agrees on with no communication, and how they travel (W3C trace context).
 
 - A step's **trace id** is derived from `(run id, step)`: every rank's spans for step N land in
-  one trace. A rank's **step span id** from `(run id, step, rank, restart)`: rank 0's is the
-  root of the step's trace, and the other ranks' step spans are its children.
+  one trace. A rank's **step span id** from `(run id, launch, step, rank, restart)`: rank 0's
+  is the root of the step's trace, and the other ranks' step spans are its children; the
+  launch (`_distributed.launch_id`) keeps a rerun under the same run id from repeating them.
 - A **region's span id** from the process's random salt and the region's sequence number
   (`region_wire_id`), so the worker (or `inject()`) can name a span before it has ended. The
   exporter computes one or two per span: its fast path (`export/fast_path.py`) writes the rule
@@ -32,9 +33,9 @@ def _trace_hasher(run_id: str) -> Any:
     return _hasher(f"otel_train/trace/{run_id}/", 16)
 
 
-def _step_hasher(run_id: str) -> Any:
-    """The same for the step span ids of `run_id`."""
-    return _hasher(f"otel_train/step/{run_id}/", 8)
+def _step_hasher(run_id: str, launch: str = "") -> Any:
+    """The same for the step span ids of `run_id`'s launch `launch` (`RunInfo.launch`)."""
+    return _hasher(f"otel_train/step/{run_id}/" + (f"{launch}/" if launch else ""), 8)
 
 
 def _digest(prefix: Any, rest: str) -> bytes:
@@ -53,9 +54,10 @@ def trace_id_for(run_id: str, step: int | None) -> int:
     return _id_int(_digest(_trace_hasher(run_id), "init" if step is None else str(step)))
 
 
-def step_span_id(run_id: str, step: int, rank: int, restart: int = 0) -> int:
-    """Span id of rank `rank`'s `train.step` span; rank 0's is the root of the step's trace."""
-    return _id_int(_digest(_step_hasher(run_id), f"{step}/{rank}/{restart}"))
+def step_span_id(run_id: str, step: int, rank: int, restart: int = 0, launch: str = "") -> int:
+    """Span id of rank `rank`'s `train.step` span; rank 0's is the root of the step's trace.
+    `launch` (shared by the ranks of one launch) keeps two launches of one run id apart."""
+    return _id_int(_digest(_step_hasher(run_id, launch), f"{step}/{rank}/{restart}"))
 
 
 _ZERO16, _ZERO8 = bytes(16), bytes(8)
@@ -67,9 +69,9 @@ class StepIds:
     prefix states are looked up once here, not per call. Returns None for the all-zero digest
     that the int forms map to 1 (never seen: one in 2**64)."""
 
-    def __init__(self, run_id: str, rank: int, restart: int = 0) -> None:
+    def __init__(self, run_id: str, rank: int, restart: int = 0, launch: str = "") -> None:
         self._trace = _trace_hasher(run_id)
-        self._step = _step_hasher(run_id)
+        self._step = _step_hasher(run_id, launch)
         self._suffix = f"/{rank}/{restart}"
 
     def trace(self, step: int) -> bytes | None:

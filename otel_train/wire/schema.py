@@ -45,7 +45,14 @@ NO_STEP = (None, None)
 
 
 class Truncated:
-    """Put in a record's `exc` when shutdown force-ends it: the span gets `otel_train.truncated`."""
+    """Put in a record's `exc` when shutdown force-ends it: the span gets `otel_train.truncated`.
+
+    The class itself: a normal exit with the span still open. An instance names why the process
+    is stopping (`reason`: "SIGTERM", or the uncaught exception's type): the span also gets
+    status ERROR, so the backend shows where the rank stopped."""
+
+    def __init__(self, reason: str | None = None) -> None:
+        self.reason = reason
 
 
 # The wire tuple's fields: kind, name, seq, parent_seq, step_n, step_seq, t0_wall_ns, t1_wall_ns,
@@ -67,6 +74,8 @@ def error_of(exc: Any) -> tuple[str | None, bool]:
         return None, False
     if exc is Truncated:
         return None, True
+    if isinstance(exc, Truncated):
+        return exc.reason, True
     if isinstance(exc, str):  # the exception class's name, as the exporter process receives it
         return exc, False
     return exc.__name__, False

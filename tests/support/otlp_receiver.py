@@ -19,7 +19,17 @@ headers / gRPC metadata, so a test can check e.g. that
 values; ``wait_for_spans()`` / ``wait_for_metrics()`` block (on a
 ``threading.Condition``) until the expected data shows up.
 
-Two helpers cover failure modes of a collector:
+Faults a collector can have, for the fault suite (tests/test_faults.py):
+
+* ``Fault`` / ``inject()``: answer the next trace requests with a gRPC status (with or without
+  ``RetryInfo``) or an HTTP status (with ``Retry-After``), and/or after a delay; a refused
+  request is recorded in ``refused``, never among the received;
+* ``OTLPReceiver(tls=..., token=...)``: serve over TLS (``support.tls`` makes a CA and a
+  certificate for 127.0.0.1) and refuse a request without ``authorization: Bearer <token>``
+  (UNAUTHENTICATED / 401);
+* ``close()`` then ``start()`` again: down and back on the same ports (a collector restart).
+
+Two more helpers cover a collector that is not there at all:
 
 * ``BlackHoleListener`` accepts TCP connections and never reads or answers
   (a "black-holed" collector that makes exporters hang until their timeout);
@@ -114,6 +124,20 @@ class ReceivedRequest:
     def has_headers(self, expected: Mapping[str, str]) -> bool:
         """True when every ``expected`` header arrived (names case-insensitive)."""
         return all(self.headers.get(k.lower()) == v for k, v in expected.items())
+
+
+@dataclass
+class Fault:
+    """How to answer trace requests, for `count` of them (None: until `inject([])` clears it)."""
+
+    grpc_code: grpc.StatusCode | None = None
+    http_status: int | None = None
+    retry_after_s: float | None = None  # gRPC RetryInfo / HTTP Retry-After, when given
+    delay_s: float = 0.0  # before answering (a slow collector), refused or not
+    count: int | None = 1
+
+    def refuses(self) -> bool:
+        return self.grpc_code is not None or self.http_status is not None
 
 
 # --------------------------------------------------------------------------- #
@@ -367,7 +391,19 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         self._receiver = receiver
 
     def Export(self, request: Message, context: grpc.ServicerContext) -> Message:  # noqa: N802
-        self._receiver._record(ReceivedRequest("grpc", "traces", _metadata(context), request))
+        headers = _metadata(context)
+        refusal = self._receiver._refusal("grpc", "traces", headers, request)
+        if refusal is not None:
+            code, retry_after_s, details = refusal
+            if retry_after_s is not None:
+                from google.protobuf.duration_pb2 import Duration
+                from google.rpc.error_details_pb2 import RetryInfo
+
+                delay = Duration(seconds=int(retry_after_s), nanos=int(retry_after_s % 1 * 1e9))
+                context.set_trailing_metadata((("google.rpc.retryinfo-bin",
+                                                RetryInfo(retry_delay=delay).SerializeToString()),))
+            context.abort(code, details)
+        self._receiver._record(ReceivedRequest("grpc", "traces", headers, request))
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
@@ -376,7 +412,11 @@ class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):
         self._receiver = receiver
 
     def Export(self, request: Message, context: grpc.ServicerContext) -> Message:  # noqa: N802
-        self._receiver._record(ReceivedRequest("grpc", "metrics", _metadata(context), request))
+        headers = _metadata(context)
+        refusal = self._receiver._refusal("grpc", "metrics", headers, request)
+        if refusal is not None:
+            context.abort(refusal[0], refusal[2])
+        self._receiver._record(ReceivedRequest("grpc", "metrics", headers, request))
         return metrics_service_pb2.ExportMetricsServiceResponse()
 
 
@@ -419,6 +459,12 @@ class _OTLPHTTPHandler(http.server.BaseHTTPRequestHandler):
             self._reply(400, "text/plain", f"bad OTLP request: {exc}".encode())
             return
         headers = {k.lower(): v for k, v in self.headers.items()}
+        refusal = self.server.receiver._refusal("http", signal, headers, message)
+        if refusal is not None:
+            status, retry_after_s, details = refusal
+            self._reply(status, "text/plain", details.encode(),
+                        {"Retry-After": str(int(retry_after_s))} if retry_after_s is not None else None)
+            return
         self.server.receiver._record(
             ReceivedRequest(
                 "http",
@@ -462,8 +508,10 @@ class _OTLPHTTPHandler(http.server.BaseHTTPRequestHandler):
         else:
             self._reply(200, "application/x-protobuf", response.SerializeToString())
 
-    def _reply(self, status: int, content_type: str, body: bytes) -> None:
+    def _reply(self, status: int, content_type: str, body: bytes, extra: Mapping[str, str] | None = None) -> None:
         self.send_response(status)
+        for name, value in (extra or {}).items():
+            self.send_header(name, value)
         if status != 200:  # the body may be unread: do not reuse the connection
             self.close_connection = True
             self.send_header("Connection", "close")
@@ -477,9 +525,15 @@ class _OTLPHTTPServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, receiver: OTLPReceiver) -> None:
-        super().__init__((LOCALHOST, 0), _OTLPHTTPHandler)
+    def __init__(self, receiver: OTLPReceiver, port: int = 0) -> None:
+        super().__init__((LOCALHOST, port), _OTLPHTTPHandler)
         self.receiver = receiver
+        if receiver.tls is not None:
+            import ssl
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(receiver.tls.cert_file, receiver.tls.key_file)
+            self.socket = context.wrap_socket(self.socket, server_side=True)
 
 
 # --------------------------------------------------------------------------- #
@@ -490,14 +544,19 @@ class _OTLPHTTPServer(http.server.ThreadingHTTPServer):
 class OTLPReceiver:
     """In-process OTLP collector (gRPC + HTTP) that records what it receives."""
 
-    def __init__(self, max_workers: int = 8) -> None:
+    def __init__(self, max_workers: int = 8, tls: Any = None, token: str | None = None) -> None:
         self._max_workers = max_workers
+        self.tls = tls  # `support.tls.TlsMaterial`: serve over TLS with its certificate
+        self.token = token  # refuse requests without `authorization: Bearer <token>`
         self._cond = threading.Condition(threading.RLock())
         self._requests: list[ReceivedRequest] = []
+        self.refused: list[tuple[str, str, str]] = []  # (transport, signal, reason) of every refused request
+        self._faults: list[Fault] = []
         self._grpc_server: grpc.Server | None = None
         self._http_server: _OTLPHTTPServer | None = None
         self._http_thread: threading.Thread | None = None
         self._grpc_port: int | None = None
+        self._http_port_fixed: int = 0  # after the first start: the same ports again (a restart)
 
     # -- lifecycle ---------------------------------------------------------- #
 
@@ -517,14 +576,20 @@ class OTLPReceiver:
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(self), server)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_MetricsService(self), server)
         logs_service_pb2_grpc.add_LogsServiceServicer_to_server(_LogsService(self), server)
-        port = server.add_insecure_port(f"{LOCALHOST}:0")
+        address = f"{LOCALHOST}:{self._grpc_port or 0}"
+        if self.tls is not None:
+            credentials = grpc.ssl_server_credentials([(self.tls.key_pem, self.tls.cert_pem)])
+            port = server.add_secure_port(address, credentials)
+        else:
+            port = server.add_insecure_port(address)
         if port == 0:
             raise RuntimeError("could not bind the OTLP gRPC server")
         server.start()
         self._grpc_server, self._grpc_port = server, port
 
     def _start_http(self) -> None:
-        server = _OTLPHTTPServer(self)
+        server = _OTLPHTTPServer(self, self._http_port_fixed)
+        self._http_port_fixed = int(server.server_address[1])
         thread = threading.Thread(
             target=server.serve_forever,
             kwargs={"poll_interval": 0.1},
@@ -570,12 +635,61 @@ class OTLPReceiver:
         return int(self._http_server.server_address[1])
 
     @property
+    def scheme(self) -> str:
+        return "https" if self.tls is not None else "http"
+
+    @property
     def grpc_endpoint(self) -> str:
-        return f"http://{LOCALHOST}:{self.grpc_port}"
+        return f"{self.scheme}://{LOCALHOST}:{self._grpc_port or self.grpc_port}"
 
     @property
     def http_endpoint(self) -> str:
-        return f"http://{LOCALHOST}:{self.http_port}"
+        return f"{self.scheme}://{LOCALHOST}:{self._http_port_fixed or self.http_port}"
+
+    # -- faults ------------------------------------------------------------- #
+
+    def inject(self, faults: list[Fault]) -> None:
+        """Answer the coming trace requests as `faults` say, in order (an empty list: normally)."""
+        with self._cond:
+            self._faults = list(faults)
+
+    def _refusal(self, transport: str, signal: str, headers: Mapping[str, str],
+                 message: Message) -> tuple[Any, float | None, str] | None:
+        """(gRPC code or HTTP status, retry delay, details) to refuse a request with, or None.
+        The bearer token first; then, for traces, the next injected fault (delays included)."""
+        if self.token is not None and headers.get("authorization") != f"Bearer {self.token}":
+            with self._cond:
+                self.refused.append((transport, signal, "unauthenticated"))
+            return (grpc.StatusCode.UNAUTHENTICATED if transport == "grpc" else 401), None, "missing or wrong token"
+        if signal != "traces":
+            return None
+        with self._cond:
+            fault = self._faults[0] if self._faults else None
+            if fault is not None and fault.count is not None:
+                fault.count -= 1
+                if fault.count <= 0:
+                    self._faults.pop(0)
+        if fault is None:
+            return None
+        if fault.delay_s:
+            import time
+
+            time.sleep(fault.delay_s)
+        if not fault.refuses():
+            return None
+        code: Any = fault.grpc_code if transport == "grpc" else fault.http_status
+        if code is None:  # a fault for the other transport: this one answers normally
+            return None
+        with self._cond:
+            self.refused.append((transport, signal, str(getattr(code, "name", code))))
+            self._cond.notify_all()
+        return code, fault.retry_after_s, "injected by the test"
+
+    def wait_for_refusals(self, count: int, timeout: float = 30.0) -> int:
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self.refused) >= count, timeout=timeout):
+                raise TimeoutError(f"waited {timeout:.1f}s for {count} refusals, got {len(self.refused)}")
+            return len(self.refused)
 
     # -- recording ---------------------------------------------------------- #
 

@@ -1,0 +1,120 @@
+"""`otel-train bench startup`: what the first steps of a run pay for otel_train's start.
+
+Each round runs two fresh processes, in alternating order: a plain loop of `--steps` steps of
+fixed CPU work (about `--step-ms` each, calibrated once), and the same loop after
+`otel_train.init()` with each step in `otel_train.step()` and a `train.forward` span (the
+embedded default: files). What the instrumented process pays at start is `init()` itself (on
+the training thread, before the loop) and whatever the exporter process's start takes from the
+loop's CPU while it imports and builds its pipeline. Printed: `init()`'s time, each step's
+median time over the rounds, plain and instrumented, the first steps' total, the training
+thread's own CPU time over them (what it did itself, which a loaded machine does not blur) and
+when the exporter process said it was ready (seconds after `init()` returned).
+
+Wall-clock figures: run it on a quiet machine (issue 26 item 6 measured 190-946 ms first steps
+against 25 ms when the exporter started on the training thread's time).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+
+CHILD = textwrap.dedent("""
+    import json, sys, threading, time
+    mode, steps, work = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+
+    def step_work():
+        total = 0
+        for i in range(work):
+            total += i * i
+        return total
+
+    t0 = time.perf_counter()
+    init_s, ready = 0.0, []
+    if mode == "instrumented":
+        import otel_train
+        from otel_train import _runtime
+        otel_train.init()
+        init_s = time.perf_counter() - t0
+        started = time.perf_counter()
+        sink = _runtime.state().worker.sink
+        if hasattr(sink, "ready"):
+            def wait_ready():
+                ready.append(time.perf_counter() - started if sink.ready.wait(120) else None)
+            threading.Thread(target=wait_ready, daemon=True).start()
+    times, cpu = [], []
+    for n in range(steps):
+        begin, begin_cpu = time.perf_counter(), time.thread_time()
+        if mode == "instrumented":
+            with otel_train.step():
+                with otel_train.span("train.forward"):
+                    step_work()
+        else:
+            step_work()
+        times.append(time.perf_counter() - begin)
+        cpu.append(time.thread_time() - begin_cpu)
+    if mode == "instrumented":
+        deadline = time.perf_counter() + 60
+        while not ready and time.perf_counter() < deadline:
+            time.sleep(0.01)
+    print("RESULT " + json.dumps({"init_s": init_s, "steps": times, "cpu": cpu, "ready_s": ready[0] if ready else None}))
+""")
+
+
+def _calibrate(step_ms: float) -> int:
+    """Loop iterations that take about `step_ms` here (the best of a few tries)."""
+    work = 100_000
+    best = min(_time_work(work) for _ in range(5))
+    return max(1000, int(work * step_ms / 1000.0 / best))
+
+
+def _time_work(work: int) -> float:
+    begin = time.perf_counter()
+    total = 0
+    for i in range(work):
+        total += i * i
+    return time.perf_counter() - begin
+
+
+def _child(mode: str, steps: int, work: int, out_dir: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["OTEL_TRAIN_OUTPUT_DIR"] = out_dir
+    proc = subprocess.run([sys.executable, "-c", CHILD, mode, str(steps), str(work)], env=env,
+                          capture_output=True, text=True, timeout=300, check=True)
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
+    return json.loads(line[7:])
+
+
+def run_startup(steps: int, step_ms: float, rounds: int) -> dict[str, float]:
+    import tempfile
+
+    work = _calibrate(step_ms)
+    runs: dict[str, list[dict]] = {"plain": [], "instrumented": []}
+    with tempfile.TemporaryDirectory() as out_dir:
+        for r in range(rounds):
+            order = ("plain", "instrumented") if r % 2 == 0 else ("instrumented", "plain")
+            for mode in order:
+                runs[mode].append(_child(mode, steps, work, out_dir))
+    figures: dict[str, float] = {}
+    for mode, results in runs.items():
+        per_step = [statistics.median(r["steps"][n] for r in results) for n in range(steps)]
+        for n, value in enumerate(per_step):
+            figures[f"{mode}.step{n}_ms"] = value * 1000
+        figures[f"{mode}.first{steps}_total_ms"] = statistics.median(sum(r["steps"]) for r in results) * 1000
+        # The training thread's own CPU time: what it does itself, whatever else the machine runs.
+        figures[f"{mode}.first{steps}_thread_cpu_ms"] = statistics.median(sum(r["cpu"]) for r in results) * 1000
+    figures["instrumented.import_and_init_ms"] = statistics.median(r["init_s"] for r in runs["instrumented"]) * 1000
+    ready = [r["ready_s"] for r in runs["instrumented"] if r["ready_s"] is not None]
+    if ready:
+        figures["instrumented.exporter_ready_after_init_s"] = statistics.median(ready)
+    figures[f"ratio.first{steps}_total"] = (figures[f"instrumented.first{steps}_total_ms"]
+                                           / figures[f"plain.first{steps}_total_ms"])
+    figures[f"ratio.first{steps}_thread_cpu"] = (figures[f"instrumented.first{steps}_thread_cpu_ms"]
+                                                / figures[f"plain.first{steps}_thread_cpu_ms"])
+    figures["rounds"] = rounds
+    return figures
