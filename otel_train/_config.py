@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_train import semconv
+from otel_train.wire import sampling
 
 _log = logging.getLogger("otel_train")
 
@@ -114,6 +115,13 @@ def _exporter(value: Any) -> str:
     raise _Invalid("expected one of auto, otlp, file, console, none")
 
 
+def _ranks(value: Any) -> str:
+    try:
+        return sampling.parse_ranks(value)
+    except ValueError as err:
+        raise _Invalid(str(err)) from None
+
+
 def _device_timing(value: Any) -> str:
     if isinstance(value, bool):
         return "auto" if value else "off"
@@ -159,6 +167,10 @@ class Config:
     """OTEL_TRAIN_DEVICE_TIMING: auto (device events when the model is on an accelerator) or off."""
     step_sample: int = 1
     """OTEL_TRAIN_STEP_SAMPLE: export the spans of every Nth step (metrics always see every step)."""
+    ranks: str = sampling.DEFAULT
+    """OTEL_TRAIN_RANKS: whose phase spans are exported: all, a rank list (0 or 0,8,16),
+    first-per-node, or sample:K (K ranks a step, rotating). Step spans, their checkpoint / eval /
+    GC siblings and metrics stay on for every rank (`wire/sampling.py`, docs/distributed.md)."""
     buffer_size: int = 65536
     """OTEL_TRAIN_BUFFER_SIZE: records the hot-path buffer holds before dropping the oldest."""
     export_mode: str = "process"
@@ -275,6 +287,7 @@ _SPECS: dict[str, _Spec] = {
     "output_dir": _Spec((semconv.ENV_OUTPUT_DIR,), _text),
     "device_timing": _Spec((semconv.ENV_DEVICE_TIMING,), _device_timing),
     "step_sample": _Spec((semconv.ENV_STEP_SAMPLE,), _int_at_least(1)),
+    "ranks": _Spec((semconv.ENV_RANKS,), _ranks),
     "buffer_size": _Spec((semconv.ENV_BUFFER_SIZE,), _int_at_least(64)),
     "export_mode": _Spec((semconv.ENV_EXPORT_MODE,), _one_of("process", "thread")),
     "exporter_priority": _Spec((semconv.ENV_EXPORTER_PRIORITY,), _one_of("low", "idle", "normal")),

@@ -49,6 +49,9 @@ COMM_BYTES: Final = "comm.bytes"
 COMM_GROUP_SIZE: Final = "comm.group_size"
 INFER_BATCH_SIZE: Final = "infer.batch_size"
 INFER_SAMPLES: Final = "infer.samples"
+#: On `pipeline.dispatch_wait`: samples the wait delivered, and samples left in the trainer's pool.
+PIPELINE_SAMPLES: Final = "pipeline.samples"
+PIPELINE_POOL_SIZE: Final = "pipeline.pool.size"
 TRUNCATED: Final = "otel_train.truncated"
 #: Private keys of the wire's device dict (W_DEV), never span attributes: where the device
 #: started / finished a region, as ns relative to its host start / end (device time mapped to
@@ -62,6 +65,8 @@ ERROR_TYPE: Final = "error.type"
 TAG_CHECKPOINT: Final = "checkpoint"
 TAG_EVAL: Final = "eval"
 TAG_GC: Final = "gc"
+#: A step an earlier attempt of the run already ran (after an elastic restart, `export/restarts.py`).
+TAG_REDONE: Final = "redone"
 
 # --- resource attributes (CONVENTIONS.md §4, "Resource") -----------------------------
 SERVICE_NAME: Final = "service.name"
@@ -93,6 +98,8 @@ METRIC_INFER_CAPACITY: Final = "infer.capacity"
 METRIC_TRAIN_CAPACITY: Final = "train.capacity"
 METRIC_DISPATCH_WAIT: Final = "pipeline.dispatch_wait"
 METRIC_POOL_SIZE: Final = "pipeline.pool.size"
+#: Realised throughput of a trainer fed by actors: samples consumed per second of its step time.
+METRIC_PIPELINE_THROUGHPUT: Final = "pipeline.throughput"
 METRIC_SPANS_DROPPED: Final = "otel_train.spans.dropped"
 #: Attribute on phase metrics naming the phase (the span name).
 METRIC_ATTR_PHASE: Final = "phase"
@@ -107,6 +114,7 @@ ENV_RUN_ID: Final = "OTEL_TRAIN_RUN_ID"
 ENV_OUTPUT_DIR: Final = "OTEL_TRAIN_OUTPUT_DIR"
 ENV_DEVICE_TIMING: Final = "OTEL_TRAIN_DEVICE_TIMING"
 ENV_STEP_SAMPLE: Final = "OTEL_TRAIN_STEP_SAMPLE"
+ENV_RANKS: Final = "OTEL_TRAIN_RANKS"
 ENV_BUFFER_SIZE: Final = "OTEL_TRAIN_BUFFER_SIZE"
 ENV_EXPORT_MODE: Final = "OTEL_TRAIN_EXPORT_MODE"
 ENV_EXPORTER_PRIORITY: Final = "OTEL_TRAIN_EXPORTER_PRIORITY"

@@ -3,8 +3,9 @@
 - `otlp`: the OpenTelemetry OTLP exporters (gRPC or HTTP/protobuf) to a collector, Jaeger or Tempo.
 - `file` (the embedded default when no endpoint is set): OTLP JSON, one export request per
   line, one file per rank under `<output dir>/<run id>/` — `traces-rank<R>.jsonl` and
-  `metrics-rank<R>.jsonl` (`otlp_json`), the format of the OpenTelemetry Collector's file
-  exporter, which `otlp_json.read_spans` (and the CLI) read back.
+  `metrics-rank<R>.jsonl` (an inference actor's: `traces-inference-<id>.jsonl`, `process_label`;
+  `otlp_json`), the format of the OpenTelemetry Collector's file exporter, which
+  `otlp_json.read_spans` (and the CLI) read back.
 - `console`, `none`.
 
 Which one (`exporter_kinds`) is decided here once, for traces and metrics alike.
@@ -20,6 +21,7 @@ from typing import Any
 from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from otel_train import semconv
 from otel_train._config import Config
 from otel_train._distributed import RunInfo
 from otel_train.export.otlp_json import FileMetricExporter, FileSpanExporter
@@ -31,12 +33,20 @@ def run_dir(cfg: Config, run: RunInfo) -> Path:
     return Path(cfg.output_dir) / run.run_id
 
 
+def process_label(run: RunInfo) -> str:
+    """What names a process's files: `rank<R>` for a trainer; `<role>-<instance>` for another
+    role (an inference actor has no rank of its own, and several may share a run directory)."""
+    if run.role == semconv.ROLE_TRAINER:
+        return f"rank{run.rank}"
+    return f"{run.role}-{run.instance_id.replace('-', '')[:12]}"
+
+
 def traces_path(cfg: Config, run: RunInfo) -> Path:
-    return run_dir(cfg, run) / f"traces-rank{run.rank}.jsonl"
+    return run_dir(cfg, run) / f"traces-{process_label(run)}.jsonl"
 
 
 def metrics_path(cfg: Config, run: RunInfo) -> Path:
-    return run_dir(cfg, run) / f"metrics-rank{run.rank}.jsonl"
+    return run_dir(cfg, run) / f"metrics-{process_label(run)}.jsonl"
 
 
 def effective_exporter(choice: str, endpoint: str | None) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 from otel_train import semconv
 from otel_train.export.attributes import SCALARS, AttributeCleaner
+from otel_train.export.pipeline_metrics import PIPELINE_SPANS
 from otel_train.export.otlp import (KIND_INTERNAL, REGION_HEAD, REGION_HEAD_PARENT, REGION_PREFIXES,
                                     REGION_PREFIXES_MAX, TAIL_LOCAL, LeanEncoder, region_prefix)
 from otel_train.export.span_ids import SpanIds
@@ -36,7 +37,8 @@ _CACHE_MAX = 4096  # bodies, steps and attribute fields remembered; each cache i
 _NO_STEP_YET = object()  # `regions_python` before its first region: equal to no step number
 
 #: What the fast path keeps of a step: its trace id field, the step span's id (wire form), the
-#: encoded `train.step` attribute, whether the step is sampled, and the step span's parent id
+#: encoded `train.step` attribute, whether this rank's phase spans of the step are sampled
+#: (`wire/sampling.py`), and the step span's parent id
 #: (rank 0's step span, wire form; None on rank 0).
 StepFields = tuple[bytes, int | None, bytes, bool, int | None]
 
@@ -147,8 +149,8 @@ class FastPath:
     def body(self, name: str, attrs: Mapping[Any, Any] | None) -> bytes | None:
         """A fast region's name field and user attribute fields, cached in `bodies` when it has
         none or one attribute; None sends the record the general way."""
-        if name in SIBLING_TAGS:
-            return None
+        if name in SIBLING_TAGS or name in PIPELINE_SPANS:
+            return None  # the general path: a step's tag; the pipeline metrics read their attributes
         bodies = self.bodies
         if len(bodies) >= _CACHE_MAX:
             bodies.clear()
@@ -198,7 +200,7 @@ class FastPath:
             self.steps.clear()
         ids = self.ids
         if step_n is None:
-            found: StepFields = (LeanEncoder.trace_field(ids.trace(None)), None, b"", True, None)
+            found: StepFields = (LeanEncoder.trace_field(ids.trace(None)), None, b"", self.sampled(None), None)
         else:
             root = None if ids.run.rank == 0 else ids.root_step(step_n)
             root_wire = wire_id(root) if root else None

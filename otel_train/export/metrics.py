@@ -32,6 +32,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_train import semconv
+from otel_train.export.pipeline_metrics import PipelineMetrics
 
 _log = logging.getLogger("otel_train")
 
@@ -211,6 +212,8 @@ class TrainMetrics:
                                         "Samples per second of step time")
         self.dropped = _Counter(semconv.METRIC_SPANS_DROPPED, "{span}", "Records otel_train had to drop",
                                 count, start)
+        #: infer.capacity, train.capacity, pipeline.throughput, pipeline.pool.size (`pipeline_metrics`).
+        self.pipeline = PipelineMetrics(self.lock, time_ns)
         # Registered last: a reader may collect (on its own thread) as soon as it has a callback.
         if exporter is not None:
             readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=interval_ms))
@@ -280,6 +283,7 @@ class TrainMetrics:
             metrics = [h.collect(reader, delta_histograms, now) for h in self._histograms]
             metrics += [g.collect(now) for g in (self.tokens_per_s, self.samples_per_s)]
             metrics.append(self.dropped.collect(reader, delta_counters, now))
+            metrics += self.pipeline.collect(now)
         scope = ScopeMetrics(self.scope, [m for m in metrics if m is not None], "")
         return MetricsData([ResourceMetrics(self.resource, [scope], "")])
 

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from otel_train import semconv
 from otel_train._config import Config
 from otel_train._distributed import RunInfo
-from otel_train.export import fast_path
+from otel_train.export import fast_path, restarts
 from otel_train.export.attributes import AttributeCleaner
 from otel_train.export.exporters import build_metric_exporter, build_span_exporter
 from otel_train.export.metrics import TrainMetrics
@@ -69,7 +69,10 @@ class ExportPipeline:
             self.encoder = LeanEncoder(self.resource.attributes, semconv.SCOPE_NAME, setup["version"])
         self.assembler = SpanAssembler(self.run, setup["salt"], self.resource,
                                        AttributeCleaner(self.cfg.attribute_value_limit), self._emit,
-                                       self.cfg.step_sample, self.metrics, setup["version"], self.encoder)
+                                       self.cfg.step_sample, self.metrics, setup["version"], self.encoder,
+                                       self.cfg.ranks)
+        if restarts.may_restart(self.run):
+            self.assembler.progress = restarts.RestartProgress(self.run, restarts.progress_dir(self.run.run_id))
         self.received = 0
         self.exported = 0
         self.failed = 0
@@ -87,6 +90,7 @@ class ExportPipeline:
             else:
                 self.assembler.feed_raw(records, offset)
         self.metrics.set_dropped({**dropped, "export_failed": self.failed})
+        self._note_progress()
         if export:
             self._export_pending(None)
 
@@ -101,6 +105,12 @@ class ExportPipeline:
             return
         self.received += self.assembler.feed_packed(slots, side, strings, offset)
         self.metrics.set_dropped({**dropped, "export_failed": self.failed})
+        self._note_progress()
+
+    def _note_progress(self) -> None:
+        """The restart marker, where the run may restart (`restarts.py`): once per drain."""
+        if self.assembler.progress is not None:
+            self.assembler.progress.flush()
 
     def export_pending(self) -> None:
         self._export_pending(None)
@@ -114,6 +124,7 @@ class ExportPipeline:
         if not self._closed:
             self._closed = True
             self.assembler.flush()
+            self._note_progress()
             self._export_pending(deadline)
             for processor in self.processors:
                 _guarded(processor.force_flush, max(1, int((deadline - time.monotonic()) * 1000)))

@@ -34,12 +34,16 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from otel_train import semconv
 from otel_train._distributed import RunInfo
+from otel_train.export.actor_traces import ActorTraces
 from otel_train.export.attributes import AttributeCleaner, add_device
 from otel_train.export.fast_path import FastPath
 from otel_train.export.metrics import TrainMetrics
 from otel_train.export.otlp import LeanEncoder
+from otel_train.export.pipeline_metrics import PIPELINE_SPANS
+from otel_train.export.restarts import RestartProgress
 from otel_train.export.span_ids import SpanIds
 from otel_train.export.step_timeline import SIBLING_TAGS, HeldStep, StepTimeline
+from otel_train.wire import sampling
 from otel_train.wire.ids import parse_traceparent
 from otel_train.wire.schema import (KIND_EVENT, KIND_SPAN, KIND_STEP, KIND_TAG, W_ATTRS, W_DEV, W_ERROR, W_EVENTS,
                                     W_LINKS, W_NAME, W_PARENT, W_SEQ, W_STEP, W_STEP_SEQ, W_T0, W_T1, W_TRUNC,
@@ -47,6 +51,8 @@ from otel_train.wire.schema import (KIND_EVENT, KIND_SPAN, KIND_STEP, KIND_TAG, 
 
 _log = logging.getLogger("otel_train")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+#: Links kept per step span: OpenTelemetry's default span link count limit.
+MAX_LINKS = 128
 _NO_LOCK = nullcontext()
 
 
@@ -60,23 +66,31 @@ class SpanAssembler:
 
     def __init__(self, run: RunInfo, salt: int, resource: Resource, cleaner: AttributeCleaner,
                  emit: Callable[[list[Any]], None], step_sample: int = 1, metrics: TrainMetrics | None = None,
-                 version: str = "", encoder: LeanEncoder | None = None) -> None:
+                 version: str = "", encoder: LeanEncoder | None = None, ranks: str = sampling.ALL) -> None:
         self.run = run
         self.salt = salt
         self.resource = resource
         self.cleaner = cleaner
         self.emit = emit
         self.step_sample = step_sample
+        # Rank sampling is for trainers; an inference actor's spans always go out.
+        self.sampling = sampling.RankSampling(ranks if run.role == semconv.ROLE_TRAINER else sampling.ALL,
+                                              run.run_id, run.rank, run.local_rank, run.world_size, step_sample)
         self.metrics = metrics
         self.scope = InstrumentationScope(semconv.SCOPE_NAME, version)
         self.encoder = encoder  # if set: plain tuples (or bytes) for it, not ReadableSpans
         self.ids = SpanIds(run, salt)
         self.timeline = StepTimeline()
-        self.fast_path = FastPath(encoder, cleaner, self.ids, self.sampled) if encoder is not None else None
-        self.fast = encoder is not None  # the fast path may take usual records (tests turn it off)
+        self.fast_path = FastPath(encoder, cleaner, self.ids, self.phases_sampled) if encoder is not None else None
+        # An inference actor's spans wait for their call's trace (`actor_traces`): the general way.
+        self.actors = ActorTraces(run.run_id, salt) if run.role != semconv.ROLE_TRAINER else None
+        self.fast = encoder is not None and self.actors is None  # the fast path may take usual records (tests turn it off)
         self.lean_steps = True  # usual step records by the fast path's lean form (tests turn it off)
         self._windows: dict[str, tuple[Any, list[Any]]] = {}
         self.spans_built = 0
+        #: Set by the pipeline where the run may restart: steps noted, redone ones tagged.
+        self.progress: RestartProgress | None = None
+        self._links_capped = False
 
     # -- in ----------------------------------------------------------------------------
     def feed(self, records: Iterable[tuple[Any, ...]]) -> None:
@@ -119,6 +133,8 @@ class SpanAssembler:
         out: list[Any] = []
         for held in self.timeline.release_all():
             self._emit_step(held, out)
+        if self.actors is not None:
+            self.actors.flush(out)
         self._emit_all(out)
 
     def _emit_all(self, out: list[Any]) -> None:
@@ -186,10 +202,17 @@ class SpanAssembler:
             parent_id = None
         if self.metrics is not None:
             self.metrics.observe(name, (wire[W_T1] - wire[W_T0]) / 1e9, attrs)
-        if not self.sampled(step_n):
+            if name in PIPELINE_SPANS:
+                self.metrics.pipeline.span(name, (wire[W_T1] - wire[W_T0]) / 1e9, attrs)
+        if not (self.sampled(step_n) if sibling_tag is not None else self.phases_sampled(step_n)):
             return
-        out.append(self._build(name, self.ids.trace(step_n), self.ids.region(wire[W_SEQ]),
-                               parent_id, remote, wire, attrs, wire[W_EVENTS], None))
+        span_id = self.ids.region(wire[W_SEQ])
+        if self.actors is not None and step_n is None:
+            self.actors.place(wire[W_SEQ], parent_seq, lambda trace: self._build(
+                name, trace, span_id, parent_id, False, wire, attrs, wire[W_EVENTS], None), out)
+            return
+        out.append(self._build(name, self.ids.trace(step_n), span_id, parent_id, remote, wire, attrs,
+                               wire[W_EVENTS], None))
 
     def _on_step(self, wire: tuple[Any, ...], out: list[Any]) -> None:
         t1 = wire[W_T1]
@@ -202,12 +225,16 @@ class SpanAssembler:
                    out)
 
     def _hold(self, wire: tuple[Any, ...], end: int, lean: bytes | None, out: list[Any]) -> None:
+        if self.progress is not None and type(wire[W_STEP]) is int:
+            self.progress.note(wire[W_STEP])
         for earlier in self.timeline.hold(wire, end, lean):
             self._emit_step(earlier, out)
 
     def _emit_step(self, held: HeldStep, out: list[Any]) -> None:
         wire = held.wire
         step_n = wire[W_STEP]
+        if self.progress is not None and type(step_n) is int and self.progress.redone(step_n):
+            held.tags.append(semconv.TAG_REDONE)  # an earlier attempt ran this step (`restarts.py`)
         if held.lean is not None and not held.tags and not held.events:
             self._emit_lean_step(held, out)
             return
@@ -220,6 +247,8 @@ class SpanAssembler:
             attrs[semconv.TRAIN_STEP_TAGS] = tuple(sorted(set(held.tags)))
         if self.metrics is not None:
             self.metrics.observe_step(held.time_s, attrs)
+            if self.metrics.pipeline.active:
+                self.metrics.pipeline.step(held.time_s, attrs)
         if not self.sampled(step_n):
             return
         if self.fast and not (held.events or wire[W_LINKS] or wire[W_ERROR] or wire[W_TRUNC]):
@@ -234,13 +263,21 @@ class SpanAssembler:
         to since: the same metric and the same bytes, from its encoded fields."""
         if self.metrics is not None:
             self.metrics.observe_step_time(held.time_s)
+            if self.metrics.pipeline.active:
+                self.metrics.pipeline.step(held.time_s, None)
         if self.sampled(held.wire[W_STEP]):
             out.append(self.fast_path.lean_step_span(held))  # type: ignore[union-attr]
 
     # -- helpers -----------------------------------------------------------------------
     def sampled(self, step_n: int | None) -> bool:
-        """Whether step `step_n`'s spans are exported (OTEL_TRAIN_STEP_SAMPLE); metrics see every step."""
+        """Whether step `step_n`'s step span and its siblings are exported (OTEL_TRAIN_STEP_SAMPLE:
+        on every rank); metrics see every step."""
         return step_n is None or self.step_sample == 1 or step_n % self.step_sample == 0
+
+    def phases_sampled(self, step_n: int | None) -> bool:
+        """Whether this rank's phase spans of step `step_n` are exported (OTEL_TRAIN_STEP_SAMPLE
+        and OTEL_TRAIN_RANKS, `wire/sampling.py`); metrics see every step."""
+        return self.sampling.phases(step_n)
 
     def _build(self, name: str, trace_id: int, span_id: int, parent_id: int | None, parent_remote: bool,
                wire: tuple[Any, ...], attrs: dict[str, Any], events: Any, links: Any) -> Any:
@@ -271,17 +308,25 @@ class SpanAssembler:
         )
 
     def _link_ids(self, carriers: Any) -> list[tuple[int, int]]:
+        """The spans `carriers` name, each once: a step consuming a batch links every sample's
+        carrier, and samples of one generate call share theirs."""
         if not carriers:
             return []
-        links = []
+        links: dict[tuple[int, int], None] = {}
         for carrier in carriers:
             ids = parse_traceparent(carrier)
             if ids is None:
                 _log.warning("otel_train: link(%r) is not a W3C trace context (a dict with 'traceparent' "
                              "as made by otel_train.inject()); it is ignored.", carrier)
                 continue
-            links.append(ids)
-        return links
+            links[ids] = None
+        if len(links) > MAX_LINKS:
+            if not self._links_capped:
+                self._links_capped = True
+                _log.warning("otel_train: a step linked %d producer spans; each step keeps the first %d "
+                             "(OpenTelemetry's default span link limit).", len(links), MAX_LINKS)
+            return list(links)[:MAX_LINKS]
+        return list(links)
 
     def _observe_durations(self, durations: Mapping[str, list[int]]) -> None:
         """The host durations of a batch's fast regions, by name, into their metric windows."""
