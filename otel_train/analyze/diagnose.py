@@ -104,6 +104,8 @@ def headline(rv: RanksVerdict, pipe: PipelineVerdict | None, shares: dict[str, f
     if pipe is not None and pipe.verdict != "balanced":
         return pipe.line()
     prefix = "ranks balanced; " if n_ranks > 1 else ""
+    if pipe is not None:
+        prefix += "pipeline balanced; "
     return prefix + breakdown_headline(shares)
 
 

@@ -16,7 +16,8 @@ Pipeline (a trainer fed by inference actors, the TorchSpec seed's shape). Two nu
 10 %: below it the trainer loses less to waiting than a step's usual jitter. 80 %: past it a
 producer is saturated (queueing delay grows steeply as utilisation nears 1), below it the
 actors demonstrably had 20 % of their time to spare. The capacities `infer.capacity` and
-`train.capacity` (samples/s), when exported, are shown beside the verdict as its numbers.
+`train.capacity` and the realised `pipeline.throughput` (samples/s, each summed over the
+processes that export it: `export/pipeline_metrics.py`) are shown beside the verdict as its numbers.
 """
 
 from __future__ import annotations
@@ -40,15 +41,22 @@ class PipelineVerdict:
     utilisation: float  # actors' generate time / active time, mean over actors
     actors: int
     generate_calls: int
-    capacities: dict[str, float] = field(default_factory=dict)  # metric name -> last value (mean over processes)
+    capacities: dict[str, float] = field(default_factory=dict)  # metric name -> last value (sum over processes)
 
     def line(self) -> str:
         text = (f"pipeline {self.verdict}: trainer waited {self.wait_share:.0%} of its step time for samples; "
                 f"{self.actors} inference actor{'s' if self.actors != 1 else ''} busy {self.utilisation:.0%} "
                 f"of their time ({self.generate_calls} generate calls)")
-        if self.capacities:
-            text += "; " + ", ".join(f"{k} {v:.1f}/s" for k, v in sorted(self.capacities.items()))
+        said = [f"{words} {self.capacities[name]:.1f} samples/s ({name})" for name, words in _CAPACITY_WORDS.items()
+                if name in self.capacities]
+        if said:
+            text += "; " + ", ".join(said)
         return text
+
+
+#: How the pipeline gauges read in the verdict line (summed over processes), in this order.
+_CAPACITY_WORDS = {semconv.METRIC_INFER_CAPACITY: "actors supply", semconv.METRIC_TRAIN_CAPACITY: "trainer takes",
+                   semconv.METRIC_PIPELINE_THROUGHPUT: "realised"}
 
 
 def classify(wait_share: float, utilisation: float) -> str:
