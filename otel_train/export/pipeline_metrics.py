@@ -48,12 +48,13 @@ class PipelineMetrics:
         self.active = False  # a pipeline span was seen: steps are worth accounting
         self._calls: deque[tuple[float, int]] = deque(maxlen=WINDOW)  # (generate s, samples)
         self._steps: deque[tuple[float, float, int]] = deque(maxlen=WINDOW)  # (step s, wait s, samples)
-        self._wait_s = 0.0  # the current step's dispatch waits so far
-        self._wait_samples: int | None = None
+        #: Dispatch waits by the step they ran in, until that step is emitted (steps are held
+        #: until the next one arrives, so the next step's waits come first): [wait s, samples].
+        self._waits: dict[Any, list[Any]] = {}
         self._values: dict[str, tuple[float, int]] = {}  # metric -> (value, when)
 
-    def span(self, name: str, duration_s: float, attrs: Mapping[str, Any]) -> None:
-        """An `infer.generate` or `pipeline.dispatch_wait` span ended."""
+    def span(self, name: str, duration_s: float, attrs: Mapping[str, Any], step: Any = None) -> None:
+        """An `infer.generate` or `pipeline.dispatch_wait` span ended (in step `step`)."""
         with self.lock:
             self.active = True
             if name == semconv.SPAN_INFER_GENERATE:
@@ -67,21 +68,25 @@ class PipelineMetrics:
                 if busy > 0:
                     self._set(semconv.METRIC_INFER_CAPACITY, sum(n for _, n in self._calls) / busy)
                 return
-            self._wait_s += duration_s
+            waits = self._waits.get(step)
+            if waits is None:
+                if len(self._waits) >= WINDOW:  # steps that never came (sampled out of nothing, lost)
+                    del self._waits[next(iter(self._waits))]
+                waits = self._waits[step] = [0.0, None]
+            waits[0] += duration_s
             samples = _count(attrs.get(semconv.PIPELINE_SAMPLES))
             if samples is not None:
-                self._wait_samples = (self._wait_samples or 0) + samples
+                waits[1] = (waits[1] or 0) + samples
             pool = attrs.get(semconv.PIPELINE_POOL_SIZE)
             if isinstance(pool, (int, float)) and not isinstance(pool, bool):
                 self._set(semconv.METRIC_POOL_SIZE, float(pool))
 
-    def step(self, time_s: float, attrs: Mapping[str, Any] | None) -> None:
-        """A trainer step ended (its own time): the waits seen since the last one were in it."""
+    def step(self, step: Any, time_s: float, attrs: Mapping[str, Any] | None) -> None:
+        """Trainer step `step` is emitted, with its own time."""
         with self.lock:
-            samples = self._wait_samples
+            wait, samples = self._waits.pop(step, (0.0, None))
             if samples is None and attrs:
                 samples = _count(attrs.get(semconv.TRAIN_SAMPLES))
-            wait, self._wait_s, self._wait_samples = self._wait_s, 0.0, None
             if samples is None:
                 return
             self._steps.append((time_s, min(wait, time_s), samples))

@@ -203,7 +203,7 @@ class SpanAssembler:
         if self.metrics is not None:
             self.metrics.observe(name, (wire[W_T1] - wire[W_T0]) / 1e9, attrs)
             if name in PIPELINE_SPANS:
-                self.metrics.pipeline.span(name, (wire[W_T1] - wire[W_T0]) / 1e9, attrs)
+                self.metrics.pipeline.span(name, (wire[W_T1] - wire[W_T0]) / 1e9, attrs, step_n)
         if not (self.sampled(step_n) if sibling_tag is not None else self.phases_sampled(step_n)):
             return
         span_id = self.ids.region(wire[W_SEQ])
@@ -248,7 +248,7 @@ class SpanAssembler:
         if self.metrics is not None:
             self.metrics.observe_step(held.time_s, attrs)
             if self.metrics.pipeline.active:
-                self.metrics.pipeline.step(held.time_s, attrs)
+                self.metrics.pipeline.step(step_n, held.time_s, attrs)
         if not self.sampled(step_n):
             return
         if self.fast and not (held.events or wire[W_LINKS] or wire[W_ERROR] or wire[W_TRUNC]):
@@ -264,7 +264,7 @@ class SpanAssembler:
         if self.metrics is not None:
             self.metrics.observe_step_time(held.time_s)
             if self.metrics.pipeline.active:
-                self.metrics.pipeline.step(held.time_s, None)
+                self.metrics.pipeline.step(held.wire[W_STEP], held.time_s, None)
         if self.sampled(held.wire[W_STEP]):
             out.append(self.fast_path.lean_step_span(held))  # type: ignore[union-attr]
 
