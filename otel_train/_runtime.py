@@ -24,7 +24,7 @@ from otel_train.export.sinks import ENV_CHILD, LocalSink, ProcessSink
 from otel_train.export.worker import Worker
 from otel_train.record import recorder as _recorder
 from otel_train.record import span
-from otel_train.record.clock import Clock
+from otel_train.record.clock import Clock, ShiftedClock, planted_shift_ns
 from otel_train.wire.ids import new_salt
 from otel_train.wire.schema import Truncated
 
@@ -91,11 +91,12 @@ def init(span_processors: Sequence[Any] = (), metric_readers: Sequence[Any] = ()
             span.set_disabled(True)  # `otel_train.span(...)` makes the shared no-op
             return None
         run = detect_run_info(cfg.run_id, cfg.role)
-        recorder = _recorder.Recorder(cfg.buffer_size, clock)
+        shift = planted_shift_ns(run.rank) if clock is None else 0
+        recorder = _recorder.Recorder(cfg.buffer_size, ShiftedClock(shift) if shift else clock)
         salt = new_salt()
         from otel_train.export.exporters import describe_destination
         from otel_train.export.pipeline import ExportPipeline, make_setup
-        setup = make_setup(cfg, run, build_resource(cfg, run), salt, _version())
+        setup = make_setup(cfg, run, build_resource(cfg, run), salt, _version(), wall_shift_ns=shift)
 
         def local() -> LocalSink:
             return LocalSink(ExportPipeline(setup, span_processors, metric_readers))

@@ -33,9 +33,12 @@ _log = logging.getLogger("otel_train")
 _MAX_REQUEST_BYTES = 1 << 20
 
 
-def make_setup(cfg: Config, run: RunInfo, resource: Mapping[str, Any], salt: int, version: str) -> dict[str, Any]:
+def make_setup(cfg: Config, run: RunInfo, resource: Mapping[str, Any], salt: int, version: str,
+               wall_shift_ns: int = 0) -> dict[str, Any]:
+    """What the pipeline is built from (picklable). `wall_shift_ns`: the test-only clock shift
+    (`record.clock.ShiftedClock`), applied to metric timestamps as the worker applies it to spans'."""
     return {"config": dict(vars(cfg)), "run": dict(vars(run)), "resource": dict(resource),
-            "salt": salt, "version": version}
+            "salt": salt, "version": version, "wall_shift_ns": wall_shift_ns}
 
 
 class _FixedResource(Resource):
@@ -60,8 +63,10 @@ class ExportPipeline:
         self.resource = _FixedResource(setup["resource"])
         self.processors = list(span_processors)
         self.exporter = build_span_exporter(self.cfg, self.run)
+        shift = setup.get("wall_shift_ns", 0)
         self.metrics = TrainMetrics(self.resource, build_metric_exporter(self.cfg, self.run),
-                                    self.cfg.metric_interval_ms, metric_readers, setup["version"])
+                                    self.cfg.metric_interval_ms, metric_readers, setup["version"],
+                                    **({"time_ns": lambda: time.time_ns() + shift} if shift else {}))
         # Lean path: no in-process processor needs SDK span objects and the exporter takes
         # pre-encoded protobuf, so records go straight to OTLP bytes (`otlp`).
         self.encoder: LeanEncoder | None = None
