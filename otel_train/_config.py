@@ -167,6 +167,10 @@ class Config:
     """OTEL_TRAIN_DEVICE_TIMING: auto (device events when the model is on an accelerator) or off."""
     step_sample: int = 1
     """OTEL_TRAIN_STEP_SAMPLE: export the spans of every Nth step (metrics always see every step)."""
+    step_spans: str = "auto"
+    """OTEL_TRAIN_STEP_SPANS: whose train.step spans are exported: all (every rank's), sampled
+    (rank 0's and the ranks OTEL_TRAIN_RANKS picks for the step), or auto: all up to 2,048 ranks,
+    else sampled (10,240 ranks' step spans alone are ~10 MB a trace, past Tempo's 5 MB)."""
     ranks: str = sampling.DEFAULT
     """OTEL_TRAIN_RANKS: whose phase spans are exported: all, a rank list (0 or 0,8,16),
     first-per-node, or sample:K (K ranks a step, rotating). Step spans, their checkpoint / eval /
@@ -288,6 +292,7 @@ _SPECS: dict[str, _Spec] = {
     "device_timing": _Spec((semconv.ENV_DEVICE_TIMING,), _device_timing),
     "step_sample": _Spec((semconv.ENV_STEP_SAMPLE,), _int_at_least(1)),
     "ranks": _Spec((semconv.ENV_RANKS,), _ranks),
+    "step_spans": _Spec((semconv.ENV_STEP_SPANS,), _one_of(*sampling.STEP_SPANS)),
     "buffer_size": _Spec((semconv.ENV_BUFFER_SIZE,), _int_at_least(64)),
     "export_mode": _Spec((semconv.ENV_EXPORT_MODE,), _one_of("process", "thread")),
     "exporter_priority": _Spec((semconv.ENV_EXPORTER_PRIORITY,), _one_of("low", "idle", "normal")),

@@ -75,7 +75,7 @@ class ExportPipeline:
         self.assembler = SpanAssembler(self.run, setup["salt"], self.resource,
                                        AttributeCleaner(self.cfg.attribute_value_limit), self._emit,
                                        self.cfg.step_sample, self.metrics, setup["version"], self.encoder,
-                                       self.cfg.ranks)
+                                       self.cfg.ranks, self.cfg.step_spans)
         if restarts.may_restart(self.run):
             self.assembler.progress = restarts.RestartProgress(self.run, restarts.progress_dir(self.run.run_id))
         self.received = 0

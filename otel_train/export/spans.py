@@ -66,7 +66,8 @@ class SpanAssembler:
 
     def __init__(self, run: RunInfo, salt: int, resource: Resource, cleaner: AttributeCleaner,
                  emit: Callable[[list[Any]], None], step_sample: int = 1, metrics: TrainMetrics | None = None,
-                 version: str = "", encoder: LeanEncoder | None = None, ranks: str = sampling.ALL) -> None:
+                 version: str = "", encoder: LeanEncoder | None = None, ranks: str = sampling.ALL,
+                 step_spans: str = "all") -> None:
         self.run = run
         self.salt = salt
         self.resource = resource
@@ -75,7 +76,8 @@ class SpanAssembler:
         self.step_sample = step_sample
         # Rank sampling is for trainers; an inference actor's spans always go out.
         self.sampling = sampling.RankSampling(ranks if run.role == semconv.ROLE_TRAINER else sampling.ALL,
-                                              run.run_id, run.rank, run.local_rank, run.world_size, step_sample)
+                                              run.run_id, run.rank, run.local_rank, run.world_size, step_sample,
+                                              step_spans if run.role == semconv.ROLE_TRAINER else "all")
         self.metrics = metrics
         self.scope = InstrumentationScope(semconv.SCOPE_NAME, version)
         self.encoder = encoder  # if set: plain tuples (or bytes) for it, not ReadableSpans
@@ -270,9 +272,9 @@ class SpanAssembler:
 
     # -- helpers -----------------------------------------------------------------------
     def sampled(self, step_n: int | None) -> bool:
-        """Whether step `step_n`'s step span and its siblings are exported (OTEL_TRAIN_STEP_SAMPLE:
-        on every rank); metrics see every step."""
-        return step_n is None or self.step_sample == 1 or step_n % self.step_sample == 0
+        """Whether step `step_n`'s step span and its siblings are exported (OTEL_TRAIN_STEP_SAMPLE,
+        and OTEL_TRAIN_STEP_SPANS); metrics see every step."""
+        return self.sampling.step(step_n)
 
     def phases_sampled(self, step_n: int | None) -> bool:
         """Whether this rank's phase spans of step `step_n` are exported (OTEL_TRAIN_STEP_SAMPLE

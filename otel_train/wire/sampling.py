@@ -2,8 +2,9 @@
 
 Every rank decides alone, with no communication, and all ranks decide alike, so a step that is
 sampled is complete on every rank sampled for it. Step spans (`train.step`), their siblings
-(checkpoint, eval, GC) and every metric stay on for every rank whatever this says: only phase
-spans (data, forward, backward, optimizer, collectives, user regions) are sampled out.
+(checkpoint, eval, GC) and every metric stay on for every rank whatever this says (up to 2,048
+ranks: `OTEL_TRAIN_STEP_SPANS` below): only phase spans (data, forward, backward, optimizer,
+collectives, user regions) are sampled out.
 
 `OTEL_TRAIN_RANKS`:
 
@@ -27,10 +28,18 @@ from dataclasses import dataclass
 ALL = "all"
 FIRST_PER_NODE = "first-per-node"
 SAMPLE_PREFIX = "sample:"
-#: The default: K=16 keeps a 1,024-rank step's trace at ~1,300 spans and ~0.8 MB (docs/scale.md);
-#: a world of 16 ranks or fewer exports everything.
-DEFAULT = "sample:16"
+#: The default: a world of 64 ranks or fewer exports everything; a 1,024-rank step's trace is
+#: ~2,000 spans and ~1.2 MB (`otel-train bench scale`, docs/scale.md).
+DEFAULT = "sample:64"
 ALLOWED = "all, a rank or comma-separated ranks (0 or 0,8,16), first-per-node, or sample:K (K >= 1)"
+
+#: `OTEL_TRAIN_STEP_SPANS`: whose `train.step` spans (and checkpoint / eval / GC siblings) go out.
+#: `all`: every rank's; `sampled`: rank 0's (the trace's root) and those of the ranks whose phases
+#: go out for the step; `auto` (default): `all` up to `STEP_SPANS_ALL_UP_TO` ranks, else `sampled`.
+#: Every rank's resource rides with its step span: ~1 kB a rank, so 10,240 ranks' step spans
+#: alone are ~10 MB a trace, twice Tempo's default limit.
+STEP_SPANS = ("auto", "all", "sampled")
+STEP_SPANS_ALL_UP_TO = 2048
 
 
 def parse_ranks(value: object) -> str:
@@ -63,6 +72,7 @@ class RankSampling:
     local_rank: int
     world_size: int
     step_sample: int = 1
+    step_spans: str = "all"
 
     @property
     def fixed(self) -> bool | None:
@@ -78,12 +88,24 @@ class RankSampling:
         return self.rank in {int(r) for r in spec.split(",")}
 
     def step(self, step: int | None) -> bool:
-        """Step sampling alone (OTEL_TRAIN_STEP_SAMPLE): whether step spans of `step` go out."""
-        return step is None or self.step_sample == 1 or step % self.step_sample == 0
+        """Whether this rank's step span of `step` (and its siblings) go out: step sampling
+        (OTEL_TRAIN_STEP_SAMPLE), and with `OTEL_TRAIN_STEP_SPANS=sampled` rank sampling but for
+        rank 0, whose step span is the trace's root."""
+        if not (step is None or self.step_sample == 1 or step % self.step_sample == 0):
+            return False
+        if self.rank == 0 or not self.sampled_steps:
+            return True
+        return self.phases(step)
+
+    @property
+    def sampled_steps(self) -> bool:
+        """Whether step spans follow rank sampling (`OTEL_TRAIN_STEP_SPANS`)."""
+        spans = self.step_spans
+        return spans == "sampled" or (spans == "auto" and self.world_size > STEP_SPANS_ALL_UP_TO)
 
     def phases(self, step: int | None) -> bool:
         """Whether this rank's phase spans of `step` go out (step and rank sampling)."""
-        if not self.step(step):
+        if not (step is None or self.step_sample == 1 or step % self.step_sample == 0):
             return False
         fixed = self.fixed
         if fixed is not None:
