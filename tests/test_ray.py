@@ -59,8 +59,8 @@ def test_each_scenario_gets_its_verdict(runs: dict, mode: str) -> None:
     assert set(d.pipeline.capacities) == {semconv.METRIC_INFER_CAPACITY, semconv.METRIC_TRAIN_CAPACITY,
                                           semconv.METRIC_PIPELINE_THROUGHPUT}
     assert ("pipeline balanced" if mode == "balanced" else f"pipeline {EXPECTED[mode]}") in d.headline
-    if mode == "slow_actors":  # 2 actors x 4 samples per 60 ms of generate time
-        assert 100 < d.pipeline.capacities[semconv.METRIC_INFER_CAPACITY] < 140
+    if mode == "slow_actors":  # 2 actors x 4 samples per 100 ms of generate time
+        assert 70 < d.pipeline.capacities[semconv.METRIC_INFER_CAPACITY] < 82
 
 
 def test_every_consumed_sample_links_its_producer_span(runs: dict) -> None:

@@ -9,7 +9,7 @@ MODES (comma-separated, each its own run `<RUN_PREFIX>-<mode>` under OTEL_TRAIN_
 
 | mode          | GEN_S | TRANSFER_S | TRAIN_S | DEPTH | expected verdict     |
 |---------------|-------|------------|---------|-------|----------------------|
-| slow_actors   | 0.06  | 0          | 0.01    | 2     | inference-bound      |
+| slow_actors   | 0.1   | 0          | 0.01    | 2     | inference-bound      |
 | slow_trainer  | 0.01  | 0          | 0.05    | 2     | training-bound       |
 | slow_transfer | 0.01  | 0.06       | 0.01    | 2     | data-transfer-bound  |
 | balanced      | 0.2   | 0          | 0.1     | 3     | balanced             |
@@ -30,7 +30,7 @@ import otel_train
 import otel_train.ray as otr
 
 #: mode -> (GEN_S, TRANSFER_S, TRAIN_S, DEPTH)
-MODES = {"slow_actors": (0.06, 0.0, 0.01, 2), "slow_trainer": (0.01, 0.0, 0.05, 2),
+MODES = {"slow_actors": (0.1, 0.0, 0.01, 2), "slow_trainer": (0.01, 0.0, 0.05, 2),
          "slow_transfer": (0.01, 0.06, 0.01, 2), "balanced": (0.2, 0.0, 0.1, 3)}
 STEPS = int(os.environ.get("STEPS", "16"))
 BATCH = 4
