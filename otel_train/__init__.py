@@ -1,6 +1,6 @@
 """otel_train: OpenTelemetry traces and metrics for PyTorch training loops.
 
-The public API is this small facade (CONVENTIONS.md §1); everything else is private.
+The public API is this small facade (docs/api.md); everything else is private.
 Importing the package is light: no torch, no OpenTelemetry SDK until `init()` runs.
 
     import otel_train
@@ -31,7 +31,7 @@ _recorder.auto_init = _runtime.auto_init
 
 def init(**overrides: Any) -> RunInfo | None:
     """Configure once (idempotent): settings as keyword arguments beat `OTEL_*` / `OTEL_TRAIN_*`
-    environment variables, which beat the defaults (README "Configuration").
+    environment variables, which beat the defaults (docs/configuration.md).
 
     Also accepts `span_processors=[...]` and `metric_readers=[...]`: your own OpenTelemetry SDK
     span processors / metric readers, which then run in this process beside the exporter.

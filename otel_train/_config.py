@@ -141,7 +141,7 @@ class _Spec:
 
 @dataclass
 class Config:
-    """Everything `otel_train.init()` can be told; the README documents each field."""
+    """Everything `otel_train.init()` can be told; docs/configuration.md documents each field."""
 
     disabled: bool = False
     """OTEL_SDK_DISABLED: when true every API call is a no-op and nothing is instrumented."""
@@ -311,5 +311,5 @@ assert set(_SPECS) == set(_DEFAULTS), "every Config field needs a spec"
 
 
 def env_names() -> dict[str, tuple[str, ...]]:
-    """Field name -> the environment variables read for it (for the README and `--help`)."""
+    """Field name -> the environment variables read for it (docs/configuration.md lists them all)."""
     return {name: spec.env for name, spec in _SPECS.items()}

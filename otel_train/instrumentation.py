@@ -18,7 +18,7 @@ or by hand:
     ...
     TorchTrainingInstrumentor().uninstrument()  # every hook removed, every patch restored
 
-What it records (CONVENTIONS.md §3): one `train.step` per optimizer update, holding the batch
+What it records (span names: docs/trace-shape.md): one `train.step` per optimizer update, holding the batch
 fetches (`train.data`), the outermost module's forward per micro-batch (`train.forward`),
 backward (`train.backward`) and the update (`train.optimizer`, with zero_grad and gradient
 clipping); as siblings tagging the step they follow: evaluation passes (`train.eval`),

@@ -1,6 +1,6 @@
 """Every name otel_train puts on the wire: span names, attributes, resource keys, metrics.
 
-This module is the package's single spelling of CONVENTIONS.md; nothing else in the
+This module is the package's single spelling of docs/trace-shape.md; nothing else in the
 package writes these strings. Span names are low cardinality: the step number is an
 attribute, never part of a name.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-# --- span names (CONVENTIONS.md §3) ------------------------------------------------
+# --- span names (docs/trace-shape.md, "Span names") ----------------------------------
 SPAN_STEP: Final = "train.step"
 SPAN_DATA: Final = "train.data"
 SPAN_FORWARD: Final = "train.forward"
@@ -24,7 +24,7 @@ SPAN_DISPATCH_WAIT: Final = "pipeline.dispatch_wait"
 
 #: Phase spans: the pieces a step is made of (their durations feed `train.phase.duration`).
 PHASE_SPANS: Final = (SPAN_DATA, SPAN_FORWARD, SPAN_BACKWARD, SPAN_OPTIMIZER, SPAN_COLLECTIVE)
-#: Spans that are siblings of steps, never inside one (CONVENTIONS.md §2).
+#: Spans that are siblings of steps, never inside one (docs/trace-shape.md, "Trace shape").
 STEP_SIBLING_SPANS: Final = (SPAN_CHECKPOINT, SPAN_EVAL, SPAN_GC)
 #: Spans that record device events by default while device timing is on (`otel_train.span(name,
 #: device_time=True/False)` overrides it). Not `train.data` (host and network work: the device is
@@ -32,7 +32,7 @@ STEP_SIBLING_SPANS: Final = (SPAN_CHECKPOINT, SPAN_EVAL, SPAN_GC)
 DEVICE_TIMED_SPANS: Final = (SPAN_FORWARD, SPAN_BACKWARD, SPAN_OPTIMIZER, SPAN_COLLECTIVE, SPAN_CHECKPOINT,
                              SPAN_EVAL)
 
-# --- span attributes (CONVENTIONS.md §4) -------------------------------------------
+# --- span attributes (docs/trace-shape.md, "Span attributes") ------------------------
 TRAIN_STEP: Final = "train.step"
 TRAIN_EPOCH: Final = "train.epoch"
 TRAIN_MICRO_BATCH: Final = "train.micro_batch"
@@ -68,7 +68,7 @@ TAG_GC: Final = "gc"
 #: A step an earlier attempt of the run already ran (after an elastic restart, `export/restarts.py`).
 TAG_REDONE: Final = "redone"
 
-# --- resource attributes (CONVENTIONS.md §4, "Resource") -----------------------------
+# --- resource attributes (docs/trace-shape.md, "Resource") ---------------------------
 SERVICE_NAME: Final = "service.name"
 SERVICE_INSTANCE_ID: Final = "service.instance.id"
 ML_RUN_ID: Final = "ml.run.id"
@@ -83,7 +83,7 @@ ROLE_TRAINER: Final = "trainer"
 ROLE_INFERENCE: Final = "inference"
 DEFAULT_SERVICE_NAME: Final = "otel-train"
 
-# --- metrics (CONVENTIONS.md §5) -------------------------------------------------------
+# --- metrics (docs/trace-shape.md, "Metrics") ----------------------------------------
 METRIC_STEP_DURATION: Final = "train.step.duration"
 METRIC_PHASE_DURATION: Final = "train.phase.duration"
 METRIC_DEVICE_DURATION: Final = "train.device.duration"
@@ -109,7 +109,7 @@ METRIC_ATTR_REASON: Final = "reason"
 #: Instrumentation scope of every span and instrument the package emits.
 SCOPE_NAME: Final = "otel_train"
 
-# --- the package's own environment variables (README "Configuration") ---------------
+# --- the package's own environment variables (docs/configuration.md) ---------------
 ENV_RUN_ID: Final = "OTEL_TRAIN_RUN_ID"
 ENV_OUTPUT_DIR: Final = "OTEL_TRAIN_OUTPUT_DIR"
 ENV_DEVICE_TIMING: Final = "OTEL_TRAIN_DEVICE_TIMING"

@@ -6,7 +6,7 @@ labels each span row "<service.name> <operation>" and names a trace "<service>: 
 operation>", and both are the same on every rank and every step: a step's Gantt cannot tell
 rank 2 from rank 3 without opening each span, and the trace list cannot tell step 12 from 13.
 The wire format keeps them that way on purpose (one `service.name` per job, as OpenTelemetry
-requires of replicas; low-cardinality span names, as CONVENTIONS.md and Jaeger's maintainers
+requires of replicas; low-cardinality span names, as docs/trace-shape.md and Jaeger's maintainers
 ask), so this export relabels *for viewing only*:
 
 - each process becomes the service "<service.name> rank <R>" (" restart <k>" after a restart;

@@ -2,7 +2,7 @@
 
 `install()` puts in every hook family and `uninstall()` takes every one out; the instrumentor
 (`otel_train.instrumentation`) calls them, and framework integrations (`integrations/`) refine
-what they see. What each source becomes (CONVENTIONS.md §3):
+what they see. What each source becomes (span names: docs/trace-shape.md):
 
 | source                                                        | span                              | module        |
 |---------------------------------------------------------------|-----------------------------------|---------------|

@@ -1,4 +1,4 @@
-"""Metrics derived from the same records as the spans (CONVENTIONS.md §5).
+"""Metrics derived from the same records as the spans (docs/trace-shape.md, "Metrics").
 
 The span assembler calls `TrainMetrics.observe(span name, duration, attributes)` for every
 record, sampled out or not, so metrics always see every step.

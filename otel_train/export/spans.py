@@ -1,4 +1,4 @@
-"""Span assembly: records in, spans out (the trace shape of CONVENTIONS.md §2), metrics on the way.
+"""Span assembly: records in, spans out (the trace shape of docs/trace-shape.md), metrics on the way.
 
 Three kinds of input, one output:
 

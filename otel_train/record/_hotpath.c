@@ -3,9 +3,9 @@
  * Same behaviour as the pure-Python `recorder._PyRegion` / `_PyStep` (the fallback when this
  * module cannot be built), with no Python frame between `otel_train.span(...)` and the tuple
  * in the buffer. Why: between framework ops a region runs with cold caches, and there the Python
- * version's bytecode costs 10-14 us a region against 0.86 us back to back (README, "Where
- * the small step's overhead goes"). The record is the same tuple, so nothing downstream knows
- * which one made it.
+ * version's bytecode costs 10-14 us a region against 0.86 us back to back
+ * (docs/benchmarks/2026-11-22-hot-path-c.md). The record is the same tuple, so nothing
+ * downstream knows which one made it.
  *
  * `recorder.py` binds the module-level objects this reads (`bind`, `bind_steps`) and the
  * recorder in force (`install`); everything else (tags, events, links, the worker) stays in
