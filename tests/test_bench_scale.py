@@ -57,7 +57,9 @@ def test_with_its_own_receiver_the_counts_agree() -> None:
                            "all,sample:2", "--json"], capture_output=True, text=True, timeout=120, env=clean_env())
     assert proc.returncode == 0, proc.stderr
     reports = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert [r["received"] for r in reports] == [r["spans_per_trace"] for r in reports] == [16 * 16, 16 + 2 * 15]
+    sampled = len(sampled_ranks("bench-scale-16-sample:2", 1, 16, 2))  # 2, and rank 0 if not one of them
+    assert [r["received"] for r in reports] == [r["spans_per_trace"] for r in reports] == \
+        [16 * 16, 16 + sampled * 15]
 
 
 @pytest.mark.parametrize("argv", [["--ranks", "ten"], ["--ranks", "0"], ["--settings", "some"],

@@ -7,12 +7,15 @@ by the module: linking, the actors' files and metrics, Jaeger's view, and each v
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from support import browser
 from support.procs import clean_env, jaeger_view_script
 
 from otel_train import semconv
@@ -123,3 +126,66 @@ def test_jaeger_shows_the_step_following_from_the_producer(runs: dict, tmp_path:
     for r in follows:  # the producer's span is in Jaeger too, in its own trace
         trace_id, producer = spans[r["spanID"]]
         assert producer["operationName"] == "infer.generate" and trace_id == r["traceID"]
+
+
+JS_REFERENCES = """
+const items = Array.from(document.querySelectorAll('.ReferencesList--Item'));
+return items.map(li => {
+  const a = li.querySelector('a');
+  const labels = Array.from(li.querySelectorAll('.SpanReference--debugLabel')).map(e => e.innerText.trim());
+  return {href: a ? a.getAttribute('href') : null, text: li.innerText, labels: labels};
+});
+"""
+
+
+def _wait(driver, css: str, timeout: float = 60.0) -> list:  # type: ignore[no-untyped-def]
+    from selenium.webdriver.common.by import By
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = driver.find_elements(By.CSS_SELECTOR, css)
+        if found:
+            return found
+        time.sleep(0.2)  # polling the page, not timing anything
+    raise AssertionError(f"{css} never appeared on {driver.current_url}")
+
+
+@pytest.mark.skipif(not (JAEGER_VIEW.exists() and browser.available()), reason="needs the real Jaeger UI and chromium")
+def test_jaeger_ui_shows_the_step_referencing_the_producer(runs: dict) -> None:
+    """The real Jaeger UI (v1.74, headless Chromium, jaeger_view's stand-in for jaeger-query holding
+    the run's files): step 0's span detail lists its producers' spans under References, each a
+    FOLLOWS_FROM link that opens the producer's trace on its infer.generate span."""
+    from selenium.webdriver.common.by import By
+
+    run, consumed = runs["slow_actors"]
+    spec = importlib.util.spec_from_file_location("jaeger_view", JAEGER_VIEW)
+    jv = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(jv)
+    httpd, store, base = jv.start_server(str(JAEGER_VIEW.parent / "ui"))
+    try:
+        store.add(jv.transform([r for f in sorted(run.glob("traces-*.jsonl")) for r in jv.load_requests(str(f))]), 0)
+        step0 = next(s for s in _spans(run, "traces-rank0.jsonl")
+                     if s["name"] == "train.step" and s["attributes"]["train.step"] == 0)
+        want = {(tp.split("-")[1], tp.split("-")[2]) for tp in consumed[0]}
+        with browser.chromium() as driver:
+            driver.get(f"{base}/trace/{step0['trace_id']}")
+            rows = _wait(driver, ".span-row .span-name")
+            assert "train.step" in rows[0].text
+            rows[0].click()  # rank 0's step: the trace's root, first row
+            header = _wait(driver, ".AccordianReferences--header")[0]
+            assert header.text.replace("\n", " ").endswith(f"({len(want)})"), header.text
+            header.click()
+            _wait(driver, ".ReferencesList--Item")
+            refs = driver.execute_script(JS_REFERENCES)
+            assert len(refs) == len(want)
+            assert all("FOLLOWS_FROM" in r["text"] and "span in another trace" in r["text"] for r in refs), refs
+            shown = {(r["href"].split("/trace/")[1].split("?")[0], r["href"].split("uiFind=")[1]) for r in refs}
+            assert shown == want
+            trace_id, span_id = sorted(shown)[0]  # follow one: the producer's trace, its generate span
+            driver.get(base + next(r["href"] for r in refs if span_id in r["href"]))
+            rows = _wait(driver, ".span-row .span-name")
+            assert [r.text for r in rows if "infer.generate" in r.text], [r.text for r in rows]
+            assert trace_id in driver.current_url
+            assert not driver.find_elements(By.CSS_SELECTOR, ".ErrorMessage")
+    finally:
+        httpd.shutdown()

@@ -2,7 +2,7 @@
 
 A trainer's spans belong to step traces (`wire.ids.trace_id_for`). An inference actor
 (`ml.role=inference`) has no steps: its `infer.generate` calls keep their own traces, which the
-trainer's steps link to (CONVENTIONS.md §2). The trace is named after the call's top-level
+trainer's steps link to (docs/actors.md). The trace is named after the call's top-level
 span (`wire.ids.actor_trace_id`, from the process's salt and that span's sequence number), the
 same rule `otel_train.inject()` follows inside the call, so a carrier names the trace its
 span will be exported in.

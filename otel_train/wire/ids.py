@@ -97,7 +97,7 @@ class StepIds:
 def actor_trace_id(run_id: str, salt: int, root_seq: int) -> int:
     """The trace of an inference actor's top-level span (the `root_seq`-th region of the process
     with `salt`) and of everything inside it: an actor's spans keep their own traces, one per
-    top-level call (CONVENTIONS.md §2), which a trainer's step links to."""
+    top-level call (docs/actors.md), which a trainer's step links to."""
     return _id_int(_digest(_hasher(f"otel_train/actor/{run_id}/", 16), f"{salt:x}/{root_seq}"))
 
 

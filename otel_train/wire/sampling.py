@@ -12,8 +12,9 @@ collectives, user regions) are sampled out.
 - `0`, or a list `0,8,16`: those ranks;
 - `first-per-node`: the first rank of each node (`LOCAL_RANK` 0);
 - `sample:K`: K ranks per step, a different set each step, spread evenly over the ranks, every
-  rank in turn within W/K steps (a shuffled order, from a hash of the run id); every rank
-  when the world has K ranks or fewer.
+  rank in turn within W/K steps (a shuffled order, from a hash of the run id), and rank 0 in
+  every step (the reference the others are compared with); every rank when the world has K
+  ranks or fewer.
 
 `OTEL_TRAIN_STEP_SAMPLE=N` keeps every Nth step's spans (step spans included) on top of it.
 """
@@ -29,7 +30,7 @@ ALL = "all"
 FIRST_PER_NODE = "first-per-node"
 SAMPLE_PREFIX = "sample:"
 #: The default: a world of 64 ranks or fewer exports everything; a 1,024-rank step's trace is
-#: ~2,000 spans and ~1.2 MB (`otel-train bench scale`, docs/scale.md).
+#: ~2,000 spans and ~1.2 MB (`otel-train bench scale`, docs/distributed.md).
 DEFAULT = "sample:64"
 ALLOWED = "all, a rank or comma-separated ranks (0 or 0,8,16), first-per-node, or sample:K (K >= 1)"
 
@@ -114,10 +115,12 @@ class RankSampling:
 
 
 def sampled_in(run_id: str, step: int | None, rank: int, world_size: int, k: int) -> bool:
-    """`sample:K`'s rule: the ranks at positions p from a start with p*K mod W < K. Exactly K of
-    the W positions pass (each multiple of g = gcd(K, W) below K is hit g times), spaced about
-    W/K apart, so a step's sample spreads over nodes; `_start` picks the start."""
-    if k >= world_size:
+    """`sample:K`'s rule: rank 0, and the ranks at positions p from a start with p*K mod W < K.
+    Exactly K of the W positions pass (each multiple of g = gcd(K, W) below K is hit g times),
+    spaced about W/K apart, so a step's sample spreads over nodes; `_start` picks the start.
+    Rank 0 is always in (K+1 ranks when the K do not include it): every other rank's phases are
+    compared with it (clock offsets, who waited for whom), and the K change with each step."""
+    if k >= world_size or rank == 0:
         return True
     start = _start(run_id, step, world_size, k)
     return ((rank - start) % world_size) * k % world_size < k
