@@ -36,13 +36,27 @@ PHASES = set(semconv.PHASE_SPANS)
 class Launch:
     """One torchrun launch: its spans (from the receiver) and each rank's collective count."""
 
-    def __init__(self, spans: list[dict[str, Any]], collectives: dict[int, dict[str, int]], dump: Path) -> None:
+    def __init__(self, spans: list[dict[str, Any]], collectives: dict[int, dict[str, int]], dump: Path,
+                 metrics: list[dict[str, Any]] | None = None) -> None:
         self.spans = spans
+        self.metrics = metrics or []
         self.collectives = collectives
         self.dump = dump
 
     def steps(self) -> list[dict[str, Any]]:
         return [s for s in self.spans if s["name"] == semconv.SPAN_STEP]
+
+    def histogram_counts(self, name: str, phase: str | None = None) -> dict[int, int]:
+        """Each rank's count of `name` (cumulative: its last, largest point), for one phase."""
+        out: dict[int, int] = {}
+        for m in self.metrics:
+            if m["name"] != name:
+                continue
+            for p in m["data_points"]:
+                if phase is None or p["attributes"].get("phase") == phase:
+                    rank = m["resource"]["ml.rank"]
+                    out[rank] = max(out.get(rank, 0), p["count"])
+        return out
 
     def phases_by_rank_step(self) -> dict[tuple[int, int], Counter]:
         out: dict[tuple[int, int], Counter] = defaultdict(Counter)
@@ -64,10 +78,11 @@ def _launch(tmp: Path, receiver: OTLPReceiver | None, run_id: str, **env: str) -
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     collectives = {r: json.loads((tmp / f"collectives-rank{r}.json").read_text()) for r in range(RANKS)}
     spans = [s for s in receiver.spans() if s["resource"].get("ml.run.id") == run_id] if instrumented else []
+    metrics = [m for m in receiver.metrics() if m["resource"].get("ml.run.id") == run_id] if instrumented else []
     dump = tmp / "dump.jsonl"
     if instrumented:
         receiver.dump_jsonl(str(dump), run_id=run_id)
-    return Launch(spans, collectives, dump)
+    return Launch(spans, collectives, dump, metrics)
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +158,11 @@ def test_ranks_0_exports_rank_0s_phases_and_every_ranks_steps(rank0: Launch, eve
     assert all(phases[(0, n)] == full[(0, n)] for n in range(STEPS))  # complete
     steps = Counter((s["resource"]["ml.rank"], s["attributes"]["train.step"]) for s in rank0.steps())
     assert steps == {(r, n): 1 for r in range(RANKS) for n in range(STEPS)}
+    # and every rank's metrics, its phases included: computed from all records, sampled out or not
+    every = {r: STEPS for r in range(RANKS)}
+    assert rank0.histogram_counts(semconv.METRIC_STEP_DURATION) == every
+    assert rank0.histogram_counts(semconv.METRIC_PHASE_DURATION, semconv.SPAN_FORWARD) == every
+    assert rank0.histogram_counts(semconv.METRIC_PHASE_DURATION, semconv.SPAN_COLLECTIVE) == every
 
 
 def test_sample_2_exports_the_sampled_ranks_complete_and_every_ranks_steps(sample2: Launch, every_rank: Launch
