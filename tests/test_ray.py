@@ -151,7 +151,7 @@ def _wait(driver, css: str, timeout: float = 60.0) -> list:  # type: ignore[no-u
 
 
 @pytest.mark.skipif(not (JAEGER_VIEW.exists() and browser.available()), reason="needs the real Jaeger UI and chromium")
-def test_jaeger_ui_shows_the_step_referencing_the_producer(runs: dict) -> None:
+def test_jaeger_ui_shows_the_step_referencing_the_producer(runs: dict, tmp_path: Path) -> None:
     """The real Jaeger UI (v1.74, headless Chromium, jaeger_view's stand-in for jaeger-query holding
     the run's files): step 0's span detail lists its producers' spans under References, each a
     FOLLOWS_FROM link that opens the producer's trace on its infer.generate span."""
@@ -176,6 +176,7 @@ def test_jaeger_ui_shows_the_step_referencing_the_producer(runs: dict) -> None:
             assert header.text.replace("\n", " ").endswith(f"({len(want)})"), header.text
             header.click()
             _wait(driver, ".ReferencesList--Item")
+            driver.save_screenshot(str(tmp_path / "step-references.png"))  # for a person looking into a failure
             refs = driver.execute_script(JS_REFERENCES)
             assert len(refs) == len(want)
             assert all("FOLLOWS_FROM" in r["text"] and "span in another trace" in r["text"] for r in refs), refs
