@@ -173,8 +173,9 @@ class Config:
     else sampled (10,240 ranks' step spans alone are ~10 MB a trace, past Tempo's 5 MB)."""
     ranks: str = sampling.DEFAULT
     """OTEL_TRAIN_RANKS: whose phase spans are exported: all, a rank list (0 or 0,8,16),
-    first-per-node, or sample:K (K ranks a step, rotating). Step spans, their checkpoint / eval /
-    GC siblings and metrics stay on for every rank (`wire/sampling.py`, docs/distributed.md)."""
+    first-per-node, or sample:K (K ranks a step, rotating, and rank 0). Step spans, their
+    checkpoint / eval / GC siblings and metrics stay on for every rank (`wire/sampling.py`,
+    docs/distributed.md)."""
     buffer_size: int = 65536
     """OTEL_TRAIN_BUFFER_SIZE: records the hot-path buffer holds before dropping the oldest."""
     export_mode: str = "process"

@@ -182,7 +182,7 @@ def test_jaeger_ui_shows_the_step_referencing_the_producer(runs: dict, tmp_path:
             assert all("FOLLOWS_FROM" in r["text"] and "span in another trace" in r["text"] for r in refs), refs
             shown = {(r["href"].split("/trace/")[1].split("?")[0], r["href"].split("uiFind=")[1]) for r in refs}
             assert shown == want
-            trace_id, span_id = sorted(shown)[0]  # follow one: the producer's trace, its generate span
+            trace_id, span_id = min(shown)  # follow one: the producer's trace, its generate span
             driver.get(base + next(r["href"] for r in refs if span_id in r["href"]))
             rows = _wait(driver, ".span-row .span-name")
             assert [r.text for r in rows if "infer.generate" in r.text], [r.text for r in rows]

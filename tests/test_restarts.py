@@ -74,13 +74,12 @@ def test_a_restarted_process_tags_the_steps_an_earlier_attempt_reached(
 @pytest.fixture(scope="module")
 def restarted_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     """2 ranks, torchrun --max-restarts 1: rank 1 fails in step 6 of attempt 0, the job resumes
-    from its step-4 checkpoint."""
+    from its step-4 checkpoint. The run id is torchrun's (`--rdzv-id`, `TORCHELASTIC_RUN_ID`)."""
     tmp = tmp_path_factory.mktemp("restart")
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
-            "--standalone", str(SCENARIO)]
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id", "elastic", str(SCENARIO)]
     proc = subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=240,
-                          env=clean_env({"CKPT": str(tmp / "ckpt"), "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1",
-                                         "OTEL_TRAIN_RUN_ID": "elastic"}))
+                          env=clean_env({"CKPT": str(tmp / "ckpt"), "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ran = {(attempt, rank): json.loads((tmp / f"ckpt.ran-a{attempt}-r{rank}.json").read_text())
            for attempt in (0, 1) for rank in (0, 1)}
@@ -93,6 +92,7 @@ def test_redone_steps_are_tagged_and_never_collide(restarted_run: tuple[Path, di
     assert ran[(1, 0)] == ran[(1, 1)] == list(range(4, 10))  # the second attempt resumed at 4
     steps = [s for f in sorted(run.glob("traces-rank*.jsonl")) for s in read_spans(f) if s["name"] == "train.step"]
     assert {s["resource"]["ml.run.id"] for s in steps} == {"elastic"}  # one run across attempts
+    assert [p.name for p in run.parent.iterdir()] == ["elastic"]  # and one run directory
     by_attempt: dict[tuple[int, int, int], dict] = {}
     for s in steps:
         key = (s["resource"]["ml.restart"], s["resource"]["ml.rank"], s["attributes"]["train.step"])

@@ -60,7 +60,7 @@ class Plan:
     seed: int = 0
     steps_per_line: int = 10
     tail_ms: float = 0.0  # after the last step, before the process's last span ends
-    sample: int | None = None  # OTEL_TRAIN_RANKS=sample:K: phase spans of K ranks a step only
+    sample: int | None = None  # OTEL_TRAIN_RANKS=sample:K: phase spans of rank 0 and K ranks a step only
 
 
 @dataclass
