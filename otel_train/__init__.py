@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from otel_train import _runtime
+from otel_train import _runtime, semconv
 from otel_train._distributed import RunInfo
 from otel_train.record import recorder as _recorder
-from otel_train.wire.ids import format_traceparent, region_span_id, step_span_id, trace_id_for
+from otel_train.wire.ids import actor_trace_id, format_traceparent, region_span_id, step_span_id, trace_id_for
 
 __all__ = ["init", "span", "step", "tag", "event", "inject", "link", "shutdown", "RunInfo"]
 
@@ -78,8 +78,15 @@ def inject() -> dict[str, str]:
     rec = _recorder.active()
     if region is not None:
         step_n, _ = _recorder._step_ref(region.step)
-        return {"traceparent": format_traceparent(trace_id_for(run.run_id, step_n),
-                                                  region_span_id(st.salt, region.seq))}
+        if step_n is None and run.role != semconv.ROLE_TRAINER:
+            # An actor's call keeps its own trace, named after its top-level span (`export/actor_traces.py`).
+            root = region
+            while root.parent is not None and root.parent.rec is root.rec:
+                root = root.parent
+            trace = actor_trace_id(run.run_id, st.salt, root.seq)
+        else:
+            trace = trace_id_for(run.run_id, step_n)
+        return {"traceparent": format_traceparent(trace, region_span_id(st.salt, region.seq))}
     if rec is not None and isinstance(rec.step, _recorder.Step):
         n = rec.step.n
         return {"traceparent": format_traceparent(trace_id_for(run.run_id, n),

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_train import semconv
+from otel_train.wire import sampling
 
 _log = logging.getLogger("otel_train")
 
@@ -216,6 +217,13 @@ def _exporter(value: Any) -> str:
     raise _Invalid("expected one of auto, otlp, file, console, none")
 
 
+def _ranks(value: Any) -> str:
+    try:
+        return sampling.parse_ranks(value)
+    except ValueError as err:
+        raise _Invalid(str(err)) from None
+
+
 def _device_timing(value: Any) -> str:
     if isinstance(value, bool):
         return "auto" if value else "off"
@@ -265,6 +273,15 @@ class Config:
     """OTEL_TRAIN_DEVICE_TIMING: auto (device events when the model is on an accelerator) or off."""
     step_sample: int = 1
     """OTEL_TRAIN_STEP_SAMPLE: export the spans of every Nth step (metrics always see every step)."""
+    step_spans: str = "auto"
+    """OTEL_TRAIN_STEP_SPANS: whose train.step spans are exported: all (every rank's), sampled
+    (rank 0's and the ranks OTEL_TRAIN_RANKS picks for the step), or auto: all up to 2,048 ranks,
+    else sampled (10,240 ranks' step spans alone are ~10 MB a trace, past Tempo's 5 MB)."""
+    ranks: str = sampling.DEFAULT
+    """OTEL_TRAIN_RANKS: whose phase spans are exported: all, a rank list (0 or 0,8,16),
+    first-per-node, or sample:K (K ranks a step, rotating, and rank 0). Step spans, their
+    checkpoint / eval / GC siblings and metrics stay on for every rank (`wire/sampling.py`,
+    docs/distributed.md)."""
     buffer_size: int = 65536
     """OTEL_TRAIN_BUFFER_SIZE: records the hot-path buffer holds before dropping the oldest (64 to
     4194304; a record is about 72 bytes). Also bounds what waits for a collector that is down."""
@@ -413,6 +430,8 @@ _SPECS: dict[str, _Spec] = {
     "output_dir": _Spec((semconv.ENV_OUTPUT_DIR,), _text),
     "device_timing": _Spec((semconv.ENV_DEVICE_TIMING,), _device_timing),
     "step_sample": _Spec((semconv.ENV_STEP_SAMPLE,), _int_at_least(1)),
+    "ranks": _Spec((semconv.ENV_RANKS,), _ranks),
+    "step_spans": _Spec((semconv.ENV_STEP_SPANS,), _one_of(*sampling.STEP_SPANS)),
     "buffer_size": _Spec((semconv.ENV_BUFFER_SIZE,), _int_between(64, BUFFER_MAX)),
     "export_mode": _Spec((semconv.ENV_EXPORT_MODE,), _one_of("process", "thread")),
     "exporter_priority": _Spec((semconv.ENV_EXPORTER_PRIORITY,), _one_of("low", "idle", "normal")),

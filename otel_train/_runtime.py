@@ -25,7 +25,7 @@ from otel_train.export.sinks import ENV_CHILD, LocalSink, ProcessSink
 from otel_train.export.worker import Worker
 from otel_train.record import recorder as _recorder
 from otel_train.record import span
-from otel_train.record.clock import Clock, SystemClock
+from otel_train.record.clock import Clock, ShiftedClock, SystemClock, planted_shift_ns
 from otel_train.wire.ids import new_salt
 from otel_train.wire.schema import Truncated
 
@@ -91,11 +91,12 @@ def _init(span_processors: Sequence[Any], metric_readers: Sequence[Any], clock: 
         _disable(cfg)
         return None
     run = detect_run_info(cfg.run_id, cfg.role)
-    recorder = _recorder.Recorder(cfg.buffer_size, clock)
+    shift = planted_shift_ns(run.rank) if clock is None else 0  # test-only (`record.clock`)
+    recorder = _recorder.Recorder(cfg.buffer_size, ShiftedClock(shift) if shift else clock)
     salt = new_salt()
     # Light on purpose: the training thread pays for this (often inside its first step), so
     # nothing here imports the SDK, gRPC or the pipeline unless this process exports itself.
-    setup = make_setup(cfg, run, _resource.build(cfg, run), salt, init_ns)
+    setup = make_setup(cfg, run, _resource.build(cfg, run), salt, init_ns, shift)
 
     def local() -> LocalSink:
         from otel_train.export.pipeline import ExportPipeline

@@ -60,6 +60,9 @@ COMM_BYTES: Final = "comm.bytes"
 COMM_GROUP_SIZE: Final = "comm.group_size"
 INFER_BATCH_SIZE: Final = "infer.batch_size"
 INFER_SAMPLES: Final = "infer.samples"
+#: On `pipeline.dispatch_wait`: samples the wait delivered, and samples left in the trainer's pool.
+PIPELINE_SAMPLES: Final = "pipeline.samples"
+PIPELINE_POOL_SIZE: Final = "pipeline.pool.size"
 TRUNCATED: Final = "otel_train.truncated"
 #: On an event recorded after its step ended (between steps): how much later, in seconds; the
 #: event is shown at the step's end (export/step_timeline.py).
@@ -84,6 +87,8 @@ TAG_CHECKPOINT: Final = "checkpoint"
 TAG_EVAL: Final = "eval"
 TAG_GC: Final = "gc"
 TAG_BENCH: Final = "bench"
+#: A step an earlier attempt of the run already ran (after an elastic restart, `export/restarts.py`).
+TAG_REDONE: Final = "redone"
 
 # --- resource attributes (docs/trace-shape.md, "Resource") ---------------------------
 SERVICE_NAME: Final = "service.name"
@@ -118,6 +123,8 @@ METRIC_INFER_CAPACITY: Final = "infer.capacity"
 METRIC_TRAIN_CAPACITY: Final = "train.capacity"
 METRIC_DISPATCH_WAIT: Final = "pipeline.dispatch_wait"
 METRIC_POOL_SIZE: Final = "pipeline.pool.size"
+#: Realised throughput of a trainer fed by actors: samples consumed per second of its step time.
+METRIC_PIPELINE_THROUGHPUT: Final = "pipeline.throughput"
 METRIC_SPANS_DROPPED: Final = "otel_train.spans.dropped"
 #: Goodput at run time (docs/metrics.md): the productive share of the wall time since init, the
 #: wall time by category (attribute `category`: productive, startup, compile, data, checkpoint,
@@ -142,6 +149,8 @@ ENV_RUN_ID: Final = "OTEL_TRAIN_RUN_ID"
 ENV_OUTPUT_DIR: Final = "OTEL_TRAIN_OUTPUT_DIR"
 ENV_DEVICE_TIMING: Final = "OTEL_TRAIN_DEVICE_TIMING"
 ENV_STEP_SAMPLE: Final = "OTEL_TRAIN_STEP_SAMPLE"
+ENV_RANKS: Final = "OTEL_TRAIN_RANKS"
+ENV_STEP_SPANS: Final = "OTEL_TRAIN_STEP_SPANS"
 ENV_BUFFER_SIZE: Final = "OTEL_TRAIN_BUFFER_SIZE"
 ENV_EXPORT_MODE: Final = "OTEL_TRAIN_EXPORT_MODE"
 ENV_EXPORTER_PRIORITY: Final = "OTEL_TRAIN_EXPORTER_PRIORITY"

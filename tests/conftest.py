@@ -42,7 +42,8 @@ def _no_otel_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for key in list(os.environ):
         if key.startswith("OTEL_") or key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK",
                                                "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
-                                               "TORCHELASTIC_RESTART_COUNT", "MASTER_PORT", "MASTER_ADDR"):
+                                               "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "MASTER_PORT",
+                                               "MASTER_ADDR"):
             monkeypatch.delenv(key, raising=False)
     yield
     from otel_train import _runtime

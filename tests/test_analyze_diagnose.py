@@ -45,6 +45,29 @@ def test_balanced_run_names_nobody(tmp_path: Path) -> None:
     assert "balanced: no rank made the others wait" in render(d)
 
 
+def test_a_sampled_run_names_its_straggler_and_recovers_skew(tmp_path: Path) -> None:
+    """OTEL_TRAIN_RANKS=sample:4 on 32 ranks: every rank's step spans, the phases of rank 0 and 4
+    others a step. The straggler is named from the steps it was sampled in; offsets recovered."""
+    plan = Plan(ranks=32, steps=40, straggler={21: 25.0}, offsets_ms={5: 9.0, 21: -6.0}, jitter_ms=1.0, sample=4)
+    truth = write_run(plan, tmp_path)
+    d = analyse(tmp_path)
+    assert d.ranks == list(range(32))
+    assert [s.rank for s in d.ranks_verdict.stragglers] == [21]
+    s = d.ranks_verdict.stragglers[0]
+    assert s.seen_steps is not None and 2 <= s.steps <= s.seen_steps < 40
+    assert "rank 21 straggles" in d.headline and "steps it was sampled in" in d.headline
+    for rank in (5, 21):  # exact: collective ends agree to the nanosecond here
+        assert d.skew.offsets_ns[rank] == truth.offsets_ns[rank] - truth.offsets_ns[0]
+    # the spread covers every rank's step spans, sampled out or not
+    assert {x.ranks for x in d.step_ranks} == {32}
+
+
+def test_a_sampled_balanced_run_names_nobody(tmp_path: Path) -> None:
+    write_run(Plan(ranks=32, steps=40, jitter_ms=2.0, sample=4), tmp_path)
+    d = analyse(tmp_path)
+    assert d.ranks_verdict.balanced and d.headline.startswith("ranks balanced")
+
+
 def test_ddp_shape_waits_in_backward(tmp_path: Path) -> None:
     """No collective spans: the all-reduce completes inside backward, whose ends align."""
     plan = Plan(ranks=4, steps=20, ddp=True, straggler={2: 30.0}, offsets_ms={2: 7.0}, micro_batches=2)

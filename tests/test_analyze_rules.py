@@ -76,6 +76,13 @@ def test_pipeline_table(wait: float, util: float, verdict: str) -> None:
     assert classify(wait, util) == verdict
 
 
+@pytest.mark.parametrize(("wait", "util", "demand_share", "verdict"), [
+    (0.30, 0.70, 2.6, INFERENCE_BOUND),  # actors idle between calls, but they cannot supply the demand
+    (0.30, 0.70, 0.5, TRANSFER_BOUND), (0.02, 0.70, 0.9, BALANCED), (0.02, 0.30, 0.2, TRAINING_BOUND)])
+def test_pipeline_table_with_capacities(wait: float, util: float, demand_share: float, verdict: str) -> None:
+    assert classify(wait, util, demand_share) == verdict
+
+
 def test_breakdown_headline() -> None:
     assert breakdown_headline({"train.data": 0.31, "train.forward": 0.5}) == "data wait 31% of step time"
     assert breakdown_headline({"train.data": 0.02, "train.forward": 0.3, "train.backward": 0.6}) == \

@@ -19,6 +19,7 @@ import otel_train
 PACKAGE = Path(otel_train.__file__).resolve().parent
 #: What the exporter process imports to run (`export/exporter_process.py` and what it pulls in).
 EXPORTER_SIDE = ("exporter_process", "pipe", "pipeline", "spans", "fast_path", "step_timeline", "span_ids",
+                 "restarts", "actor_traces", "pipeline_metrics", "destination", "delivery", "transport",
                  "attributes", "metrics", "otlp", "exporters", "otlp_json", "goodput", "mfu", "peak_flops",
                  "console")
 TRAINING_SIDE = ("otel_train.record", "otel_train.detect", "otel_train._runtime", "otel_train.export.worker",

@@ -17,7 +17,7 @@ from otel_train import semconv
 from otel_train.analyze import reader, slow
 from otel_train.analyze.accounting import Goodput, account
 from otel_train.analyze.load import load
-from otel_train.analyze.model import RunData
+from otel_train.analyze.model import RunData, traced
 from otel_train.analyze.skew import Skew, estimate
 from otel_train.analyze.stragglers import RanksVerdict, StepRanks, analyse_step, verdict
 from otel_train.analyze.verdicts import PipelineVerdict, breakdown_headline, phase_shares, pipeline_verdict
@@ -71,10 +71,13 @@ def analyse(path: str | Path, workers: int | None = None, run_id: str | None = N
     flags = slow.flag_slow(list(job_step_ns.values()))
     slow_steps = [n for n, f in zip(job_step_ns, flags) if f]
     good = account(data, skew, list(job_step_ns.values()))
-    trainer_steps = [rs for per in by_step.values() for rs in per.values()]
+    # Phase breakdowns from the steps whose phases are there (a sampled run has every rank's step
+    # spans but some ranks' phases: the others would count as time outside any phase).
+    trainer_steps = [rs for per in by_step.values() for rs in traced(per).values()] or \
+        [rs for per in by_step.values() for rs in per.values()]
     pipe = pipeline_verdict(trainer_steps, data.pipeline, capacities)
     # The breakdown describes the steady state: a run's warm-up is accounted as compilation.
-    steady = [rs for n, per in by_step.items() if n not in warm for rs in per.values()]
+    steady = [rs for n, per in by_step.items() if n not in warm for rs in traced(per).values()]
     shares = phase_shares(steady or trainer_steps)
     return Diagnosis(sources.label, sources.note, data.run_id, data.ranks, data.world_size, list(by_step),
                      stats.spans, stats.bad_lines, skew, step_ranks, rv, job_step_ns, slow_steps, warm, good, pipe,
@@ -99,11 +102,16 @@ def headline(rv: RanksVerdict, pipe: PipelineVerdict | None, shares: dict[str, f
         s = rv.stragglers[0]
         others = "" if len(rv.stragglers) == 1 else \
             " (also " + ", ".join(f"rank {x.rank}" for x in rv.stragglers[1:]) + ")"
+        if s.seen_steps is not None:  # ranks sampled: judged on the steps its phases were exported in
+            return (f"rank {s.rank} straggles{others}: the other ranks waited for it {s.share:.0%} of the step "
+                    f"time of the {s.seen_steps} steps it was sampled in, late in {s.steps} of them")
         return (f"rank {s.rank} straggles{others}: the other ranks waited for it "
                 f"{s.share:.0%} of the run's step time, in {s.steps} of {rv.steps_analysed} steps")
     if pipe is not None and pipe.verdict != "balanced":
         return pipe.line()
     prefix = "ranks balanced; " if n_ranks > 1 else ""
+    if pipe is not None:
+        prefix += "pipeline balanced; "
     return prefix + breakdown_headline(shares)
 
 

@@ -19,7 +19,9 @@ from otel_train.analyze.model import RunData, build
 
 #: Below this much JSON, starting workers costs more than it saves.
 PARALLEL_MIN_BYTES = 48 << 20
-_CAPACITIES = (semconv.METRIC_INFER_CAPACITY, semconv.METRIC_TRAIN_CAPACITY)
+#: Pipeline gauges read for the verdict: each process's last value, summed over processes (the
+#: actors' capacities add up to what the pipeline can supply; the trainer ranks' to what it takes).
+_CAPACITIES = (semconv.METRIC_INFER_CAPACITY, semconv.METRIC_TRAIN_CAPACITY, semconv.METRIC_PIPELINE_THROUGHPUT)
 
 
 def load(sources: reader.Sources, stats: reader.Stats, workers: int | None = None, run_id: str | None = None
@@ -87,7 +89,7 @@ def _merge(into: RunData, part: RunData) -> None:
 def _read_metrics(sources: reader.Sources, data: RunData, stats: reader.Stats, run_id: str | None
                   ) -> dict[str, float]:
     """Each process's `otel_train.init` (its metric points' earliest start) into `data`; the
-    capacities' last values, averaged over processes."""
+    capacities' last values, summed over processes."""
     last: dict[tuple[str, str], tuple[int, float]] = {}
     init = data.init_ns
     for p in reader.iter_metric_points(sources, stats, run_id):
@@ -102,4 +104,4 @@ def _read_metrics(sources: reader.Sources, data: RunData, stats: reader.Stats, r
     out: dict[str, list[float]] = {}
     for (name, _), (_, value) in last.items():
         out.setdefault(name, []).append(value)
-    return {name: sum(v) / len(v) for name, v in out.items()}
+    return {name: sum(v) for name, v in out.items()}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +93,12 @@ class RankStep:
         if not self.has_span and n:
             self.start = min(self.times[0::2])
             self.end = max(self.times[1::2])
+
+
+def traced(per: Mapping[int, RankStep]) -> dict[int, RankStep]:
+    """The ranks of one step whose phase spans are there: all of them, unless the run sampled
+    ranks (`OTEL_TRAIN_RANKS`), which keeps every rank's step span but some ranks' phases."""
+    return {r: rs for r, rs in per.items() if rs.codes}
 
 
 @dataclass(slots=True)

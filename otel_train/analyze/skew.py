@@ -6,7 +6,9 @@ the last one's arrival, whatever each rank's clock says. So for every step, the 
 microseconds of noise (and nothing of who was late: lateness moves the *starts*). A run with no
 collective spans (DDP: the gradient all-reduce runs inside autograd) uses the end of each step's
 last `train.backward`, which returns when DDP's all-reduce has. The estimate is the median over
-steps, robust to the odd step where a rank was descheduled on its way out.
+steps, robust to the odd step where a rank was descheduled on its way out. Only the ranks whose
+phases a step has take part (a sampled run, `OTEL_TRAIN_RANKS`, exports some ranks' phases a
+step and always rank 0's, the reference).
 
 `residual_ns` says how well the corrected ends agree (median absolute deviation of the
 per-step differences): the precision of the correction, and the noise floor below which the
@@ -20,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from otel_train import semconv
-from otel_train.analyze.model import PHASES, RankStep
+from otel_train.analyze.model import PHASES, RankStep, traced
 from otel_train.analyze.slow import median
 
 SOURCE_COLLECTIVE = semconv.SPAN_COLLECTIVE
@@ -70,11 +72,12 @@ def estimate(by_step: Mapping[int, Mapping[int, RankStep]]) -> Skew:
     """Offsets of every rank against the lowest rank, from the steps all ranks share."""
     diffs: dict[int, list[int]] = {}
     used, source = 0, ""
-    ranks_all = sorted({r for per in by_step.values() for r in per})
+    ranks_all = sorted({r for per in by_step.values() for r in traced(per)})
     if len(ranks_all) < 2:
         return Skew(reference=ranks_all[0] if ranks_all else None)
     ref = ranks_all[0]
     for per in by_step.values():
+        per = traced(per)  # ranks sampled out of a step (OTEL_TRAIN_RANKS) have no phases to align
         if ref not in per or len(per) < 2:
             continue
         ends = {r: _sync_ends(rs) for r, rs in per.items()}

@@ -22,6 +22,11 @@ from rank to rank once), the waits it caused add up to at least 5 % of the run's
 it was late in at least `MIN_STEPS` (2) steps; otherwise the run is balanced, and ranks late in
 some steps are listed as occasional (one long stall is an incident, not a slow rank).
 
+A sampled run (`OTEL_TRAIN_RANKS=sample:K`) has every rank's step span but the phases of rank 0
+and K others a step: the spread is every rank's, the waits are compared among the ranks whose
+phases the step has, and a rank's share is of the steps it was sampled in, so a persistent
+straggler is named as in a run with every rank's phases.
+
 Known blind spot: a rank slower inside backward itself (DDP) makes the others wait inside their
 backward too, so every rank's backward lasts as long and arrivals agree; device timing
 (`device.duration_s`) or explicit collective spans tell that case apart, host spans cannot.
@@ -32,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from otel_train.analyze.model import OUTSIDE, PHASES, RankStep
+from otel_train.analyze.model import OUTSIDE, PHASES, RankStep, traced
 from otel_train.analyze.skew import Skew
 from otel_train.analyze.slow import median
 
@@ -66,6 +71,8 @@ class StepRanks:
     min_rank: int
     max_rank: int
     stragglers: list[Straggler] = field(default_factory=list)
+    #: The ranks whose phases this step has, where not all (a sampled run); None: every rank's.
+    traced: frozenset[int] | None = None
 
 
 @dataclass
@@ -75,7 +82,8 @@ class RankSummary:
     rank: int
     steps: int  # steps it was named in
     lost_ns: int  # waits it caused, summed
-    share: float  # of the run's summed median step time
+    share: float  # of the run's summed median step time (sampled: of the steps it was seen in)
+    seen_steps: int | None = None  # steps whose phases it has, where ranks were sampled (else None)
 
 
 @dataclass
@@ -123,6 +131,10 @@ def analyse_step(step: int, per: Mapping[int, RankStep], skew: Skew, threshold: 
     order = sorted(durations, key=lambda r: (durations[r], r))
     out = StepRanks(step, len(per), durations[order[0]], int(median(list(durations.values()))),
                     durations[order[-1]], order[0], order[-1])
+    phased = traced(per)  # the ranks whose phases this step has (all, unless ranks were sampled)
+    if len(phased) < len(per):
+        out.traced = frozenset(phased)
+    per = phased
     if len(per) < 2:
         return out
     occ = {r: _occurrences(rs, skew.of(r)) for r, rs in per.items()}
@@ -160,6 +172,14 @@ def analyse_step(step: int, per: Mapping[int, RankStep], skew: Skew, threshold: 
     return out
 
 
+def _seen_ns(steps: list[StepRanks], rank: int, total: int) -> int:
+    """The summed median step time of the steps whose phases `rank` has: all of them (`total`)
+    unless ranks were sampled, where a rank's waits are judged against the steps it was seen in."""
+    if all(s.traced is None for s in steps):
+        return total
+    return sum(s.median_ns for s in steps if s.traced is None or rank in s.traced)
+
+
 def verdict(steps: list[StepRanks], per_rank_median_ns: dict[int, int], threshold: float = THRESHOLD,
             warmup: frozenset[int] = frozenset()) -> RanksVerdict:
     """The run's verdict from its per-step analyses; steps in `warmup` are left out."""
@@ -171,8 +191,10 @@ def verdict(steps: list[StepRanks], per_rank_median_ns: dict[int, int], threshol
             acc = sums.setdefault(st.rank, [0, 0])
             acc[0] += 1
             acc[1] += st.late_ns
-    summaries = sorted((RankSummary(r, n, lost, lost / total if total else 0.0) for r, (n, lost) in sums.items()),
-                       key=lambda x: -x.lost_ns)
+    sampled = any(s.traced is not None for s in analysed)
+    summaries = sorted((RankSummary(r, n, lost, lost / seen if (seen := _seen_ns(analysed, r, total)) else 0.0,
+                                    sum(s.traced is None or r in s.traced for s in analysed) if sampled else None)
+                        for r, (n, lost) in sums.items()), key=lambda x: -x.lost_ns)
     big = [x for x in summaries if x.share >= threshold and x.steps >= MIN_STEPS]
     small = [x for x in summaries if x not in big]
     return RanksVerdict(not big, big, small, len(analysed), total, per_rank_median_ns)

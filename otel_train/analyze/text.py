@@ -61,8 +61,12 @@ def _ranks(d: Diagnosis, add) -> None:  # type: ignore[no-untyped-def]
         add(f"  balanced: no rank made the others wait 5% of the run's step time or more "
             f"({rv.steps_analysed} steps analysed)")
     for s in rv.stragglers:
-        add(f"  straggler: rank {s.rank}, late in {s.steps} of {rv.steps_analysed} steps; the other ranks "
-            f"waited for it {dur(s.lost_ns)} in all ({s.share:.0%} of the run's step time)")
+        if s.seen_steps is not None:  # ranks sampled (OTEL_TRAIN_RANKS): judged where its phases are
+            add(f"  straggler: rank {s.rank}, late in {s.steps} of the {s.seen_steps} steps its phases were sampled "
+                f"in; the other ranks waited for it {dur(s.lost_ns)} in all ({s.share:.0%} of those steps' time)")
+        else:
+            add(f"  straggler: rank {s.rank}, late in {s.steps} of {rv.steps_analysed} steps; the other ranks "
+                f"waited for it {dur(s.lost_ns)} in all ({s.share:.0%} of the run's step time)")
         ev = _evidence(d, s.rank)
         if ev:
             add("    " + ev)

@@ -6,17 +6,23 @@ Pipeline (a trainer fed by inference actors, the TorchSpec seed's shape). Two nu
 - the actors' *utilisation*: `infer.generate` time over each actor's active window
   (its first span's start to its last span's end), averaged over actors.
 
-| wait share | utilisation | verdict |
+| wait share | actors saturated | verdict |
 |---|---|---|
-| >= 10 % | >= 80 % | inference-bound: actors generate flat out and the trainer still waits |
-| >= 10 % | <  80 % | data-transfer-bound: actors have idle time, yet samples do not arrive |
-| <  10 % | <  80 % | training-bound: the trainer never waits, actors idle waiting for it |
-| <  10 % | >= 80 % | balanced |
+| >= 10 % | yes | inference-bound: actors generate flat out and the trainer still waits |
+| >= 10 % | no  | data-transfer-bound: actors have spare capacity, yet samples do not arrive |
+| <  10 % | no  | training-bound: the trainer never waits, actors idle waiting for it |
+| <  10 % | yes | balanced |
+
+Saturated: utilisation >= 80 %, or, where both capacities were exported, the trainer could take
+at least 80 % of what the actors can supply (`train.capacity` >= 0.8 x `infer.capacity`, each
+summed over processes): the same bound from the capacities, which a short or loaded run's gaps
+between calls (the actor idle between two tasks of its queue) do not blur.
 
 10 %: below it the trainer loses less to waiting than a step's usual jitter. 80 %: past it a
 producer is saturated (queueing delay grows steeply as utilisation nears 1), below it the
 actors demonstrably had 20 % of their time to spare. The capacities `infer.capacity` and
-`train.capacity` (samples/s), when exported, are shown beside the verdict as its numbers.
+`train.capacity` and the realised `pipeline.throughput` (samples/s, each summed over the
+processes that export it: `export/pipeline_metrics.py`) are shown beside the verdict as its numbers.
 """
 
 from __future__ import annotations
@@ -40,22 +46,30 @@ class PipelineVerdict:
     utilisation: float  # actors' generate time / active time, mean over actors
     actors: int
     generate_calls: int
-    capacities: dict[str, float] = field(default_factory=dict)  # metric name -> last value (mean over processes)
+    capacities: dict[str, float] = field(default_factory=dict)  # metric name -> last value (sum over processes)
 
     def line(self) -> str:
         text = (f"pipeline {self.verdict}: trainer waited {self.wait_share:.0%} of its step time for samples; "
                 f"{self.actors} inference actor{'s' if self.actors != 1 else ''} busy {self.utilisation:.0%} "
                 f"of their time ({self.generate_calls} generate calls)")
-        if self.capacities:
-            text += "; " + ", ".join(f"{k} {v:.1f}/s" for k, v in sorted(self.capacities.items()))
+        said = [f"{words} {self.capacities[name]:.1f} samples/s ({name})" for name, words in _CAPACITY_WORDS.items()
+                if name in self.capacities]
+        if said:
+            text += "; " + ", ".join(said)
         return text
 
 
-def classify(wait_share: float, utilisation: float) -> str:
-    """The table in the module docstring."""
+#: How the pipeline gauges read in the verdict line (summed over processes), in this order.
+_CAPACITY_WORDS = {semconv.METRIC_INFER_CAPACITY: "actors supply", semconv.METRIC_TRAIN_CAPACITY: "trainer takes",
+                   semconv.METRIC_PIPELINE_THROUGHPUT: "realised"}
+
+
+def classify(wait_share: float, utilisation: float, demand_share: float | None = None) -> str:
+    """The table in the module docstring; `demand_share`: `train.capacity` / `infer.capacity`."""
+    saturated = utilisation >= UTILISATION or (demand_share is not None and demand_share >= UTILISATION)
     if wait_share >= WAIT_SHARE:
-        return INFERENCE_BOUND if utilisation >= UTILISATION else TRANSFER_BOUND
-    return BALANCED if utilisation >= UTILISATION else TRAINING_BOUND
+        return INFERENCE_BOUND if saturated else TRANSFER_BOUND
+    return BALANCED if saturated else TRAINING_BOUND
 
 
 def pipeline_verdict(steps: Iterable[RankStep], actor_spans: Iterable[Interval],
@@ -80,7 +94,10 @@ def pipeline_verdict(steps: Iterable[RankStep], actor_spans: Iterable[Interval],
     utils = [busy / (b - a) for a, b, busy in windows.values() if b > a]
     util = min(1.0, sum(utils) / len(utils)) if utils else 0.0
     share = wait_ns / step_ns if step_ns else 0.0
-    return PipelineVerdict(classify(share, util), share, util, len(windows), calls, dict(capacities or {}))
+    caps = dict(capacities or {})
+    supply, demand = caps.get(semconv.METRIC_INFER_CAPACITY), caps.get(semconv.METRIC_TRAIN_CAPACITY)
+    demand_share = demand / supply if supply and demand is not None else None
+    return PipelineVerdict(classify(share, util, demand_share), share, util, len(windows), calls, caps)
 
 
 def phase_shares(steps: Iterable[RankStep]) -> dict[str, float]:

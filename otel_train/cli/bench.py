@@ -1,4 +1,4 @@
-"""`otel-train bench overhead`, `startup`, `soak`, `device` and `latency`: the benchmarks
+"""`otel-train bench overhead`, `startup`, `soak`, `scale`, `device` and `latency`: the benchmarks
 (`otel_train.bench`), run by users on their own hardware. `latency`'s flags: `bench_latency`."""
 
 from __future__ import annotations
@@ -47,6 +47,18 @@ def add_parser(sub: Any) -> None:
     soak.add_argument("--minutes", type=float, default=20.0, help="how long the run lasts (default 20)")
     soak.add_argument("--step-ms", type=float, default=2.0, help="sleep per step, ms (default 2)")
     soak.add_argument("--sample-s", type=float, default=5.0, help="seconds between samples (default 5)")
+    scale = bench_sub.add_parser("scale", help="one step's spans at 1k and 10k simulated ranks, with rank sampling")
+    scale.add_argument("--ranks", default="1024,10240",
+                       help="comma-separated simulated world sizes (default 1024,10240)")
+    scale.add_argument("--settings", default="all,first-per-node,sample:16,sample:64,sample:64/all",
+                       help="comma-separated settings to compare, each OTEL_TRAIN_RANKS or "
+                            "OTEL_TRAIN_RANKS/OTEL_TRAIN_STEP_SPANS (default all,first-per-node,sample:16,"
+                            "sample:64,sample:64/all; first-per-node assumes 8 ranks a node)")
+    scale.add_argument("--micro-batches", type=int, default=2, help="micro-batches a step (default 2)")
+    scale.add_argument("--collectives", type=int, default=8, help="collectives a step (default 8)")
+    scale.add_argument("--endpoint", default=None,
+                       help="an OTLP/gRPC receiver to send to (default: a local one this command starts)")
+    scale.add_argument("--json", action="store_true", help="one JSON object per line")
     device = bench_sub.add_parser("device", help="device timing: synchronisations and device durations")
     device.add_argument("--steps", type=int, default=50, help="training steps per variant (default 50)")
     bench_latency.add_parser(bench_sub)
@@ -81,6 +93,24 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         for name, value in result.items():
             print(f"{name}: {value:.3f}" if isinstance(value, float) else f"{name}: {value}")
         return 0 if result["spans_delivered"] == result["spans_made"] else 1
+    if args.bench == "scale":
+        from otel_train.bench.scale import Shape, run_scale
+        from otel_train.wire.sampling import STEP_SPANS, parse_ranks
+        try:
+            ranks = [int(x) for x in args.ranks.split(",")]
+            settings = []
+            for item in args.settings.split(","):
+                choice, slash, spans = item.partition("/")
+                if slash and spans not in STEP_SPANS:
+                    raise ValueError(f"OTEL_TRAIN_STEP_SPANS is one of {', '.join(STEP_SPANS)}")
+                settings.append(parse_ranks(choice) + slash + spans)
+        except ValueError as err:
+            parser.error(f"--ranks takes positive integers, --settings OTEL_TRAIN_RANKS[/OTEL_TRAIN_STEP_SPANS] "
+                         f"values ({err})")
+        if min(ranks) < 1 or args.micro_batches < 0 or args.collectives < 0:
+            parser.error("--ranks must be positive, --micro-batches and --collectives at least 0")
+        run_scale(ranks, settings, Shape(args.micro_batches, args.collectives), args.endpoint, args.json)
+        return 0
     if args.bench == "device":
         if args.steps < 1:
             parser.error("--steps must be a positive integer")

@@ -5,7 +5,8 @@ training process; the exporter process receives them as they are (`pipeline.Setu
 builds its senders from them (`exporters`), so the choice is written here and nowhere else.
 
 - `auto` means OTLP when an endpoint is configured, else the embedded default: OTLP JSON
-  files under `<output dir>/<run id>/` (`traces-rank<R>.jsonl`, `metrics-rank<R>.jsonl`).
+  files under `<output dir>/<run id>/` (`traces-rank<R>.jsonl`, `metrics-rank<R>.jsonl`; an
+  inference actor's `traces-inference-<id>.jsonl`, `process_label`).
 - An endpoint that was given but is not valid (`_config` said so) never falls back to the
   specification's default endpoint, where another local service may listen: it goes to the
   local files instead, so nothing is lost.
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from typing import Any
 
+from otel_train import semconv
 from otel_train._config import Config
 from otel_train._distributed import RunInfo
 
@@ -70,6 +72,14 @@ def run_dir(cfg: Config, run: RunInfo) -> Path:
     return Path(cfg.output_dir) / run.run_id
 
 
+def process_label(run: RunInfo) -> str:
+    """What names a process's files: `rank<R>` for a trainer; `<role>-<instance>` for another
+    role (an inference actor has no rank of its own, and several may share a run directory)."""
+    if run.role == semconv.ROLE_TRAINER:
+        return f"rank{run.rank}"
+    return f"{run.role}-{run.instance_id.replace('-', '')[:12]}"
+
+
 def default_endpoint(protocol: str) -> str:
     """The OTLP specification's default receiver for `protocol`."""
     return "http://localhost:4317" if protocol == "grpc" else "http://localhost:4318"
@@ -95,7 +105,7 @@ def _resolve(signal: str, cfg: Config, run: RunInfo, choice: str, endpoint: str 
              rejected: bool) -> Destination:
     kind = _kind(choice, endpoint, rejected)
     if kind == "file":
-        return Destination(signal, kind, path=str(run_dir(cfg, run) / f"{signal}-rank{run.rank}.jsonl"))
+        return Destination(signal, kind, path=str(run_dir(cfg, run) / f"{signal}-{process_label(run)}.jsonl"))
     if kind != "otlp":
         return Destination(signal, kind)
     endpoint = endpoint or default_endpoint(cfg.protocol)
@@ -125,10 +135,13 @@ class ExportSetup:
     metrics: Destination
     init_ns: int
     """When `otel_train.init` ran (the recorder's wall clock): where the run's goodput window opens."""
+    wall_shift_ns: int = 0
+    """The test-only clock shift (`record.clock.ShiftedClock`), applied to metric timestamps as the
+    worker applies it to spans'."""
 
 
 def make_setup(cfg: Config, run: RunInfo, resource: dict[str, Any], salt: int,
-               init_ns: int | None = None) -> ExportSetup:
+               init_ns: int | None = None, wall_shift_ns: int = 0) -> ExportSetup:
     traces, metrics = resolve(cfg, run)
     return ExportSetup(cfg, run, dict(resource), salt, traces, metrics,
-                       time.time_ns() if init_ns is None else init_ns)
+                       time.time_ns() if init_ns is None else init_ns, wall_shift_ns)

@@ -20,6 +20,7 @@ from typing import Any
 
 from otel_train import semconv
 from otel_train.export.attributes import SCALARS, AttributeCleaner
+from otel_train.export.pipeline_metrics import PIPELINE_SPANS
 from otel_train.export.otlp import (KIND_INTERNAL, REGION_HEAD, REGION_HEAD_PARENT, REGION_PREFIXES,
                                     REGION_PREFIXES_MAX, TAIL_LOCAL, LeanEncoder, region_prefix)
 from otel_train.export.span_ids import SpanIds
@@ -35,8 +36,10 @@ except ImportError:
 
 #: Names the general path always takes: step siblings (their step gets a tag), train.other
 #: between steps (parented by the step, `SpanAssembler._on_span`), and the benchmark's timed
-#: batches, whose metrics need their attributes (`metrics.TrainMetrics.observe`).
-_GENERAL_ONLY = frozenset(SIBLING_TAGS) | frozenset(semconv.BENCH_TIMED_SPANS) | {semconv.SPAN_OTHER}
+#: batches and the pipeline's spans, whose metrics need their attributes (`metrics.TrainMetrics.observe`,
+#: `pipeline_metrics`).
+_GENERAL_ONLY = (frozenset(SIBLING_TAGS) | frozenset(semconv.BENCH_TIMED_SPANS) | {semconv.SPAN_OTHER}
+                 | frozenset(PIPELINE_SPANS))
 _CACHE_MAX = 4096  # bodies, steps and attribute fields remembered; each cache is cleared past this
 #: The only step attributes a lean step may carry: what automatic detection counts from the
 #: batches' shape (`detect.batch_size`), the same most steps of a run.
@@ -44,7 +47,8 @@ _SIZES = frozenset({semconv.TRAIN_SAMPLES, semconv.TRAIN_TOKENS})
 _NO_STEP_YET = object()  # `regions_python` before its first region: equal to no step number
 
 #: What the fast path keeps of a step: its trace id field, the step span's id (wire form), the
-#: encoded `train.step` attribute, whether the step is sampled, and the step span's parent id
+#: encoded `train.step` attribute, whether this rank's phase spans of the step are sampled
+#: (`wire/sampling.py`), and the step span's parent id
 #: (rank 0's step span, wire form; None on rank 0).
 StepFields = tuple[bytes, int | None, bytes, bool, int | None]
 
@@ -207,7 +211,7 @@ class FastPath:
             self.steps.clear()
         ids = self.ids
         if step_n is None:
-            found: StepFields = (LeanEncoder.trace_field(ids.trace(None)), None, b"", True, None)
+            found: StepFields = (LeanEncoder.trace_field(ids.trace(None)), None, b"", self.sampled(None), None)
         else:
             root = None if ids.run.rank == 0 else ids.root_step(step_n)
             root_wire = wire_id(root) if root else None

@@ -36,6 +36,7 @@ from otel_train.analyze.goodput import PRODUCTIVE
 from otel_train.export.console import ConsoleSummary
 from otel_train.export.goodput import RunAccount
 from otel_train.export.mfu import Mfu
+from otel_train.export.pipeline_metrics import PipelineMetrics
 
 _log = logging.getLogger("otel_train")
 
@@ -247,6 +248,8 @@ class TrainMetrics:
         self.console = ConsoleSummary(console_every, self._console_totals) if console_every > 0 else None
         self.dropped = _Counter(semconv.METRIC_SPANS_DROPPED, "{span}", "Records otel_train had to drop",
                                 count, start)
+        #: infer.capacity, train.capacity, pipeline.throughput, pipeline.pool.size (`pipeline_metrics`).
+        self.pipeline = PipelineMetrics(self.lock, time_ns)
         # Registered last: a reader may collect (on its own thread) as soon as it has a callback.
         if exporter is not None:
             readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=interval_ms))
@@ -383,6 +386,7 @@ class TrainMetrics:
                 self._account_metrics(now)
                 metrics += [g.collect(now) for g in (self.goodput, self.goodput_time)]
                 metrics.append(self.slow_steps.collect(reader, delta_counters, now))
+            metrics += self.pipeline.collect(now)
         scope = ScopeMetrics(self.scope, [m for m in metrics if m is not None], "")
         return MetricsData([ResourceMetrics(self.resource, [scope], "")])
 

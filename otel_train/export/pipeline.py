@@ -24,7 +24,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_train import semconv
-from otel_train.export import fast_path
+from otel_train.export import fast_path, restarts
 from otel_train.export.goodput import RunAccount
 from otel_train.export.mfu import Mfu
 from otel_train.export.attributes import AttributeCleaner
@@ -67,16 +67,22 @@ class ExportPipeline:
         self.processors = list(span_processors)
         self.delivery = build_span_delivery(setup.traces, cfg.buffer_size)
         self.account = RunAccount(setup.init_ns, self.run.restart)
+        shift = setup.wall_shift_ns  # the test-only clock shift, on metric timestamps as on spans'
         self.metrics = TrainMetrics(self.resource, build_metric_exporter(setup.metrics), cfg.metric_interval_ms,
                                     metric_readers, self.version, account=self.account,
                                     mfu=Mfu(cfg.flops_per_step, cfg.peak_flops),
-                                    console_every=cfg.console_every if self.run.rank == 0 else 0)
+                                    console_every=cfg.console_every if self.run.rank == 0 else 0,
+                                    **({"time_ns": lambda: time.time_ns() + shift} if shift else {}))
         self.encoder = LeanEncoder(self.resource.attributes, semconv.SCOPE_NAME, self.version)
         self.assembler = SpanAssembler(self.run, setup.salt, self.resource,
                                        AttributeCleaner(cfg.attribute_value_limit), self._emit, cfg.step_sample,
-                                       self.metrics, self.version, self.encoder, self.account)
-        # Span processors see every span as a `ReadableSpan`: none may leave as bytes already.
-        self.assembler.fast = not self.processors
+                                       self.metrics, self.version, self.encoder, self.account,
+                                       cfg.ranks, cfg.step_spans)
+        # Span processors see every span as a `ReadableSpan`: none may leave as bytes already;
+        # an inference actor's spans wait for their call's trace (`actor_traces`): the general way.
+        self.assembler.fast = not self.processors and self.assembler.actors is None
+        if restarts.may_restart(self.run):
+            self.assembler.progress = restarts.RestartProgress(self.run, restarts.progress_dir(self.run.run_id))
         self._scope: Any = None
         self.received = 0
         self.cut_off = 0  # encoded too late, at the shutdown deadline
@@ -109,6 +115,7 @@ class ExportPipeline:
             else:
                 self.assembler.feed_raw(records, offset)
         self.metrics.set_dropped({**dropped, "export_failed": self.failed()})
+        self._note_progress()
         if export:
             self.export_pending()
 
@@ -123,6 +130,12 @@ class ExportPipeline:
             return
         self.received += self.assembler.feed_packed(slots, side, strings, offset)
         self.metrics.set_dropped({**dropped, "export_failed": self.failed()})
+        self._note_progress()
+
+    def _note_progress(self) -> None:
+        """The restart marker, where the run may restart (`restarts.py`): once per drain."""
+        if self.assembler.progress is not None:
+            self.assembler.progress.flush()
 
     # -- out ---------------------------------------------------------------------------
     def export_pending(self) -> None:
@@ -144,6 +157,7 @@ class ExportPipeline:
         if not self._closed:
             self._closed = True
             self.assembler.flush()
+            self._note_progress()
             self._export_pending(deadline)
             for processor in self.processors:
                 _guarded(processor.force_flush, max(1, int((deadline - time.monotonic()) * 1000)))

@@ -32,19 +32,25 @@ from opentelemetry.trace import StatusCode
 
 from otel_train import semconv
 from otel_train._distributed import RunInfo
+from otel_train.export.actor_traces import ActorTraces
 from otel_train.export.attributes import AttributeCleaner, add_device
 from otel_train.export.fast_path import FastPath
 from otel_train.export.goodput import DATA_SPANS, SLOW_TAG, RunAccount
 from otel_train.export.metrics import TrainMetrics
 from otel_train.export.otlp import LeanEncoder
+from otel_train.export.pipeline_metrics import PIPELINE_SPANS
+from otel_train.export.restarts import RestartProgress
 from otel_train.export.span_ids import SpanIds
 from otel_train.export.step_timeline import SIBLING_TAGS, HeldStep, StepTimeline, late_events
+from otel_train.wire import sampling
 from otel_train.wire.ids import parse_traceparent
 from otel_train.wire.schema import (KIND_EVENT, KIND_SAMPLE, KIND_SPAN, KIND_STEP, KIND_TAG, W_ATTRS, W_DEV,
                                     W_ERROR, W_EVENTS, W_LINKS, W_NAME, W_PARENT, W_SEQ, W_STEP, W_STEP_SEQ, W_T0,
                                     W_T1, W_TRUNC, tuple_to_wire)
 
 _log = logging.getLogger("otel_train")
+#: Links kept per step span: OpenTelemetry's default span link count limit.
+MAX_LINKS = 128
 _NO_LOCK = nullcontext()
 
 
@@ -57,7 +63,8 @@ class SpanAssembler:
 
     def __init__(self, run: RunInfo, salt: int, resource: Resource, cleaner: AttributeCleaner,
                  emit: Callable[[list[Any]], None], step_sample: int = 1, metrics: TrainMetrics | None = None,
-                 version: str = "", encoder: LeanEncoder | None = None, account: RunAccount | None = None) -> None:
+                 version: str = "", encoder: LeanEncoder | None = None, account: RunAccount | None = None,
+                 ranks: str = sampling.ALL, step_spans: str = "all") -> None:
         encoder = encoder or LeanEncoder(dict(resource.attributes), semconv.SCOPE_NAME, version)
         self.run = run
         self.salt = salt
@@ -65,18 +72,27 @@ class SpanAssembler:
         self.cleaner = cleaner
         self.emit = emit
         self.step_sample = step_sample
+        # Rank sampling is for trainers; an inference actor's spans always go out.
+        self.sampling = sampling.RankSampling(ranks if run.role == semconv.ROLE_TRAINER else sampling.ALL,
+                                              run.run_id, run.rank, run.local_rank, run.world_size, step_sample,
+                                              step_spans if run.role == semconv.ROLE_TRAINER else "all")
         self.metrics = metrics
         self.encoder = encoder
         self.account = account  # goodput and slow steps, fed under the metrics lock (collect reads it)
         self.ids = SpanIds(run, salt)
         self.timeline = StepTimeline()
-        self.fast_path = FastPath(encoder, cleaner, self.ids, self.sampled)
+        self.fast_path = FastPath(encoder, cleaner, self.ids, self.phases_sampled)
+        # An inference actor's spans wait for their call's trace (`actor_traces`): the general way.
+        self.actors = ActorTraces(run.run_id, salt) if run.role != semconv.ROLE_TRAINER else None
         #: The fast path may take usual records, which then come out as bytes (off where span
-        #: processors need every span as a tuple, and in tests).
-        self.fast = True
+        #: processors need every span as a tuple, for an inference actor, and in tests).
+        self.fast = self.actors is None
         self.lean_steps = True  # usual step records by the fast path's lean form (tests turn it off)
         self._windows: dict[str, tuple[Any, list[Any]]] = {}
         self.spans_built = 0
+        #: Set by the pipeline where the run may restart: steps noted, redone ones tagged.
+        self.progress: RestartProgress | None = None
+        self._links_capped = False
 
     # -- in ----------------------------------------------------------------------------
     def feed(self, records: Iterable[tuple[Any, ...]]) -> None:
@@ -120,6 +136,8 @@ class SpanAssembler:
         out: list[Any] = []
         for held in self.timeline.release_all():
             self._emit_step(held, out)
+        if self.actors is not None:
+            self.actors.flush(out)
         self._emit_all(out)
 
     def _emit_all(self, out: list[Any]) -> None:
@@ -192,14 +210,21 @@ class SpanAssembler:
             parent_id = None
         if self.metrics is not None:
             self.metrics.observe(name, (wire[W_T1] - wire[W_T0]) / 1e9, attrs)
+            if name in PIPELINE_SPANS:
+                self.metrics.pipeline.span(name, (wire[W_T1] - wire[W_T0]) / 1e9, attrs, step_n)
         if self.account is not None:
             if name in DATA_SPANS:
                 self.account.data(wire[W_T1] - wire[W_T0])
             self.account.seen(wire[W_T1])
-        if not self.sampled(step_n):
+        if not (self.sampled(step_n) if sibling_tag is not None else self.phases_sampled(step_n)):
             return
-        out.append(self._build(name, self.ids.trace(step_n), self.ids.region(wire[W_SEQ]),
-                               parent_id, remote, wire, attrs, wire[W_EVENTS], None))
+        span_id = self.ids.region(wire[W_SEQ])
+        if self.actors is not None and step_n is None:
+            self.actors.place(wire[W_SEQ], parent_seq, lambda trace: self._build(
+                name, trace, span_id, parent_id, False, wire, attrs, wire[W_EVENTS], None), out)
+            return
+        out.append(self._build(name, self.ids.trace(step_n), span_id, parent_id, remote, wire, attrs,
+                               wire[W_EVENTS], None))
 
     def _on_step(self, wire: tuple[Any, ...], out: list[Any]) -> None:
         t1 = wire[W_T1]
@@ -212,6 +237,8 @@ class SpanAssembler:
                    out)
 
     def _hold(self, wire: tuple[Any, ...], end: int, lean: bytes | None, out: list[Any]) -> None:
+        if self.progress is not None and type(wire[W_STEP]) is int:
+            self.progress.note(wire[W_STEP])
         for earlier in self.timeline.hold(wire, end, lean):
             self._emit_step(earlier, out)
         if self.account is not None:
@@ -222,6 +249,8 @@ class SpanAssembler:
     def _emit_step(self, held: HeldStep, out: list[Any]) -> None:
         wire = held.wire
         step_n = wire[W_STEP]
+        if self.progress is not None and type(step_n) is int and self.progress.redone(step_n):
+            held.tags.append(semconv.TAG_REDONE)  # an earlier attempt ran this step (`restarts.py`)
         if held.lean is not None and not held.tags and not held.events:
             self._emit_lean_step(held, out)
             return
@@ -234,6 +263,8 @@ class SpanAssembler:
             attrs[semconv.TRAIN_STEP_TAGS] = tuple(sorted(set(held.tags)))
         if self.metrics is not None:
             self.metrics.observe_step(held.time_s, attrs)
+            if self.metrics.pipeline.active:
+                self.metrics.pipeline.step(step_n, held.time_s, attrs)
         if not self.sampled(step_n):
             return
         if self.fast and not (held.events or wire[W_LINKS] or wire[W_ERROR] or wire[W_TRUNC]):
@@ -253,13 +284,21 @@ class SpanAssembler:
                 self.metrics.observe_step(held.time_s, attrs, held.wire[W_STEP])
             else:
                 self.metrics.observe_step_time(held.time_s, held.wire[W_STEP])
+            if self.metrics.pipeline.active:
+                self.metrics.pipeline.step(held.wire[W_STEP], held.time_s, None)
         if self.sampled(held.wire[W_STEP]):
             out.append(self.fast_path.lean_step_span(held))  # type: ignore[union-attr]
 
     # -- helpers -----------------------------------------------------------------------
     def sampled(self, step_n: int | None) -> bool:
-        """Whether step `step_n`'s spans are exported (OTEL_TRAIN_STEP_SAMPLE); metrics see every step."""
-        return step_n is None or self.step_sample == 1 or step_n % self.step_sample == 0
+        """Whether step `step_n`'s step span and its siblings are exported (OTEL_TRAIN_STEP_SAMPLE,
+        and OTEL_TRAIN_STEP_SPANS); metrics see every step."""
+        return self.sampling.step(step_n)
+
+    def phases_sampled(self, step_n: int | None) -> bool:
+        """Whether this rank's phase spans of step `step_n` are exported (OTEL_TRAIN_STEP_SAMPLE
+        and OTEL_TRAIN_RANKS, `wire/sampling.py`); metrics see every step."""
+        return self.sampling.phases(step_n)
 
     def _build(self, name: str, trace_id: int, span_id: int, parent_id: int | None, parent_remote: bool,
                wire: tuple[Any, ...], attrs: dict[str, Any], events: Any, links: Any) -> tuple[Any, ...]:
@@ -278,17 +317,25 @@ class SpanAssembler:
                 self._link_ids(links), StatusCode.ERROR.value if error else 0, error)
 
     def _link_ids(self, carriers: Any) -> list[tuple[int, int]]:
+        """The spans `carriers` name, each once: a step consuming a batch links every sample's
+        carrier, and samples of one generate call share theirs."""
         if not carriers:
             return []
-        links = []
+        links: dict[tuple[int, int], None] = {}
         for carrier in carriers:
             ids = parse_traceparent(carrier)
             if ids is None:
                 _log.warning("otel_train: link(%r) is not a W3C trace context (a dict with 'traceparent' "
                              "as made by otel_train.inject()); it is ignored.", carrier)
                 continue
-            links.append(ids)
-        return links
+            links[ids] = None
+        if len(links) > MAX_LINKS:
+            if not self._links_capped:
+                self._links_capped = True
+                _log.warning("otel_train: a step linked %d producer spans; each step keeps the first %d "
+                             "(OpenTelemetry's default span link limit).", len(links), MAX_LINKS)
+            return list(links)[:MAX_LINKS]
+        return list(links)
 
     def _observe_durations(self, durations: Mapping[str, list[int]]) -> None:
         """The host durations of a batch's fast regions, by name, into their metric windows."""

@@ -5,7 +5,9 @@
   is the root of the step's trace, and the other ranks' step spans are its children; the
   launch (`_distributed.launch_id`) keeps a rerun under the same run id from repeating them.
 - A **region's span id** from the process's random salt and the region's sequence number
-  (`region_wire_id`), so the worker (or `inject()`) can name a span before it has ended. The
+  (`region_wire_id`), so the worker (or `inject()`) can name a span before it has ended.
+- An **inference actor's** span outside any step has the trace of its top-level span
+  (`actor_trace_id`, from the salt and that span's sequence number): one trace per call. The
   exporter computes one or two per span: its fast path (`export/fast_path.py`) writes the rule
   out, and the C encoder takes the multiplier from here (`_encode.bind`).
 """
@@ -92,6 +94,13 @@ class StepIds:
         span.update((text + self._suffix).encode())
         trace_id, span_id = trace.digest(), span.digest()
         return (trace_id if trace_id != _ZERO16 else None, span_id if span_id != _ZERO8 else None)
+
+
+def actor_trace_id(run_id: str, salt: int, root_seq: int) -> int:
+    """The trace of an inference actor's top-level span (the `root_seq`-th region of the process
+    with `salt`) and of everything inside it: an actor's spans keep their own traces, one per
+    top-level call (docs/actors.md), which a trainer's step links to."""
+    return _id_int(_digest(_hasher(f"otel_train/actor/{run_id}/", 16), f"{salt:x}/{root_seq}"))
 
 
 def region_wire_id(salt: int, seq: int) -> int:

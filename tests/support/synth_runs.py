@@ -26,7 +26,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from otel_train.semconv import PHASE_SPANS as _PHASES  # noqa: E402
 from otel_train.wire.ids import step_span_id, trace_id_for  # noqa: E402
+from otel_train.wire.sampling import sampled_in  # noqa: E402
 
 MS = 1_000_000
 T0 = 1_800_000_000 * 10**9  # an arbitrary wall-clock origin (2027)
@@ -58,6 +60,7 @@ class Plan:
     seed: int = 0
     steps_per_line: int = 10
     tail_ms: float = 0.0  # after the last step, before the process's last span ends
+    sample: int | None = None  # OTEL_TRAIN_RANKS=sample:K: phase spans of rank 0 and K ranks a step only
 
 
 @dataclass
@@ -101,6 +104,9 @@ class _RankWriter:
     def span(self, name: str, step: int | None, t0: int, t1: int, parent: str | None = None,
              span_id: str | None = None, **attrs: Any) -> str:
         sid = span_id or f"{self.rng.getrandbits(64) or 1:016x}"
+        if self.plan.sample is not None and name in _PHASES and \
+                not sampled_in(self.plan.run_id, step, self.rank, self.plan.ranks, self.plan.sample):
+            return sid  # sampled out, as the exporter would
         a = {"train.step": step} if step is not None else {}
         a.update(attrs)
         s: dict[str, Any] = {"traceId": f"{trace_id_for(self.plan.run_id, step):032x}", "spanId": sid,
@@ -324,10 +330,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--straggler", type=int, default=None, help="a rank late by 20 ms a step")
     parser.add_argument("--device", action="store_true")
+    parser.add_argument("--sample", type=int, default=None, help="phase spans of K ranks a step (sample:K)")
     args = parser.parse_args()
     plan = Plan(ranks=args.ranks, steps=args.steps, straggler={args.straggler: 20.0} if args.straggler is not None
                 else {}, jitter_ms=1.0, device=args.device, siblings={args.steps // 2: [("train.checkpoint", 300.0)]},
-                offsets_ms={r: (r % 7 - 3) * 1.5 for r in range(args.ranks)})
+                offsets_ms={r: (r % 7 - 3) * 1.5 for r in range(args.ranks)}, sample=args.sample)
     truth = write_run(plan, args.out)
     print(json.dumps({"wall_s": truth.wall_ns / 1e9, "seconds": truth.seconds}))
 
