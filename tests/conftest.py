@@ -47,8 +47,10 @@ def _no_otel_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
             monkeypatch.delenv(key, raising=False)
     yield
     from otel_train import _runtime
+    from otel_train.record import span
 
     _runtime.shutdown(0.5)
+    span.set_disabled(False)  # a disabled session leaves `otel_train.span` the no-op until the next init
 
 
 @pytest.fixture
