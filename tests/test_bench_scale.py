@@ -13,7 +13,7 @@ from support.otlp_receiver import OTLPReceiver
 from support.procs import clean_env
 
 from otel_train import semconv
-from otel_train.bench.scale import Shape
+from otel_train.bench.scale import Shape, run_id
 from otel_train.cli import main
 from otel_train.wire.sampling import sampled_ranks
 
@@ -28,13 +28,13 @@ def test_every_setting_reports_what_the_receiver_got(fresh_receiver: OTLPReceive
     reports = {r["setting"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
     assert list(reports) == list(SETTINGS)
     per_rank = Shape(1, 3).spans  # step + data/forward/backward + optimizer + 3 collectives = 8
-    chosen = sampled_ranks(f"bench-scale-{WORLD}-sample:4", 1, WORLD, 4)
+    chosen = sampled_ranks(run_id(WORLD, "sample:4"), 1, WORLD, 4)
     phases_from = {"all": set(range(WORLD)), "0": {0}, "first-per-node": {0, 8, 16, 24}, "sample:4": set(chosen),
-                   "sample:4/sampled": set(sampled_ranks(f"bench-scale-{WORLD}-sample:4/sampled", 1, WORLD, 4))}
+                   "sample:4/sampled": set(sampled_ranks(run_id(WORLD, "sample:4/sampled"), 1, WORLD, 4))}
     spans = fresh_receiver.spans()
     requests = fresh_receiver.requests_for("traces")
     for setting, report in reports.items():
-        mine = [s for s in spans if s["resource"]["ml.run.id"] == f"bench-scale-{WORLD}-{setting}"]
+        mine = [s for s in spans if s["resource"]["ml.run.id"] == run_id(WORLD, setting)]
         steps = {s["resource"]["ml.rank"] for s in mine if s["name"] == semconv.SPAN_STEP}
         phases = {s["resource"]["ml.rank"] for s in mine if s["name"] != semconv.SPAN_STEP}
         assert phases == phases_from[setting], setting
@@ -45,7 +45,7 @@ def test_every_setting_reports_what_the_receiver_got(fresh_receiver: OTLPReceive
         assert len({s["trace_id"] for s in mine}) == 1  # one step: one trace
         assert report["spans_per_trace"] == len(mine) and report["ranks_with_phases"] == len(phases)
         sent = [r for r in requests if r.message.resource_spans[0].resource.attributes and
-                any(kv.key == "ml.run.id" and kv.value.string_value == f"bench-scale-{WORLD}-{setting}"
+                any(kv.key == "ml.run.id" and kv.value.string_value == run_id(WORLD, setting)
                     for kv in r.message.resource_spans[0].resource.attributes)]
         assert report["requests"] == len(sent) == len(steps)  # one request a rank
         assert report["bytes_per_trace"] == sum(r.message.ByteSize() for r in sent)
@@ -57,7 +57,7 @@ def test_with_its_own_receiver_the_counts_agree() -> None:
                            "all,sample:2", "--json"], capture_output=True, text=True, timeout=120, env=clean_env())
     assert proc.returncode == 0, proc.stderr
     reports = [json.loads(line) for line in proc.stdout.splitlines()]
-    sampled = len(sampled_ranks("bench-scale-16-sample:2", 1, 16, 2))  # 2, and rank 0 if not one of them
+    sampled = len(sampled_ranks(run_id(16, "sample:2"), 1, 16, 2))  # 2, and rank 0 if not one of them
     assert [r["received"] for r in reports] == [r["spans_per_trace"] for r in reports] == \
         [16 * 16, 16 + sampled * 15]
 

@@ -20,6 +20,7 @@ interval (2 s), several steps a request, so its export call costs less a step th
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -88,13 +89,18 @@ def step_records(shape: Shape, step: int) -> list[Any]:
     return list(recorder.buf)
 
 
+def run_id(world: int, setting: str) -> str:
+    """The simulated run's id: its world size and setting, in the characters a run id allows."""
+    return f"bench-scale-{world}-" + re.sub(r"[^A-Za-z0-9._-]", "_", setting)
+
+
 def simulate(world: int, setting: str, shape: Shape, exporter: Any, step: int = 1) -> Result:
     """One step of `world` ranks under `setting` (`RANKS[/STEP_SPANS]`) through the exporter path."""
     from opentelemetry.sdk.resources import Resource
 
     from otel_train._config import Config
     from otel_train._distributed import RunInfo
-    from otel_train._runtime import build_resource
+    from otel_train import _resource
     from otel_train.export.attributes import AttributeCleaner
     from otel_train.export.metrics import TrainMetrics
     from otel_train.export.otlp import LeanEncoder
@@ -104,8 +110,7 @@ def simulate(world: int, setting: str, shape: Shape, exporter: Any, step: int = 
     from otel_train.wire.ids import new_salt
 
     ranks, _, step_spans = setting.partition("/")
-    cfg = Config.resolve({"ranks": ranks, "step_spans": step_spans or "auto",
-                          "run_id": f"bench-scale-{world}-{setting}"}, {})
+    cfg = Config.resolve({"ranks": ranks, "step_spans": step_spans or "auto", "run_id": run_id(world, setting)}, {})
     records = step_records(shape, step)
     offset = wall_offset(SystemClock())
     spans = size = requests = with_phases = 0
@@ -113,20 +118,20 @@ def simulate(world: int, setting: str, shape: Shape, exporter: Any, step: int = 
     for rank in range(world):
         run = RunInfo(cfg.run_id or "", rank=rank, local_rank=rank % RANKS_PER_NODE, world_size=world,
                       node_rank=rank // RANKS_PER_NODE)
-        attributes = build_resource(cfg, run)
+        attributes = _resource.build(cfg, run)
         resource = Resource(attributes)
         encoder = LeanEncoder(attributes, semconv.SCOPE_NAME, "bench")
         out: list[Any] = []
         assembler = SpanAssembler(run, new_salt(), resource, AttributeCleaner(cfg.attribute_value_limit), out.extend,
-                                  cfg.step_sample, TrainMetrics(resource, None, 60_000), "bench", encoder, cfg.ranks,
-                                  cfg.step_spans)
+                                  cfg.step_sample, TrainMetrics(resource, None, 60_000), "bench", encoder,
+                                  ranks=cfg.ranks, step_spans=cfg.step_spans)
         t0 = time.process_time_ns()
         assembler.feed_raw(records, offset)
         assembler.flush()
         batches = encoder.batches(out, cfg.export_batch_size, _MAX_REQUEST_BYTES)
         t1 = time.process_time_ns()
         for batch in batches:
-            exporter.export(batch)
+            exporter.send(batch.payload, 10.0)
         t2 = time.process_time_ns()
         cpu += t2 - t0
         build += t1 - t0
@@ -139,11 +144,14 @@ def simulate(world: int, setting: str, shape: Shape, exporter: Any, step: int = 
 
 
 def _exporter(endpoint: str) -> Any:
+    """The package's OTLP/gRPC transport to `endpoint` (`export/transport.py`)."""
     from otel_train._config import Config
     from otel_train._distributed import RunInfo
-    from otel_train.export.exporters import build_span_exporter
+    from otel_train.export.destination import resolve
+    from otel_train.export.exporters import build_transport
 
-    return build_span_exporter(Config.resolve({"endpoint": endpoint, "protocol": "grpc"}, {}), RunInfo("bench"))
+    traces, _ = resolve(Config.resolve({"endpoint": endpoint, "protocol": "grpc"}, {}), RunInfo("bench"))
+    return build_transport(traces)
 
 
 def run_scale(ranks: Sequence[int], settings: Sequence[str], shape: Shape, endpoint: str | None = None,
@@ -176,7 +184,7 @@ def run_scale(ranks: Sequence[int], settings: Sequence[str], shape: Shape, endpo
                           f"{result.build_us_per_rank:>7.0f} us  "
                           f"{'yes' if result.within_limits else 'no'}", flush=True)
     finally:
-        exporter.shutdown()
+        exporter.close()
         if receiver is not None:
             receiver.close()
     return results
