@@ -99,7 +99,7 @@ def test_the_backoff_doubles_to_its_cap_and_the_servers_delay_wins() -> None:
         with delivery._cond:
             assert delivery._cond.wait_for(lambda: delivery._retry_at > clock(), 10.0)
         waits.append(_retry_in(delivery, clock))
-        _advance(delivery, clock, waits[-1])
+        _advance(delivery, clock, waits[-1] + 1e-6)  # past it: now + (due - now) may fall one ulp short
     for wait, nominal in zip(waits, (0.5, 1.0, 2.0, 4.0, 5.0, 5.0)):
         assert 0.8 * nominal <= wait <= 1.2 * nominal, waits  # jittered +-20 %
     assert waits[-1] == pytest.approx(7.5)  # Retry-After / RetryInfo exactly

@@ -21,6 +21,10 @@ LOOP = """
     import json, sys, time
     import otel_train
     otel_train.init()
+    from otel_train import _runtime
+    # The exporter up first (a loaded machine may take longer than the bound to start it): the
+    # case here is an exporter stuck on the collector, not one still starting (test_a_short_run...).
+    getattr(_runtime.state().worker.sink, "ready", None) is None or _runtime.state().worker.sink.ready.wait(120)
     errors = 0
     for n in range(int(sys.argv[1])):
         try:

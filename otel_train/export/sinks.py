@@ -4,9 +4,9 @@
   (`exporter_process`); span building, OTLP encoding and network I/O never compete with
   training for the GIL. Until that process says it is ready, records wait here (bounded by the
   buffer size), so a process slow to start (a loaded node, where it runs at low priority)
-  costs nothing: if it is still not ready at shutdown, it is stopped and this process exports
-  what waited itself. If it dies, the sink falls back to a `LocalSink`, says so, and counts
-  what the process held as lost.
+  costs nothing: at shutdown it gets most of the bound to become ready; if it still is not, it
+  is stopped and this process exports what waited itself. If it dies, the sink falls back to
+  a `LocalSink`, says so, and counts what the process held as lost.
 - `LocalSink`: the `ExportPipeline` runs right here on the worker thread (needed when the
   user installs their own in-process span processors).
 
@@ -114,6 +114,10 @@ def _child_env() -> dict[str, str]:
              if p and "auto_instrumentation" not in p]
     env["PYTHONPATH"] = os.pathsep.join(parts)
     return env
+
+
+#: The share of the shutdown bound a still-starting exporter process gets to become ready.
+_START_SHARE = 0.6
 
 
 class ProcessSink:
@@ -227,7 +231,9 @@ class ProcessSink:
 
     # -- the end -------------------------------------------------------------------------
     def close(self, deadline: float) -> dict[str, int]:
-        if self._fallback is None and not self.ready.is_set():
+        # Still starting: it has done part of the imports taking over would redo here, so it
+        # gets most of the bound first; only past that does this process take over.
+        if self._fallback is None and not self.ready.wait(max(0.0, (deadline - time.monotonic()) * _START_SHARE)):
             self._take_over()
         if self._fallback is not None:
             with self._lock:
