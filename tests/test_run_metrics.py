@@ -9,7 +9,6 @@ arithmetic, never how long anything took.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 from support.harness import Harness, by_name
 from support.otlp_receiver import OTLPReceiver
-from support.procs import REPO, clean_env, run_python
+from support.procs import clean_env, run_python
 
 import otel_train
 from otel_train import semconv

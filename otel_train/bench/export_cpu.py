@@ -64,6 +64,7 @@ def _export_cpu(records: list[Any], offset: int, rounds: int) -> dict[str, float
     from otel_train._distributed import RunInfo
     from otel_train.export.attributes import AttributeCleaner
     from otel_train.export.fast_path import _encode
+    from otel_train.export.goodput import RunAccount
     from otel_train.export.metrics import TrainMetrics
     from otel_train.export.otlp import LeanEncoder
     from otel_train.export.pipe import dumps, loads
@@ -86,10 +87,11 @@ def _export_cpu(records: list[Any], offset: int, rounds: int) -> dict[str, float
             + [("general", False, False)]
         for label, fast, c_encode in variants:
             encoder = LeanEncoder(resource, semconv.SCOPE_NAME, "bench")
-            metrics = TrainMetrics(Resource(resource), None, 60_000, [InMemoryMetricReader()])
+            account = RunAccount(0)  # goodput and slow steps, as `ExportPipeline` runs them
+            metrics = TrainMetrics(Resource(resource), None, 60_000, [InMemoryMetricReader()], account=account)
             out: list[Any] = []
             assembler = SpanAssembler(RunInfo(run_id="bench"), 1, Resource(resource), AttributeCleaner(2048),
-                                      out.extend, metrics=metrics, encoder=encoder)
+                                      out.extend, metrics=metrics, encoder=encoder, account=account)
             assembler.fast = fast
             assembler.fast_path.c_encode = c_encode  # type: ignore[union-attr]
             t0 = cpu()

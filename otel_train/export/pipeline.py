@@ -25,12 +25,12 @@ from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_train import semconv
 from otel_train.export import fast_path, restarts
-from otel_train.export.goodput import RunAccount
-from otel_train.export.mfu import Mfu
 from otel_train.export.attributes import AttributeCleaner
 from otel_train.export.destination import ExportSetup
 from otel_train.export.exporters import build_metric_exporter, build_span_delivery
+from otel_train.export.goodput import RunAccount
 from otel_train.export.metrics import TrainMetrics
+from otel_train.export.mfu import Mfu
 from otel_train.export.otlp import LeanEncoder
 from otel_train.export.pipe import Segments
 from otel_train.export.spans import SpanAssembler
