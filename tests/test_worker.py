@@ -136,7 +136,7 @@ def test_thread_mode_makes_one_export_call_per_drain_not_per_slice(monkeypatch: 
             calls.append(spans)
 
         def stats(self) -> dict[str, int]:
-            return {"exported": sum(calls), "failed": 0, "queued": 0}
+            return {"exported": sum(calls), "failed": 0, "overflow": 0, "queued": 0}
 
         def close(self, deadline: float) -> None:
             pass
