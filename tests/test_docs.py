@@ -15,8 +15,6 @@ from otel_train.cli.main import COMMANDS
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 DOCS = ROOT / "docs"
-#: Docs the README links to that other work is writing; a link to one is fine until it lands.
-PENDING = {"docs/distributed.md", "docs/actors.md", "docs/metrics.md", "docs/faults.md"}
 
 
 def _markdown_files() -> list[Path]:
@@ -104,8 +102,7 @@ def test_every_relative_link_resolves(doc: Path) -> None:
         file, _, anchor = target.partition("#")
         path = (doc.parent / file).resolve()
         if not path.exists():
-            if str(path.relative_to(ROOT)) not in PENDING:
-                broken.append(target)
+            broken.append(target)
         elif anchor and anchor not in _anchors(path):
             broken.append(target)
     assert not broken, broken
