@@ -27,7 +27,6 @@ def paused_detection() -> Iterator[None]:
     spans the block). For the overhead benchmark, whose plain steps alternate one by one with
     automatic ones: reinstalling for each would restart discovery every time. Not reentrant."""
     from otel_train.detect import gc_pauses, optimizer, state
-    from otel_train.detect.data import to_switch
     from otel_train.detect.patches import Patches, unpatch
     from otel_train.detect.roots import roots
 
@@ -37,7 +36,6 @@ def paused_detection() -> Iterator[None]:
     roots.detach()
     optimizer.remove_hooks()
     gc.callbacks.remove(gc_pauses.gc_callback)
-    to_switch.disarm()
     ours = [patch for patches in Patches.everywhere for patch in patches.made
             if vars(patch[0]).get(patch[1]) is patch[4]]
     for patch in ours:

@@ -99,6 +99,7 @@ _MARKER_C = """
 #include <valgrind/callgrind.h>
 void otel_train_bench_zero(void) { CALLGRIND_ZERO_STATS; }
 void otel_train_bench_dump(const char *label) { CALLGRIND_DUMP_STATS_AT(label); }
+int otel_train_bench_on_valgrind(void) { return RUNNING_ON_VALGRIND; }
 """
 
 
@@ -123,6 +124,9 @@ def _callgrind_total(before: set[str]) -> int:
 def _callgrind(loop: AutoCostLoop, steps: int, paused: Callable[[], Any]) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         marker = _marker_lib(tmp)
+        if not marker.otel_train_bench_on_valgrind():
+            raise SystemExit("otel-train bench auto-cost --callgrind: run it under valgrind --tool=callgrind "
+                             "(the interpreter itself, not a shim script: valgrind does not follow children)")
         out = {}
         for variant in ("plain", "auto"):
             before = set(glob.glob(f"callgrind.out.{os.getpid()}*"))

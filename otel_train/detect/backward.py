@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from otel_train.detect.compile import dynamo_compiling, tc
+from otel_train.detect.compile import compiled as _c, dynamo_compiling, tc
 from otel_train.detect.machine import train_activity
 from otel_train.detect.patches import Patches
 from otel_train.detect.state import BACKWARD, OPTIMIZER, PH_BWD, active, mb_attrs, region
@@ -32,7 +32,7 @@ def backward_patch(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def backward(*args: Any, **kwargs: Any) -> Any:
-        if dynamo_compiling() or tc._is_compiling_flag or s.bwd_depth or s.eval_explicit:
+        if _c.seen and dynamo_compiling() or tc._is_compiling_flag or s.bwd_depth or s.eval_explicit:
             return original(*args, **kwargs)
         r = recorder._rec
         if r is None and (r := active()) is None:

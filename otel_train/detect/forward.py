@@ -13,8 +13,7 @@ from typing import Any
 import torch
 from torch.nn.modules.loss import _Loss
 
-from otel_train.detect.compile import dynamo_compiling, tc
-from otel_train.detect.data import to_switch
+from otel_train.detect.compile import compiled as _c, dynamo_compiling, tc
 from otel_train.detect.eval import eval_forward
 from otel_train.detect.machine import train_activity
 from otel_train.detect.roots import roots
@@ -24,7 +23,7 @@ from otel_train.record import direct, recorder
 
 
 def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
-    if dynamo_compiling() or tc._is_compiling_flag:
+    if _c.seen and dynamo_compiling() or tc._is_compiling_flag:
         return None
     s = _s
     if s.fwd_depth:
@@ -32,8 +31,7 @@ def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
         return None
     if s.fetching:
         return None  # a transform module inside a batch fetch
-    if to_switch.armed:
-        to_switch.disarm()  # the batch is on its way in: no more copies of it to count
+    s.copying = False  # the batch is on its way in: no more copies of it to count
     if roots.discovering:
         roots.seen.add(module)
     r = recorder._rec
@@ -64,7 +62,7 @@ def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
 
 
 def forward_hook(module: torch.nn.Module, args: Any, output: Any) -> None:
-    if dynamo_compiling() or tc._is_compiling_flag:
+    if _c.seen and dynamo_compiling() or tc._is_compiling_flag:
         return None
     s = _s
     if not s.fwd_depth:

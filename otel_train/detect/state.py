@@ -53,7 +53,7 @@ class State:
 
     __slots__ = ("step", "boundary", "opt_end", "last_end", "stepped", "mb", "mb_fwd", "mb_bwd",
                  "pending", "data_driven", "train_src", "train_iter", "epoch", "epoch_fixed", "uses_opt",
-                 "fetching", "fwd_depth", "fwd_kind", "fwd_region", "bwd_depth", "opt_depth", "opt_region",
+                 "fetching", "copying", "fwd_depth", "fwd_kind", "fwd_region", "bwd_depth", "opt_depth", "opt_region",
                  "opt_owner", "opt_closure", "scaling", "aux_depth", "ckpt_depth", "coll_depth", "eval_t0",
                  "eval_t1", "eval_data", "eval_module", "eval_region", "eval_explicit", "gc_t0", "lazy")
 
@@ -77,6 +77,7 @@ class State:
         self.epoch_fixed = False  # a framework callback sets the epoch
         self.uses_opt: bool | None = None
         self.fetching = False
+        self.copying = False  # a fetched batch's `Tensor.to` copies may come (`data.copy_edge`)
         self.fwd_depth = 0
         self.fwd_kind = FWD_SKIP
         self.fwd_region: Region | None = None
