@@ -7,6 +7,7 @@ the optimizer advance by hand, so step boundaries can be asserted to the nanosec
 from __future__ import annotations
 
 import gc
+import json
 import sys
 import warnings
 from collections.abc import Iterator
@@ -723,3 +724,53 @@ def test_only_our_own_code_is_hidden_from_dynamo() -> None:
     helper = contextlib.contextmanager(lambda: iter(())).__code__
     assert helper not in codes
     assert forward.forward_pre_hook.__code__ in codes
+
+
+def test_hooks_make_no_compile_call_until_torch_compile_is_called(tmp_path) -> None:
+    """Until anything is compiled, a step asks nothing of torch.compiler or Dynamo's counters
+    (two attribute reads a hook); `torch.compile` flips the flag before anything is traced,
+    and a compiled model's step is still detected."""
+    from support.procs import run_python
+    out = run_python(f"""
+        import json, sys
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+        import otel_train
+        from otel_train import detect
+        from otel_train.detect import compile as detect_compile
+
+        otel_train.init(run_id="flag", output_dir={str(tmp_path)!r})
+        detect.install()
+        model = nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=4)
+        names = {{"is_dynamo_compiling", "is_compiling", "compiled_anything", "__missing__"}}
+        calls = []
+        def profile(frame, event, arg):  # what our hooks call (torch's own module dispatch asks too)
+            if event == "call" and frame.f_code.co_name in names and "otel_train" in frame.f_back.f_code.co_filename:
+                calls.append(frame.f_code.co_name)
+        def step(m, x, y):
+            nn.functional.mse_loss(m(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        batches = iter(loader)
+        for x, y in [next(batches) for _ in range(5)]:  # discovery, then settled on the root
+            step(model, x, y)
+        before = detect_compile.compiled.seen
+        sys.setprofile(profile)
+        for x, y in [next(batches) for _ in range(3)]:
+            step(model, x, y)
+        sys.setprofile(None)
+        compiled = torch.compile(model, backend="eager")
+        after = detect_compile.compiled.seen
+        for x, y in batches:
+            step(compiled, x, y)
+        detect.uninstall()
+        otel_train.shutdown()
+        print(json.dumps({{"before": before, "calls": calls, "after": after}}))
+    """, timeout=180).stdout
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got == {"before": False, "calls": [], "after": True}
+    spans = [json.loads(line) for path in tmp_path.rglob("traces-rank*.jsonl") for line in path.read_text().splitlines()]
+    assert spans, "nothing recorded"

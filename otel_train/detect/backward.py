@@ -15,9 +15,10 @@ import torch
 from otel_train.detect.compile import compiled as _c, dynamo_compiling, tc
 from otel_train.detect.machine import train_activity
 from otel_train.detect.patches import Patches
-from otel_train.detect.state import BACKWARD, OPTIMIZER, PH_BWD, active, mb_attrs, region
+from otel_train.detect.state import BACKWARD, MB_ATTRS, OPTIMIZER, PH_BWD, active, mb_attrs, region
 from otel_train.detect.state import s as _s
 from otel_train.record import recorder
+from otel_train.record.recorder import Region
 
 patches = Patches()
 
@@ -38,7 +39,10 @@ def backward_patch(original: Callable[..., Any]) -> Callable[..., Any]:
         if r is None and (r := active()) is None:
             return original(*args, **kwargs)
         step = train_activity(r, s, r.now(), PH_BWD)
-        live = region(BACKWARD, mb_attrs(s.mb)).__enter__()
+        live = Region(BACKWARD)  # `state.region(BACKWARD, mb_attrs(mb))` written out: every micro-batch
+        mb = s.mb
+        live.attrs = MB_ATTRS[mb] if mb < 256 else mb_attrs(mb)
+        live = live.__enter__()
         s.bwd_depth = 1
         try:
             out = original(*args, **kwargs)

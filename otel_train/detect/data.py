@@ -60,7 +60,8 @@ def next_patch(original: Callable[..., Any]) -> Callable[..., Any]:
         if src is not None and s.step is not None and r.step is s.step:  # `machine.ours`
             if s.opt_end is not None and s.data_driven:
                 close(r, s, s.opt_end)  # the next batch: the step's updates are over
-            elif s.opt_end is None and s.mb_bwd and s.data_driven and manual(s):
+            elif s.opt_end is None and s.mb_bwd and s.data_driven and (
+                    s.uses_opt is False or s.uses_opt is None and manual(s)):  # `machine.manual`
                 close(r, s, t0)
         s.pending.append([DATA, t0, t1, src, self])
         if copy_edge.needed:

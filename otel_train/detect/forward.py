@@ -17,9 +17,10 @@ from otel_train.detect.compile import compiled as _c, dynamo_compiling, tc
 from otel_train.detect.eval import eval_forward
 from otel_train.detect.machine import train_activity
 from otel_train.detect.roots import roots
-from otel_train.detect.state import FORWARD, FWD_AUX, FWD_EVAL, FWD_TRAIN, PH_FWD, active, mb_attrs, region
+from otel_train.detect.state import FORWARD, FWD_AUX, FWD_EVAL, FWD_TRAIN, MB_ATTRS, PH_FWD, active, mb_attrs
 from otel_train.detect.state import s as _s
 from otel_train.record import direct, recorder
+from otel_train.record.recorder import Region
 
 
 def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
@@ -48,7 +49,10 @@ def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
             s.opt_region = None
             s.opt_closure = True
         step = train_activity(r, s, t, PH_FWD, module)
-        s.fwd_region = region(FORWARD, mb_attrs(s.mb)).__enter__()
+        live = Region(FORWARD)  # `state.region(FORWARD, mb_attrs(mb))` written out: every micro-batch
+        mb = s.mb
+        live.attrs = MB_ATTRS[mb] if mb < 256 else mb_attrs(mb)
+        s.fwd_region = live.__enter__()
         s.mb_fwd = True
         if step is not None and step is s.step:
             step.micro_batches = s.mb + 1

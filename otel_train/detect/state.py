@@ -29,15 +29,15 @@ PH_FWD, PH_BWD, PH_OPT = range(3)
 # Pending entry fields: [name, t0, t1, dataset, iterator].
 P_NAME, P_T0, P_T1, P_SRC, P_ITER = range(5)
 
-# One shared, never mutated attribute dict per micro-batch index: no dict per call.
-_MB_ATTRS = tuple({semconv.TRAIN_MICRO_BATCH: i} for i in range(256))
+#: One shared, never mutated attribute dict per micro-batch index: no dict per call.
+MB_ATTRS = tuple({semconv.TRAIN_MICRO_BATCH: i} for i in range(256))
 
 #: Whether detection is installed (`install.install`); the hooks themselves never look.
 installed = False
 
 
 def mb_attrs(i: int) -> dict[str, int]:
-    return _MB_ATTRS[i] if i < 256 else {semconv.TRAIN_MICRO_BATCH: i}
+    return MB_ATTRS[i] if i < 256 else {semconv.TRAIN_MICRO_BATCH: i}
 
 
 def region(name: str, attrs: dict[str, Any] | None = None) -> Region:
