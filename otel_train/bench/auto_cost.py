@@ -14,8 +14,10 @@ Figures (`name: value` lines):
   (`sys.setprofile`), over one epoch of steps each: independent of load.
 - `c_calls_per_step_plain` / `_auto` / `_added`: the same for calls of C functions.
 - with `--callgrind N` under `valgrind --tool=callgrind`: `instructions_per_step_plain` /
-  `_auto` / `_added`, counted over N steps of each between client requests (a tiny marker
-  library built with the system C compiler from valgrind's `callgrind.h`).
+  `_auto` / `_added`, counted over `--rounds` rounds of a plain and an automatic block of N
+  steps (alternating order), each block between client requests (a tiny marker library built
+  with the system C compiler from valgrind's `callgrind.h`), so the pauses' own work and the
+  caches they cool are outside the counts.
 """
 
 from __future__ import annotations
@@ -121,26 +123,31 @@ def _callgrind_total(before: set[str]) -> int:
     raise RuntimeError(f"no totals in {new[-1]}")
 
 
-def _callgrind(loop: AutoCostLoop, steps: int, paused: Callable[[], Any]) -> dict[str, float]:
+def _callgrind(loop: AutoCostLoop, steps: int, rounds: int, paused: Callable[[], Any]) -> dict[str, float]:
+    """Instructions a step of each variant: `rounds` rounds of a plain and an automatic block of
+    `steps` steps, in alternating order, each block counted between a zero and a dump."""
     with tempfile.TemporaryDirectory() as tmp:
         marker = _marker_lib(tmp)
         if not marker.otel_train_bench_on_valgrind():
             raise SystemExit("otel-train bench auto-cost --callgrind: run it under valgrind --tool=callgrind "
                              "(the interpreter itself, not a shim script: valgrind does not follow children)")
-        out = {}
-        for variant in ("plain", "auto"):
-            before = set(glob.glob(f"callgrind.out.{os.getpid()}*"))
-            marker.otel_train_bench_zero()
-            if variant == "plain":
-                with paused():
+        totals = {"plain": 0, "auto": 0}
+        for r in range(rounds):
+            for variant in ("plain", "auto") if r % 2 == 0 else ("auto", "plain"):
+                before = set(glob.glob(f"callgrind.out.{os.getpid()}*"))
+                if variant == "plain":
+                    with paused():
+                        marker.otel_train_bench_zero()
+                        for _ in range(steps):
+                            loop.step()
+                        marker.otel_train_bench_dump(variant.encode())
+                else:
+                    marker.otel_train_bench_zero()
                     for _ in range(steps):
                         loop.step()
-            else:
-                for _ in range(steps):
-                    loop.step()
-            marker.otel_train_bench_dump(variant.encode())
-            out[variant] = _callgrind_total(before) / steps
-        return out
+                    marker.otel_train_bench_dump(variant.encode())
+                totals[variant] += _callgrind_total(before)
+        return {variant: total / (steps * rounds) for variant, total in totals.items()}
 
 
 def run_auto_cost(rounds: int = 20, block_steps: int = 8, callgrind_steps: int = 0) -> int:
@@ -168,8 +175,9 @@ def run_auto_cost(rounds: int = 20, block_steps: int = 8, callgrind_steps: int =
         print_figure("load_avg_1m", os.getloadavg()[0])
         if callgrind_steps:
             with held(worker):
-                counted = _callgrind(loop, callgrind_steps, paused_detection)
+                counted = _callgrind(loop, callgrind_steps, rounds, paused_detection)
             print_figure("callgrind_steps", callgrind_steps)
+            print_figure("callgrind_rounds", rounds)
             print_figure("instructions_per_step_plain", round(counted["plain"]))
             print_figure("instructions_per_step_auto", round(counted["auto"]))
             print_figure("instructions_per_step_added", round(counted["auto"] - counted["plain"]))
