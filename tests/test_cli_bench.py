@@ -250,7 +250,7 @@ def test_bench_auto_cost_prints_its_figures_and_counts_calls() -> None:
     proc = run_python("from otel_train.cli import main; raise SystemExit(main())",
                       args=["bench", "auto-cost", "--rounds", "3", "--block-steps", "1"], timeout=300)
     figures = dict(line.split(": ") for line in proc.stdout.splitlines())
-    for name in ("step_us_plain", "auto_us_per_step", "auto_us_per_step_ci95_lo", "auto_us_per_step_ci95_hi",
+    for name in ("step_us_plain", "auto_us_per_step", "auto_us_per_step_ci95_lo", "auto_us_per_step_ci95_hi", "auto_cpu_us_per_step_ci95_hi",
                  "python_calls_per_step_plain", "python_calls_per_step_auto", "c_calls_per_step_added"):
         assert name in figures, name
     assert float(figures["python_calls_per_step_added"]) > 0

@@ -10,6 +10,8 @@ between rounds, untimed). So the figure is the training thread's own cost, not e
 Figures (`name: value` lines):
 - `auto_us_per_step`: median over rounds of (automatic − plain) µs a step, with the
   distribution-free 95 % interval (`_ci95_lo` / `_ci95_hi`); wall clock, so noisy on a busy host.
+- `auto_cpu_us_per_step`: the same in the training thread's CPU time (`time.thread_time_ns`),
+  which time spent waiting for a core on a loaded host does not inflate.
 - `python_calls_per_step_plain` / `_auto` / `_added`: Python function calls a step
   (`sys.setprofile`), over one epoch of steps each: independent of load.
 - `c_calls_per_step_plain` / `_auto` / `_added`: the same for calls of C functions.
@@ -73,11 +75,12 @@ class AutoCostLoop:
         self.opt.zero_grad(set_to_none=True)
 
 
-def _timed(step: Callable[[], None], steps: int) -> int:
-    t0 = time.perf_counter_ns()
+def _timed(step: Callable[[], None], steps: int) -> tuple[int, int]:
+    """(wall ns, this thread's CPU ns) of `steps` steps."""
+    t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
     for _ in range(steps):
         step()
-    return time.perf_counter_ns() - t0
+    return time.perf_counter_ns() - t0, time.thread_time_ns() - c0
 
 
 def _count_calls(step: Callable[[], None], steps: int) -> tuple[int, int]:
@@ -194,6 +197,7 @@ def run_auto_cost(rounds: int = 20, block_steps: int = 8, callgrind_steps: int =
             print_figure(f"{name}_calls_per_step_added", (auto_calls[i] - plain_calls[i]) / epoch)
         plain_us: list[float] = []
         added_us: list[float] = []
+        added_cpu_us: list[float] = []
         for r in range(rounds):
             with held(worker):
                 ns = {}
@@ -204,14 +208,17 @@ def run_auto_cost(rounds: int = 20, block_steps: int = 8, callgrind_steps: int =
                     else:
                         ns[kind] = _timed(loop.step, block_steps)
             worker.flush()
-            plain_us.append(ns["plain"] / block_steps / 1e3)
-            added_us.append((ns["auto"] - ns["plain"]) / block_steps / 1e3)
+            plain_us.append(ns["plain"][0] / block_steps / 1e3)
+            added_us.append((ns["auto"][0] - ns["plain"][0]) / block_steps / 1e3)
+            added_cpu_us.append((ns["auto"][1] - ns["plain"][1]) / block_steps / 1e3)
         print_figure("rounds", rounds)
         print_figure("block_steps", block_steps)
         print_figure("step_us_plain", statistics.median(plain_us))
         print_figure("auto_us_per_step", statistics.median(added_us))
         print_ci("auto_us_per_step", ci95_of(added_us))
         print_figure("auto_pct_per_step", 100 * statistics.median(added_us) / statistics.median(plain_us))
+        print_figure("auto_cpu_us_per_step", statistics.median(added_cpu_us))
+        print_ci("auto_cpu_us_per_step", ci95_of(added_cpu_us))
     finally:
         instrumentor.uninstrument()
         otel_train.shutdown()
