@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from otel_train.detect import coverage, phase, sites, torch_hooks
-from otel_train.detect.compile import dynamo_compiling, is_compiling, tc
+from otel_train.detect.compile import compiled as _c, dynamo_compiling, tc
 from otel_train.detect.machine import close, complete, ours, train_activity
 from otel_train.detect.patches import Patches
 from otel_train.detect.state import P_T0, PH_OPT, ZERO_GRAD, State, active
@@ -50,7 +50,7 @@ def nests(optimizer: Any) -> bool:
 
 
 def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-    if dynamo_compiling() or tc._is_compiling_flag:
+    if _c.seen and dynamo_compiling() or tc._is_compiling_flag:
         return None
     s = _s
     if s.opt_depth:
@@ -92,7 +92,7 @@ def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
 
 
 def optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-    if dynamo_compiling() or tc._is_compiling_flag:
+    if _c.seen and dynamo_compiling() or tc._is_compiling_flag:
         return None
     s = _s
     if not s.opt_depth:
@@ -169,7 +169,7 @@ def scaler_step_wrapper(wrapped: Callable[..., Any], args: Any, kwargs: Any) -> 
     gradients and skipped the optimizer's own `step()` (a skipped update is still a step)."""
     s = _s
     optimizer = args[1] if len(args) > 1 else kwargs.get("optimizer")
-    if is_compiling() or s.opt_depth or optimizer is None:
+    if _c.seen and dynamo_compiling() or tc._is_compiling_flag or s.opt_depth or optimizer is None:
         return wrapped(*args, **kwargs)
     optimizer_pre_hook(optimizer, (), {})
     s.scaling = True
@@ -189,7 +189,7 @@ def aux_patch(clip: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
         @functools.wraps(original)
         def aux(*args: Any, **kwargs: Any) -> Any:
-            if dynamo_compiling() or tc._is_compiling_flag or s.opt_depth or s.aux_depth or s.fwd_depth \
+            if _c.seen and dynamo_compiling() or tc._is_compiling_flag or s.opt_depth or s.aux_depth or s.fwd_depth \
                     or s.bwd_depth:
                 return original(*args, **kwargs)
             r = recorder._rec
