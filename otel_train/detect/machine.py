@@ -197,24 +197,20 @@ def resolve_pending(r: Recorder, s: State) -> None:
             if src is train_src:
                 seen_train = True
         if size is not None and s.step is not None:
-            add_size(s.step, size)
+            # the batch's samples and tokens add to the step's (`batch_size`)
+            sizes = s.step.attrs
+            if sizes is None:
+                s.step.attrs = {TRAIN_SAMPLES: size[0], TRAIN_TOKENS: size[1]} if size[1] else {TRAIN_SAMPLES: size[0]}
+            else:
+                sizes[TRAIN_SAMPLES] = sizes.get(TRAIN_SAMPLES, 0) + size[0]
+                if size[1]:
+                    sizes[TRAIN_TOKENS] = sizes.get(TRAIN_TOKENS, 0) + size[1]
     s.pending.clear()
     if last is not None:
         if s.data_driven is None:
             s.data_driven = True
         if train_src is None or not seen_train:
             s.train_src = last
-
-
-def add_size(step: Step, size: tuple[int, int]) -> None:
-    """A batch of the step: its samples and tokens add to the step's (`batch_size`)."""
-    attrs = step.attrs
-    if attrs is None:
-        step.attrs = {TRAIN_SAMPLES: size[0], TRAIN_TOKENS: size[1]} if size[1] else {TRAIN_SAMPLES: size[0]}
-        return
-    attrs[TRAIN_SAMPLES] = attrs.get(TRAIN_SAMPLES, 0) + size[0]
-    if size[1]:
-        attrs[TRAIN_TOKENS] = attrs.get(TRAIN_TOKENS, 0) + size[1]
 
 
 def track_epoch(s: State) -> None:

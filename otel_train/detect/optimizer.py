@@ -116,7 +116,7 @@ def optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     s.opt_owner = None
     s.opt_closure = s.nest = False
     s.uses_opt = True
-    if ours(r, s):
+    if s.step is not None and r.step is s.step:  # `machine.ours`, written out: every update
         s.opt_end = s.last_end = t
         s.stepped.append(id(optimizer))
     return None
@@ -215,14 +215,14 @@ def _part(r: Recorder, s: State, name: str, original: Callable[..., Any], args: 
     finally:
         s.aux_depth = 0
         t = phase.part_end(r, s)
-        if ours(r, s):
+        if s.step is not None and r.step is s.step:  # `machine.ours`, written out: every update
             s.last_end = t
             if s.opt_end is not None:
                 s.opt_end = t  # step(); zero_grad(): the update ends after it
 
 
 def _zero_grad(r: Recorder, s: State, original: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-    if ours(r, s):
+    if s.step is not None and r.step is s.step:  # `machine.ours`, written out: every step
         if s.opt_end is None and complete(s):  # a manual update is done: this is the next iteration
             t0 = r.now()
             close(r, s, min([t0] + [entry[P_T0] for entry in s.pending]))
