@@ -242,3 +242,17 @@ def test_a_groups_catch_up_is_charged_beyond_the_plain_rate_around_it_for_its_ti
     assert group_charge_ns(14_000_000, 10, 1.2, 100, 0) == pytest.approx(2_000_000)
     # A quarter of the group's records came from untimed steps: a quarter of it is not charged.
     assert group_charge_ns(14_000_000, 10, 1.2, 75, 25) == pytest.approx(1_500_000)
+
+
+def test_bench_auto_cost_prints_its_figures_and_counts_calls() -> None:
+    """`bench auto-cost`: the µs A/B with its interval and the per-step call counts, the
+    automatic steps making more Python calls than the plain ones (the hooks are really on)."""
+    proc = run_python("from otel_train.cli import main; raise SystemExit(main())",
+                      args=["bench", "auto-cost", "--rounds", "3", "--block-steps", "1"], timeout=300)
+    figures = dict(line.split(": ") for line in proc.stdout.splitlines())
+    for name in ("step_us_plain", "auto_us_per_step", "auto_us_per_step_ci95_lo", "auto_us_per_step_ci95_hi", "auto_cpu_us_per_step_ci95_hi",
+                 "python_calls_per_step_plain", "python_calls_per_step_auto", "c_calls_per_step_added"):
+        assert name in figures, name
+    assert float(figures["python_calls_per_step_added"]) > 0
+    assert float(figures["torch_threads"]) == 1
+    assert "none dropped" in proc.stderr

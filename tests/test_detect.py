@@ -7,6 +7,7 @@ the optimizer advance by hand, so step boundaries can be asserted to the nanosec
 from __future__ import annotations
 
 import gc
+import json
 import sys
 import warnings
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 import otel_train  # noqa: E402
 from otel_train import _imports, _runtime, semconv  # noqa: E402
 from otel_train import detect as _detect  # noqa: E402
-from otel_train.detect import compile, forward, gc_pauses, roots, state  # noqa: E402
+from otel_train.detect import compile, data, forward, gc_pauses, roots, state  # noqa: E402
 from otel_train.testing import paused_detection  # noqa: E402
 
 
@@ -79,7 +80,13 @@ def test_plain_loop_one_step_per_update_with_exact_boundaries(run: Run) -> None:
     assert t.others == [] and t.between == []
 
 
-def test_data_span_covers_the_fetch_and_the_batch_copies_after_it(run: Run) -> None:
+@pytest.fixture
+def accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As if torch had a device to copy batches to (this CPU build has none)."""
+    monkeypatch.setattr(data, "_accelerator_present", lambda: True)
+
+
+def test_data_span_covers_the_fetch_and_the_batch_copies_after_it(accelerator: None, run: Run) -> None:
     clock = run.clock
     model = Net(clock)
     opt = ticking_sgd(model, clock)
@@ -88,48 +95,76 @@ def test_data_span_covers_the_fetch_and_the_batch_copies_after_it(run: Run) -> N
         x, y = x.to(torch.float32), y.to(torch.float32)  # the host-to-device copy, on a GPU
         clock.advance(500)  # not a copy: after the last one
         nn.functional.mse_loss(model(x), y).backward()
+        y.to(torch.float64)  # after the forward: not the batch's copy
         opt.step()
     t = run.finish()
     for view in t.steps.values():
-        data = view.children[0]
-        assert data["name"] == semconv.SPAN_DATA
-        assert data["end_ns"] - data["start_ns"] == 4 * 1_000 + 2_000
+        data_span = view.children[0]
+        assert data_span["name"] == semconv.SPAN_DATA
+        assert data_span["end_ns"] - data_span["start_ns"] == 4 * 1_000 + 2_000
 
 
-def test_tensor_to_is_patched_only_between_a_fetch_and_the_forward(run: Run) -> None:
+def test_without_an_accelerator_data_is_the_fetch_and_tensor_to_is_never_patched(run: Run) -> None:
     clock = run.clock
     model = Net(clock)
     opt = ticking_sgd(model, clock)
     seen = []
     for x, y in DataLoader(Ticking(clock), batch_size=4):
-        seen.append("to" in vars(torch.Tensor))  # armed by the fetch
+        seen.append("to" in vars(torch.Tensor))
+        clock.advance(2_000)
+        x = x.to(torch.float32)  # no device to copy to: a conversion, part of the step
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    assert seen and not any(seen) and data.copy_edge.needed is False
+    t = run.finish()
+    for view in t.steps.values():
+        data_span = view.children[0]
+        assert data_span["name"] == semconv.SPAN_DATA
+        assert data_span["end_ns"] - data_span["start_ns"] == 4 * 1_000
+
+
+def test_tensor_to_is_patched_once_at_the_first_fetch_and_kept(accelerator: None, run: Run) -> None:
+    clock = run.clock
+    model = Net(clock)
+    opt = ticking_sgd(model, clock)
+    before = vars(torch.Tensor).get("to")
+    assert before is None  # nothing patched before the first batch
+    seen = []
+    for x, y in DataLoader(Ticking(clock), batch_size=4):
+        seen.append(vars(torch.Tensor).get("to"))
         x = x.to(torch.float32)
         loss = nn.functional.mse_loss(model(x), y)
-        seen.append("to" in vars(torch.Tensor))  # disarmed by the forward
+        seen.append(vars(torch.Tensor).get("to"))
         loss.backward()
         opt.step()
-    assert seen == [True, False] * (len(seen) // 2) and seen
+    assert seen and seen[0] is not None and all(f is seen[0] for f in seen)  # one patch, never rewritten
     t = run.finish()
     assert all(view.children[0]["name"] == semconv.SPAN_DATA for view in t.steps.values())
 
 
-def test_a_tensor_to_patched_over_ours_is_left_alone_and_said_once(run: Run, caplog: pytest.LogCaptureFixture) -> None:
-    model = Net(run.clock)
-    opt = ticking_sgd(model, run.clock)
+def test_a_tensor_to_patched_over_ours_is_left_alone_and_said_once(accelerator: None, run: Run,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    clock = run.clock
+    model = Net(clock)
+    opt = ticking_sgd(model, clock)
     theirs = []
-    for i, (x, y) in enumerate(DataLoader(Ticking(run.clock), batch_size=4)):
-        if i == 1:  # armed by this fetch: another library wraps Tensor.to over ours
+    for i, (x, y) in enumerate(DataLoader(Ticking(clock), batch_size=4)):
+        if i == 1:  # patched by the first fetch: another library wraps Tensor.to over ours
             ours = vars(torch.Tensor)["to"]
             theirs.append(lambda self, *a, **k: ours(self, *a, **k))
             torch.Tensor.to = theirs[0]
-        nn.functional.mse_loss(model(x.to(torch.float32)), y).backward()
+        clock.advance(2_000)
+        x = x.to(torch.float32)  # through their wrapper and ours: still the batch's copy
+        nn.functional.mse_loss(model(x), y).backward()
         opt.step()
     try:
-        assert vars(torch.Tensor)["to"] is theirs[0]  # never taken away, never patched over again
+        t = run.finish()  # uninstalls
+        assert vars(torch.Tensor)["to"] is theirs[0]  # never taken away
         assert sum("Tensor.to was patched again" in r.getMessage() for r in caplog.records) == 1
+        assert all(view.children[0]["end_ns"] - view.children[0]["start_ns"] == 4 * 1_000 + 2_000
+                   for view in t.steps.values())
     finally:
         del torch.Tensor.to
-    run.finish()
 
 
 def test_gradient_accumulation_gives_one_step_with_k_micro_batches(run: Run) -> None:
@@ -430,7 +465,7 @@ def _functions() -> dict[str, Any]:
     }
 
 
-def test_uninstrument_restores_everything_and_instrumenting_twice_is_harmless() -> None:
+def test_uninstrument_restores_everything_and_instrumenting_twice_is_harmless(monkeypatch: pytest.MonkeyPatch) -> None:
     from otel_train.instrumentation import TorchTrainingInstrumentor
     before_reg, before_fn = _registries(), _functions()
     instrumentor = TorchTrainingInstrumentor()
@@ -442,13 +477,14 @@ def test_uninstrument_restores_everything_and_instrumenting_twice_is_harmless() 
         assert gc_pauses.gc_callback in installed["gc"]
         patched = _functions()
         assert all(patched[k] is not before_fn[k] for k in before_fn if not k.startswith("Tensor.to")), patched
-        assert not patched["Tensor.to in Tensor.__dict__"]  # patched only from a fetch to the forward
+        assert not patched["Tensor.to in Tensor.__dict__"]  # patched at the first fetch, if ever
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # BaseInstrumentor says it is already instrumented
             instrumentor.instrument()
         assert _registries() == installed and _functions() == patched
+        monkeypatch.setattr(data, "_accelerator_present", lambda: True)  # as if a device were there
         next(iter(DataLoader(range(4), batch_size=2)))
-        assert "to" in vars(torch.Tensor)  # armed: uninstrument() must take it away too
+        assert "to" in vars(torch.Tensor)  # patched: uninstrument() must take it away too
     finally:
         instrumentor.uninstrument()
         otel_train.shutdown()
@@ -645,3 +681,53 @@ def test_only_our_own_code_is_hidden_from_dynamo() -> None:
     helper = contextlib.contextmanager(lambda: iter(())).__code__
     assert helper not in codes
     assert forward.forward_pre_hook.__code__ in codes
+
+
+def test_hooks_make_no_compile_call_until_torch_compile_is_called(tmp_path) -> None:
+    """Until anything is compiled, a step asks nothing of torch.compiler or Dynamo's counters
+    (two attribute reads a hook); `torch.compile` flips the flag before anything is traced,
+    and a compiled model's step is still detected."""
+    from support.procs import run_python
+    out = run_python(f"""
+        import json, sys
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+        import otel_train
+        from otel_train import detect
+        from otel_train.detect import compile as detect_compile
+
+        otel_train.init(run_id="flag", output_dir={str(tmp_path)!r})
+        detect.install()
+        model = nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=4)
+        names = {{"is_dynamo_compiling", "is_compiling", "compiled_anything", "__missing__"}}
+        calls = []
+        def profile(frame, event, arg):  # what our hooks call (torch's own module dispatch asks too)
+            if event == "call" and frame.f_code.co_name in names and "otel_train" in frame.f_back.f_code.co_filename:
+                calls.append(frame.f_code.co_name)
+        def step(m, x, y):
+            nn.functional.mse_loss(m(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        batches = iter(loader)
+        for x, y in [next(batches) for _ in range(5)]:  # discovery, then settled on the root
+            step(model, x, y)
+        before = detect_compile.compiled.seen
+        sys.setprofile(profile)
+        for x, y in [next(batches) for _ in range(3)]:
+            step(model, x, y)
+        sys.setprofile(None)
+        compiled = torch.compile(model, backend="eager")
+        after = detect_compile.compiled.seen
+        for x, y in batches:
+            step(compiled, x, y)
+        detect.uninstall()
+        otel_train.shutdown()
+        print(json.dumps({{"before": before, "calls": calls, "after": after}}))
+    """, timeout=180).stdout
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got == {"before": False, "calls": [], "after": True}
+    spans = [json.loads(line) for path in tmp_path.rglob("traces-rank*.jsonl") for line in path.read_text().splitlines()]
+    assert spans, "nothing recorded"

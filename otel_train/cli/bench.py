@@ -1,5 +1,5 @@
-"""`otel-train bench overhead`, `startup`, `soak`, `scale`, `device` and `latency`: the benchmarks
-(`otel_train.bench`), run by users on their own hardware. `latency`'s flags: `bench_latency`."""
+"""`otel-train bench overhead`, `auto-cost`, `startup`, `soak`, `scale`, `device` and `latency`: the
+benchmarks (`otel_train.bench`), run by users on their own hardware. `latency`'s flags: `bench_latency`."""
 
 from __future__ import annotations
 
@@ -59,6 +59,13 @@ def add_parser(sub: Any) -> None:
     scale.add_argument("--endpoint", default=None,
                        help="an OTLP/gRPC receiver to send to (default: a local one this command starts)")
     scale.add_argument("--json", action="store_true", help="one JSON object per line")
+    auto = bench_sub.add_parser("auto-cost", help="automatic instrumentation's own cost a step on a small "
+                                "CPU loop: µs (plain vs automatic, interleaved), Python calls, instructions")
+    auto.add_argument("--rounds", type=int, default=40, help="rounds of a plain and an automatic block (default 40)")
+    auto.add_argument("--block-steps", type=int, default=8, help="steps per timed block (default 8)")
+    auto.add_argument("--callgrind", type=int, default=0, metavar="N",
+                      help="under valgrind --tool=callgrind: count instructions over N plain and N "
+                           "automatic steps instead of timing")
     device = bench_sub.add_parser("device", help="device timing: synchronisations and device durations")
     device.add_argument("--steps", type=int, default=50, help="training steps per variant (default 50)")
     bench_latency.add_parser(bench_sub)
@@ -111,6 +118,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             parser.error("--ranks must be positive, --micro-batches and --collectives at least 0")
         run_scale(ranks, settings, Shape(args.micro_batches, args.collectives), args.endpoint, args.json)
         return 0
+    if args.bench == "auto-cost":
+        if args.rounds < 3 or args.block_steps < 1 or args.callgrind < 0:
+            parser.error("--rounds must be >= 3, --block-steps >= 1 and --callgrind >= 0")
+        from otel_train.bench.auto_cost import run_auto_cost
+        return run_auto_cost(rounds=args.rounds, block_steps=args.block_steps, callgrind_steps=args.callgrind)
     if args.bench == "device":
         if args.steps < 1:
             parser.error("--steps must be a positive integer")

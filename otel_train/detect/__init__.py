@@ -11,7 +11,7 @@ what they see. What each source becomes (span names: docs/trace-shape.md):
 | global optimizer step pre/post hooks                          | `train.optimizer`, step boundary  | `optimizer`   |
 | `GradScaler.step` (also when it skips the optimizer's step)   | `train.optimizer`, step boundary  | `optimizer`   |
 | `Optimizer.zero_grad`, `Module.zero_grad`, `clip_grad_norm_`  | `train.optimizer` inside a step   | `optimizer`   |
-| `_BaseDataLoaderIter.__next__` and the `Tensor.to` calls after it | `train.data`                  | `data`        |
+| `_BaseDataLoaderIter.__next__`, then its `Tensor.to` copies (with an accelerator) | `train.data`    | `data`        |
 | forwards without gradients or in eval mode, framework loops   | `train.eval`                      | `eval`        |
 | `torch.save`, `torch.distributed.checkpoint.save/load`        | `train.checkpoint`                | `checkpoint`  |
 | `gc.callbacks` (full collections, or any pause >= 1 ms)       | `train.gc`                        | `gc_pauses`   |

@@ -19,7 +19,6 @@ import gc
 from collections.abc import Iterator
 
 from otel_train.detect import gc_pauses, optimizer, state
-from otel_train.detect.data import to_switch
 from otel_train.detect.machine import close_if_complete, end_eval
 from otel_train.detect.patches import Patches, unpatch
 from otel_train.detect.roots import roots
@@ -38,7 +37,7 @@ def paused() -> Iterator[None]:
     roots.detach()
     optimizer.remove_hooks()
     gc.callbacks.remove(gc_pauses.gc_callback)
-    to_switch.disarm()
+    _s.copying = False  # no copies of a batch to count across the block (`data.copy_edge`)
     ours = [patch for patches in Patches.everywhere for patch in patches.made
             if vars(patch[0]).get(patch[1]) is patch[4]]
     for patch in ours:

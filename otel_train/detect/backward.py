@@ -13,14 +13,15 @@ from typing import Any
 
 import torch
 
-from otel_train.detect.compile import dynamo_compiling, tc
+from otel_train.detect.compile import compiled as _c, dynamo_compiling, tc
 from otel_train.detect.machine import train_activity
 from otel_train.detect.patches import Patches
 from otel_train.detect.roots import roots
 from otel_train.detect import phase
-from otel_train.detect.state import BACKWARD, PH_BWD, active, mb_attrs, region
+from otel_train.detect.state import BACKWARD, MB_ATTRS, PH_BWD, active, mb_attrs, region
 from otel_train.detect.state import s as _s
 from otel_train.record import recorder
+from otel_train.record.recorder import Region
 
 patches = Patches()
 
@@ -35,7 +36,7 @@ def backward_patch(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def backward(*args: Any, **kwargs: Any) -> Any:
-        if dynamo_compiling() or tc._is_compiling_flag or s.bwd_depth or s.eval_explicit:
+        if _c.seen and dynamo_compiling() or tc._is_compiling_flag or s.bwd_depth or s.eval_explicit:
             return original(*args, **kwargs)
         r = recorder._rec
         if r is None and (r := active()) is None:
@@ -50,7 +51,10 @@ def backward_patch(original: Callable[..., Any]) -> Callable[..., Any]:
         step = train_activity(r, s, r.now(), PH_BWD)
         if not s.mb_fwd and step is not None and not roots.discovering:
             roots.unseen(step.n)  # no forward seen: a model built after discovery settled
-        live = region(BACKWARD, mb_attrs(s.mb)).__enter__()
+        live = Region(BACKWARD)  # `state.region(BACKWARD, mb_attrs(mb))` written out: every micro-batch
+        mb = s.mb
+        live.attrs = MB_ATTRS[mb] if mb < 256 else mb_attrs(mb)
+        live = live.__enter__()
         s.bwd_depth = 1
         try:
             out = original(*args, **kwargs)

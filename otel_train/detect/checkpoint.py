@@ -19,7 +19,7 @@ import torch
 
 from otel_train import _imports
 from otel_train.detect import coverage, state
-from otel_train.detect.compile import is_compiling
+from otel_train.detect.compile import compiled as _c, dynamo_compiling, tc
 from otel_train.detect.machine import close_if_complete, drop_pending_zero_grads, end_eval
 from otel_train.detect.patches import Patches
 from otel_train.detect.roots import roots
@@ -34,7 +34,8 @@ patches = Patches()
 def checkpoint_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
     """A wrapt wrapper: the call is one `train.checkpoint` span (integrations use it too)."""
     s = _s
-    if s.ckpt_depth or s.fetching or is_compiling() or _pickling_a_storage(args):
+    if s.ckpt_depth or s.fetching or _c.seen and dynamo_compiling() or tc._is_compiling_flag \
+            or _pickling_a_storage(args):
         return wrapped(*args, **kwargs)
     r = recorder._rec
     if r is None:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from otel_train import semconv
-from otel_train.detect.compile import is_compiling
+from otel_train.detect.compile import compiled as _c, dynamo_compiling, tc
 from otel_train.detect.patches import Patches
 from otel_train.detect.state import COLLECTIVE, region
 from otel_train.detect.state import s as _s
@@ -42,7 +42,7 @@ def collective_wrapper(op: str, payload_at: int | None, payload_name: str | None
                        ) -> Callable[..., Any]:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
         s = _s
-        if s.coll_depth or is_compiling():
+        if s.coll_depth or _c.seen and dynamo_compiling() or tc._is_compiling_flag:
             return wrapped(*args, **kwargs)
         r = recorder._rec
         if r is None:

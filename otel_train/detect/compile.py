@@ -1,13 +1,21 @@
 """torch.compile: the hooks step aside while Dynamo traces, and Dynamo skips their frames.
 
-Everything on the hot path returns at once while torch.compile traces
-(`torch.compiler.is_compiling()`, tested first so Dynamo folds it and guards on nothing of
-ours). Outside traced code, our hooks and patched functions run eagerly between the frames
-torch.compile captures, and Dynamo is told to skip their frames (`install`).
+Everything on the hot path returns at once while torch.compile traces. The check every hook
+makes is `compiled.seen and dynamo_compiling() or tc._is_compiling_flag`: until anything was
+compiled, `compiled.seen` is False and the check is two attribute reads, no call. It turns True
+(and stays True) before Dynamo traces its first frame: at `torch.compile(...)` itself (patched
+once at install), at Dynamo's compile-start callback (other entry points: `torch._dynamo.optimize`,
+strict `torch.export`), or at install if something was compiled before. From then on Dynamo
+folds `is_dynamo_compiling()` to True while it traces, so it never reads
+`torch.compiler._is_compiling_flag` (True during a compile session: read while tracing, it
+would be guarded on and fail at run time, one recompile per call). Outside traced code, our
+hooks and patched functions run eagerly between the frames torch.compile captures, and Dynamo
+is told to skip their frames (`install`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import warnings
@@ -20,10 +28,11 @@ from torch.compiler import is_compiling
 
 from otel_train import _imports
 from otel_train.detect import state
+from otel_train.detect.patches import Patches
 
 _log = logging.getLogger("otel_train")
 
-__all__ = ["is_compiling", "dynamo_compiling", "tc", "compiled_anything", "install", "uninstall"]
+__all__ = ["is_compiling", "dynamo_compiling", "tc", "compiled", "compiled_anything", "install", "uninstall"]
 
 # `torch.compile(module)` warns when global module hooks exist (they fire for the wrapper and
 # the wrapped module); the outermost-forward rule already counts that pair once.
@@ -32,7 +41,7 @@ _COMPILE_HOOK_WARNING = r"Using `torch.compile\(module\)` when there are global 
 # `torch.compiler.is_compiling()` is two Python calls (it asks TorchScript first). The hooks that
 # run every step ask the same with one: Dynamo folds `is_dynamo_compiling()` to True while it
 # traces (so it neither reads the flag nor guards on it), and the flag is torch.export's tracing.
-#: Use as `dynamo_compiling() or tc._is_compiling_flag`.
+#: Use as `compiled.seen and dynamo_compiling() or tc._is_compiling_flag` (module docstring).
 if hasattr(torch.compiler, "is_dynamo_compiling") and hasattr(torch.compiler, "_is_compiling_flag"):
     dynamo_compiling: Callable[[], bool] = torch.compiler.is_dynamo_compiling
     tc: Any = torch.compiler
@@ -46,12 +55,64 @@ _NOT_OURS = ("otel_train.detect.integrations", "otel_train.record.clock")
 _skipped_code: list[Any] = []
 
 
+class Compiled:
+    """`seen`: torch.compile was called or Dynamo began to compile (never reset: Dynamo may have
+    guarded on it being True)."""
+
+    __slots__ = ("seen",)
+
+    def __init__(self) -> None:
+        self.seen = False
+
+
+#: The one flag the hooks read first (`compiled.seen and dynamo_compiling() or tc._is_compiling_flag`).
+compiled = Compiled()
+_patches = Patches()
+
+
 def compiled_anything() -> bool:
-    """True once torch.compile has compiled a frame. Dynamo guards on the global hooks, so from
-    then on they are never added or removed (that would compile every graph again); inside a
-    compiled graph they cost nothing at run time anyway."""
+    """True once torch.compile may have compiled a frame. Dynamo guards on the global hooks, so
+    from then on they are never added or removed (that would compile every graph again); inside
+    a compiled graph they cost nothing at run time anyway."""
+    return compiled.seen
+
+
+def _frames_compiled() -> bool:
     dynamo_utils = sys.modules.get("torch._dynamo.utils")
-    return dynamo_utils is not None and dynamo_utils.counters["frames"]["total"] > 0
+    return dynamo_utils is not None and dynamo_utils.counters["frames"].get("total", 0) > 0
+
+
+def _on_compile_start(*_: Any) -> None:
+    compiled.seen = True
+
+
+def _compile_patch(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def compile(*args: Any, **kwargs: Any) -> Any:
+        compiled.seen = True  # before anything is traced: the hooks' check never changes under a guard
+        return original(*args, **kwargs)
+    return compile
+
+
+def _watch_dynamo(module: ModuleType) -> None:
+    """Dynamo's compile-start callback: every entry point, `torch.compile` or not (forgotten by
+    `torch._dynamo.reset()`, which `torch.compile`'s own patch does not depend on)."""
+    if _frames_compiled():
+        compiled.seen = True
+    try:
+        module.callback_handler.register_start_callback(_on_compile_start)
+    except Exception:  # noqa: BLE001 - another Dynamo: torch.compile's patch alone
+        _log.debug("otel_train: cannot register a Dynamo compile-start callback", exc_info=True)
+
+
+def _unwatch_dynamo() -> None:
+    callback = sys.modules.get("torch._dynamo.callback")
+    if callback is None:
+        return
+    try:
+        callback.callback_handler.remove_start_callback(_on_compile_start)
+    except Exception:  # noqa: BLE001 - already cleared (`torch._dynamo.reset()`)
+        pass
 
 
 def our_code() -> list[CodeType]:
@@ -114,11 +175,18 @@ def _unskip_dynamo_frames() -> None:
 
 def install() -> None:
     warnings.filterwarnings("ignore", message=_COMPILE_HOOK_WARNING, category=UserWarning)
+    if _frames_compiled():
+        compiled.seen = True
+    _patches.replace(torch, "compile", _compile_patch)
+    _imports.when_imported("torch._dynamo.callback", _watch_dynamo)
     _imports.when_imported("torch._dynamo.eval_frame", _skip_dynamo_frames)
 
 
 def uninstall() -> None:
     _imports.cancel(_skip_dynamo_frames)
+    _imports.cancel(_watch_dynamo)
+    _unwatch_dynamo()
+    _patches.undo()
     warnings.filters[:] = [f for f in warnings.filters if not (
         f[0] == "ignore" and getattr(f[1], "pattern", None) == _COMPILE_HOOK_WARNING)]
     getattr(warnings, "_filters_mutated", lambda: None)()

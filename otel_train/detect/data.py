@@ -1,9 +1,17 @@
 """Batch fetches: `_BaseDataLoaderIter.__next__`, and the `Tensor.to` copies right after it.
 
 A fetch is `train.data`, with the batch's host-to-device copy when seen, and the batch's size
-(`batch_size`); it is held until a forward shows what it fed (the training step that follows, or an evaluation: `machine`). The
-loader's own (batch) sampler tells loaders apart, even two over one dataset; a new iterator of
-the training loader is a new epoch.
+(`batch_size`); it is held until a forward shows what it fed (the training step that follows,
+or an evaluation: `machine`). The loader's own (batch) sampler tells loaders apart, even two
+over one dataset; a new iterator of the training loader is a new epoch.
+
+The copy edge (`Tensor.to` after a fetch, until the next forward) is decided once, at the
+first fetch: where torch has an accelerator to copy to, `Tensor.to` is patched then and stays
+patched (its check is one attribute read while no batch is on its way in); where it has none,
+there is no host-to-device copy to count, `Tensor.to` is never touched, and `train.data` is
+the fetch. Writing a class attribute of `torch.Tensor` invalidates CPython's attribute caches
+for every `Tensor` lookup in torch's Python code: doing it around every batch cost ~+25 µs a
+step on its own (issue 31), so it is done at most once.
 """
 
 from __future__ import annotations
@@ -17,9 +25,10 @@ import torch
 
 from otel_train.detect import phase
 from otel_train.detect.batch_size import size_of
-from otel_train.detect.compile import compiled_anything, is_compiling
-from otel_train.detect.machine import close, manual, ours
-from otel_train.detect.patches import Patches, unpatch
+from otel_train.detect.compile import compiled as _c
+from otel_train.detect.compile import dynamo_compiling, tc
+from otel_train.detect.machine import close, manual
+from otel_train.detect.patches import Patches
 from otel_train.detect.state import DATA, P_NAME, P_T1, active
 from otel_train.detect.state import s as _s
 from otel_train.record import recorder
@@ -28,47 +37,58 @@ _log = logging.getLogger("otel_train")
 patches = Patches()
 
 
-def next_wrapper(wrapped: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+def next_patch(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`_BaseDataLoaderIter.__next__` timed as a batch fetch. The patched method itself, not a
+    wrapper called by one (`backward.backward_patch`): a frame fewer every batch."""
     s = _s
-    if is_compiling() or s.fetching or s.fwd_depth or s.eval_explicit:
-        return wrapped(*args, **kwargs)
-    r = active()
-    if r is None:
-        return wrapped(*args, **kwargs)
-    t0 = r.now()
-    s.fetching = True
-    try:
-        batch = wrapped(*args, **kwargs)  # StopIteration: not a batch, nothing recorded
-    finally:
-        s.fetching = False
-    t1 = r.now()
-    # The loader's own (batch) sampler tells loaders apart, even two over one dataset.
-    instance = args[0]
-    src = getattr(instance, "_index_sampler", None)
-    if ours(r, s) and src is not None:
-        if s.opt_end is not None and s.data_driven:
-            close(r, s, s.opt_end)  # the next batch: the step's updates are over
-        elif s.opt_end is None and s.mb_bwd and s.data_driven and manual(s):
-            close(r, s, t0)
-    if s.phase is not None:
-        phase.end(r, s)
-    s.pending.append([DATA, t0, t1, src, instance, size_of(batch)])
-    to_switch.arm()  # the batch's copies to the device, if any, come next
-    return batch
+
+    @functools.wraps(original)
+    def __next__(self: Any) -> Any:
+        if _c.seen and dynamo_compiling() or tc._is_compiling_flag or s.fetching or s.fwd_depth \
+                or s.eval_explicit:
+            return original(self)
+        r = recorder._rec
+        if r is None and (r := active()) is None:
+            return original(self)
+        t0 = r.now()
+        s.fetching = True
+        try:
+            batch = original(self)  # StopIteration: not a batch, nothing recorded
+        finally:
+            s.fetching = False
+        t1 = r.now()
+        # The loader's own (batch) sampler tells loaders apart, even two over one dataset.
+        src = getattr(self, "_index_sampler", None)
+        if src is not None and s.step is not None and r.step is s.step:  # `machine.ours`
+            if s.opt_end is not None and s.data_driven:
+                close(r, s, s.opt_end)  # the next batch: the step's updates are over
+            elif s.opt_end is None and s.mb_bwd and s.data_driven and (
+                    s.uses_opt is False or s.uses_opt is None and manual(s)):  # `machine.manual`
+                close(r, s, t0)
+        if s.phase is not None:
+            phase.end(r, s)
+        s.pending.append([DATA, t0, t1, src, self, size_of(batch)])
+        if copy_edge.needed:
+            s.copying = True  # the batch's copies to the device, if any, come next
+        elif copy_edge.needed is None:
+            copy_edge.decide(s)
+        return batch
+    return __next__
 
 
 def _lean_to(original: Callable[..., Any]) -> Callable[..., Any]:
     """`Tensor.to` with the batch's host-to-device copy counted as part of getting it.
 
     A plain function, not a wrapt wrapper: wrapt's binding and argument packing cost ~1.3 µs a
-    call where this function costs ~0.5 µs. Dynamo traces through it (`is_compiling()`).
+    call where this function costs ~0.5 µs (~0.1 µs while no batch is on its way in). Dynamo
+    traces through it (the compile check comes first: Dynamo must not guard on our state).
     """
     s = _s
 
     @functools.wraps(original)
     def to(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = original(self, *args, **kwargs)
-        if is_compiling():  # first: Dynamo must not guard on our state
+        if _c.seen and dynamo_compiling() or tc._is_compiling_flag or not s.copying:
             return out
         pending = s.pending
         if pending and not s.fwd_depth:
@@ -80,66 +100,46 @@ def _lean_to(original: Callable[..., Any]) -> Callable[..., Any]:
     return to
 
 
-class ToSwitch:
-    """`Tensor.to` is patched (`_lean_to`) only from a batch fetch until the next forward.
+def _accelerator_present() -> bool:
+    """Whether this process could copy a batch to a device: an accelerator compiled into torch
+    and present (compile-time facts and device counts; no device is initialised)."""
+    try:
+        if torch.backends.cuda.is_built() and torch.cuda.is_available():
+            return True
+        xpu = getattr(torch, "xpu", None)
+        if xpu is not None and xpu.is_available():
+            return True
+        return bool(torch.backends.mps.is_available())
+    except Exception:  # noqa: BLE001 - an odd build: count copies as before
+        _log.debug("otel_train: cannot tell whether an accelerator is present", exc_info=True)
+        return True
 
-    `.to()` runs often where no batch is being copied: 28 times a step of the ~20 ms benchmark
-    model (15 inside `clip_grad_norm_`, the rest inside attention). Patched throughout, each of
-    those calls went through the wrapper, ~0.5 µs with warm caches and several µs between ops.
-    Armed by a fetch and disarmed by the forward, it costs two attribute writes a step instead.
-    Once torch.compile has compiled anything the switch stays as it is (Dynamo may guard on
-    `Tensor.to`): armed, as before; disarmed, the copies count as part of the step, not its data.
-    """
 
-    __slots__ = ("owner", "original", "own", "patched", "armed")
+class CopyEdge:
+    """Whether `train.data` ends at the batch's last `Tensor.to` copy (`needed`: None until the
+    first fetch decides, then True or False for the rest of the install)."""
+
+    __slots__ = ("needed",)
 
     def __init__(self) -> None:
-        self.owner: Any = None
-        self.original: Any = None
-        self.own = False
-        self.patched: Any = None
-        self.armed = False
+        self.needed: bool | None = None
 
-    def install(self, owner: Any) -> None:
-        self.owner, self.own = owner, "to" in vars(owner)
-        self.original = vars(owner)["to"] if self.own else owner.to
-        self.patched = _lean_to(self.original)
-        self.armed = False
-
-    def arm(self) -> None:
-        if not self.armed and self.patched is not None and not compiled_anything():
-            self.owner.to = self.patched
-            self.armed = True
-
-    def disarm(self) -> None:
-        if self.armed and not compiled_anything():
-            self._restore()
-
-    def remove(self) -> None:
-        if self.armed:
-            self._restore()
-        self.__init__()  # type: ignore[misc]
-
-    def _restore(self) -> None:
-        self.armed = False
-        if vars(self.owner).get("to") is not self.patched:
-            # Someone patched it over ours while armed: theirs stays, once, and we stop switching.
-            _log.warning("otel_train: Tensor.to was patched again by someone else; it keeps their "
-                         "wrapper, and a batch's copies to the device no longer count as data time.")
-            self.patched = None
-            return
-        unpatch(self.owner, "to", self.original, self.own, self.patched)
+    def decide(self, s: Any) -> None:
+        self.needed = _accelerator_present()
+        if self.needed:
+            patches.replace(torch.Tensor, "to", _lean_to)
+            s.copying = True  # this very batch's copies come next
 
 
-to_switch = ToSwitch()
+copy_edge = CopyEdge()
 
 
 def install() -> None:
     import torch.utils.data.dataloader as dataloader
-    patches.wrap(dataloader._BaseDataLoaderIter, "__next__", next_wrapper, lean=True)
-    to_switch.install(torch.Tensor)
+    copy_edge.needed = None
+    patches.replace(dataloader._BaseDataLoaderIter, "__next__", next_patch)
 
 
 def uninstall() -> None:
     patches.undo()
-    to_switch.remove()
+    copy_edge.needed = None

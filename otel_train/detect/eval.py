@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_train.detect import coverage, state
-from otel_train.detect.compile import is_compiling
+from otel_train.detect.compile import compiled as _c, dynamo_compiling, tc
 from otel_train.detect.machine import close, close_if_complete, complete, drop_pending_zero_grads, end_eval, ours
 from otel_train.detect.state import DATA, EVAL, FWD_AUX, FWD_EVAL, FWD_SKIP, P_NAME, P_SRC, P_T0, State, region
 from otel_train.detect.state import s as _s
@@ -89,7 +89,7 @@ def eval_end() -> None:
 
 def eval_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
     """A framework's "evaluate" method (a wrapt wrapper) becomes one explicit eval pass."""
-    if recorder._rec is None or _s.eval_explicit or is_compiling():
+    if recorder._rec is None or _s.eval_explicit or _c.seen and dynamo_compiling() or tc._is_compiling_flag:
         return wrapped(*args, **kwargs)
     eval_begin()
     try:

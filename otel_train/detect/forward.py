@@ -15,19 +15,20 @@ from typing import Any
 import torch
 from torch.nn.modules.loss import _Loss
 
-from otel_train.detect.compile import dynamo_compiling, tc
-from otel_train.detect.data import to_switch
+from otel_train.detect.compile import compiled as _c, dynamo_compiling, tc
 from otel_train.detect.eval import eval_forward
 from otel_train.detect.machine import train_activity
 from otel_train.detect.optimizer import closure_evaluation
 from otel_train.detect.roots import roots
-from otel_train.detect.state import FORWARD, FWD_AUX, FWD_EVAL, FWD_TRAIN, PH_FWD, active, mb_attrs, region
+from otel_train.detect.state import (FORWARD, FWD_AUX, FWD_EVAL, FWD_TRAIN, MB_ATTRS, PH_FWD, active, mb_attrs,
+                                     region)
 from otel_train.detect.state import s as _s
 from otel_train.record import recorder
+from otel_train.record.recorder import Region
 
 
 def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
-    if dynamo_compiling() or tc._is_compiling_flag:
+    if _c.seen and dynamo_compiling() or tc._is_compiling_flag:
         return None
     s = _s
     if s.fwd_depth:
@@ -35,8 +36,7 @@ def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
         return None
     if s.fetching:
         return None  # a transform module inside a batch fetch
-    if to_switch.armed:
-        to_switch.disarm()  # the batch is on its way in: no more copies of it to count
+    s.copying = False  # the batch is on its way in: no more copies of it to count
     if roots.discovering:
         roots.seen.add(module)
     r = recorder._rec
@@ -55,7 +55,10 @@ def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
         else:
             s.fwd_nested = False
             step = train_activity(r, s, t, PH_FWD, module)
-            s.fwd_region = region(FORWARD, mb_attrs(s.mb)).__enter__()
+            live = Region(FORWARD)  # `state.region(FORWARD, mb_attrs(mb))` written out: every micro-batch
+            mb = s.mb
+            live.attrs = MB_ATTRS[mb] if mb < 256 else mb_attrs(mb)
+            s.fwd_region = live.__enter__()
             s.mb_fwd = True
             if step is not None and step is s.step:
                 step.micro_batches = s.mb + 1
@@ -68,7 +71,7 @@ def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
 
 
 def forward_hook(module: torch.nn.Module, args: Any, output: Any) -> None:
-    if dynamo_compiling() or tc._is_compiling_flag:
+    if _c.seen and dynamo_compiling() or tc._is_compiling_flag:
         return None
     s = _s
     if not s.fwd_depth:

@@ -43,10 +43,11 @@ import torch
 from otel_train import semconv
 from otel_train.detect import coverage, phase
 from otel_train.detect.roots import roots
-from otel_train.detect.state import DATA, EVAL, P_ITER, P_SRC, P_T0, PH_FWD, PH_OPT, State, mb_attrs
+from otel_train.detect.state import DATA, EVAL, MB_ATTRS, P_ITER, P_SRC, P_T0, PH_FWD, PH_OPT, State, mb_attrs
 from otel_train.detect.state import s as _s
 from otel_train.record import direct, recorder
 from otel_train.record.recorder import Recorder, Step
+from otel_train.wire.schema import KIND_SPAN, NO_STEP
 
 TRAIN_SAMPLES, TRAIN_TOKENS = semconv.TRAIN_SAMPLES, semconv.TRAIN_TOKENS
 
@@ -145,7 +146,7 @@ def train_activity(r: Recorder, s: State, t: int, phase_kind: int, module: objec
                 close(r, s, s.opt_end)  # a new forward after an optimizer step begins a new step
                 step = None
             elif new_mb:
-                if s.opt_end is None and manual(s):
+                if s.opt_end is None and (s.uses_opt is False or s.uses_opt is None and manual(s)):
                     close(r, s, first_pending(s, t))
                     step = None
                 else:
@@ -174,48 +175,62 @@ def first_pending(s: State, t: int) -> int:
 
 def resolve_pending(r: Recorder, s: State) -> None:
     """The batches fetched (and zero_grads made) before this training phase belong to its step."""
-    attrs = mb_attrs(s.mb)
-    parent = recorder.current_region()
-    ours_ = s.step is not None and r.step is s.step and parent is None
-    sources = []
+    mb = s.mb
+    attrs = MB_ATTRS[mb] if mb < 256 else mb_attrs(mb)
+    # `direct.record` written out (parent and step looked up once): this runs every micro-batch.
+    parent = recorder.current_get()
+    parent_seq = parent.seq if parent is not None and parent.rec is r else None
+    step = r.step
+    ref = step.ref if step is not None else NO_STEP
+    seq = recorder.seq
+    ours_ = s.step is not None and step is s.step and parent_seq is None  # top level of our step
+    cover = s.cover
+    train_src = s.train_src
+    seen_train = False
+    last = None
     for name, t0, t1, src, _, size in s.pending:
-        direct.record(r, name, attrs if name is DATA else None, t0, t1, parent)
+        r.append((KIND_SPAN, name, next(seq), parent_seq, ref, t0, t1, attrs if name is DATA else None, None, None))
         if ours_:
-            s.cover += (t0, t1)
+            cover += (t0, t1)
         if src is not None:
-            sources.append(src)
+            last = src
+            if src is train_src:
+                seen_train = True
         if size is not None and s.step is not None:
-            add_size(s.step, size)
+            # the batch's samples and tokens add to the step's (`batch_size`)
+            sizes = s.step.attrs
+            if sizes is None:
+                s.step.attrs = {TRAIN_SAMPLES: size[0], TRAIN_TOKENS: size[1]} if size[1] else {TRAIN_SAMPLES: size[0]}
+            else:
+                sizes[TRAIN_SAMPLES] = sizes.get(TRAIN_SAMPLES, 0) + size[0]
+                if size[1]:
+                    sizes[TRAIN_TOKENS] = sizes.get(TRAIN_TOKENS, 0) + size[1]
     s.pending.clear()
-    if sources:
+    if last is not None:
         if s.data_driven is None:
             s.data_driven = True
-        if s.train_src is None or not any(src is s.train_src for src in sources):
-            s.train_src = sources[-1]
-
-
-def add_size(step: Step, size: tuple[int, int]) -> None:
-    """A batch of the step: its samples and tokens add to the step's (`batch_size`)."""
-    attrs = step.attrs
-    if attrs is None:
-        step.attrs = {TRAIN_SAMPLES: size[0], TRAIN_TOKENS: size[1]} if size[1] else {TRAIN_SAMPLES: size[0]}
-        return
-    attrs[TRAIN_SAMPLES] = attrs.get(TRAIN_SAMPLES, 0) + size[0]
-    if size[1]:
-        attrs[TRAIN_TOKENS] = attrs.get(TRAIN_TOKENS, 0) + size[1]
+        if train_src is None or not seen_train:
+            s.train_src = last
 
 
 def track_epoch(s: State) -> None:
     """A new pass over the training batches is a new epoch: a new iterator of the training
     loader, or a training loader never seen before (one built per epoch)."""
-    data = [entry for entry in s.pending if entry[P_ITER] is not None]
-    if not data:
+    train_src = s.train_src
+    last = None
+    found = False
+    for entry in s.pending:
+        if entry[P_ITER] is not None:
+            last = entry
+            if train_src is not None and entry[P_SRC] is train_src:
+                found = True
+    if last is None:
         return
-    if s.train_src is None or not any(entry[P_SRC] is s.train_src for entry in data):
-        s.train_src = data[-1][P_SRC]
-    for entry in data:
+    if not found:
+        s.train_src = train_src = last[P_SRC]
+    for entry in s.pending:
         it = entry[P_ITER]
-        if entry[P_SRC] is s.train_src and (s.train_iter is None or s.train_iter() is not it):
+        if it is not None and entry[P_SRC] is train_src and (s.train_iter is None or s.train_iter() is not it):
             s.epoch = 0 if s.epoch is None else s.epoch + 1
             s.train_iter = weakref.ref(it)  # weak: a dead iterator must shut its workers down
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from otel_train.detect import coverage, phase, sites, torch_hooks
-from otel_train.detect.compile import dynamo_compiling, is_compiling, tc
+from otel_train.detect.compile import compiled as _c, dynamo_compiling, tc
 from otel_train.detect.machine import close, complete, ours, train_activity
 from otel_train.detect.patches import Patches
 from otel_train.detect.state import P_T0, PH_OPT, ZERO_GRAD, State, active
@@ -50,7 +50,7 @@ def nests(optimizer: Any) -> bool:
 
 
 def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-    if dynamo_compiling() or tc._is_compiling_flag:
+    if _c.seen and dynamo_compiling() or tc._is_compiling_flag:
         return None
     s = _s
     if s.opt_depth:
@@ -92,7 +92,7 @@ def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
 
 
 def optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-    if dynamo_compiling() or tc._is_compiling_flag:
+    if _c.seen and dynamo_compiling() or tc._is_compiling_flag:
         return None
     s = _s
     if not s.opt_depth:
@@ -116,7 +116,7 @@ def optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     s.opt_owner = None
     s.opt_closure = s.nest = False
     s.uses_opt = True
-    if ours(r, s):
+    if s.step is not None and r.step is s.step:  # `machine.ours`, written out: every update
         s.opt_end = s.last_end = t
         s.stepped.append(id(optimizer))
     return None
@@ -169,7 +169,7 @@ def scaler_step_wrapper(wrapped: Callable[..., Any], args: Any, kwargs: Any) -> 
     gradients and skipped the optimizer's own `step()` (a skipped update is still a step)."""
     s = _s
     optimizer = args[1] if len(args) > 1 else kwargs.get("optimizer")
-    if is_compiling() or s.opt_depth or optimizer is None:
+    if _c.seen and dynamo_compiling() or tc._is_compiling_flag or s.opt_depth or optimizer is None:
         return wrapped(*args, **kwargs)
     optimizer_pre_hook(optimizer, (), {})
     s.scaling = True
@@ -189,7 +189,7 @@ def aux_patch(clip: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
         @functools.wraps(original)
         def aux(*args: Any, **kwargs: Any) -> Any:
-            if dynamo_compiling() or tc._is_compiling_flag or s.opt_depth or s.aux_depth or s.fwd_depth \
+            if _c.seen and dynamo_compiling() or tc._is_compiling_flag or s.opt_depth or s.aux_depth or s.fwd_depth \
                     or s.bwd_depth:
                 return original(*args, **kwargs)
             r = recorder._rec
@@ -215,14 +215,14 @@ def _part(r: Recorder, s: State, name: str, original: Callable[..., Any], args: 
     finally:
         s.aux_depth = 0
         t = phase.part_end(r, s)
-        if ours(r, s):
+        if s.step is not None and r.step is s.step:  # `machine.ours`, written out: every update
             s.last_end = t
             if s.opt_end is not None:
                 s.opt_end = t  # step(); zero_grad(): the update ends after it
 
 
 def _zero_grad(r: Recorder, s: State, original: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-    if ours(r, s):
+    if s.step is not None and r.step is s.step:  # `machine.ours`, written out: every step
         if s.opt_end is None and complete(s):  # a manual update is done: this is the next iteration
             t0 = r.now()
             close(r, s, min([t0] + [entry[P_T0] for entry in s.pending]))

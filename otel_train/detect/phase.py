@@ -20,10 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 from otel_train import semconv
-from otel_train.detect import coverage
-from otel_train.detect.state import OPTIMIZER, State, region
+from otel_train.detect.state import OPTIMIZER, State
 from otel_train.record import device, direct, recorder
-from otel_train.record.recorder import Recorder
+from otel_train.record.recorder import Recorder, Region
 
 #: `train.optimizer.calls` attribute dicts, one per distinct sequence of calls (never mutated).
 _CALLS: dict[tuple[str, ...], dict[str, Any]] = {}
@@ -34,7 +33,7 @@ def part_begin(s: State, name: str) -> None:
     """A call of the update starts: the phase opens (if it is not open) and is current while it runs."""
     phase = s.phase
     if phase is None:
-        phase = region(OPTIMIZER).__enter__()
+        phase = Region(OPTIMIZER).__enter__()  # `state.region`, written out: every update
         if phase.rec is None:
             return
         direct.leave(phase)
@@ -79,7 +78,7 @@ def end(r: Recorder, s: State) -> None:
     t1 = s.phase_end
     direct.finish(r, phase, t1, attrs)
     if phase.parent is None and s.step is not None and phase.step is s.step:
-        coverage.cover(s, phase.t0, t1)
+        s.cover += (phase.t0, t1)  # `coverage.cover`, written out: every update
 
 
 def abandon(s: State) -> None:

@@ -29,8 +29,8 @@ _MAX_DEPTH = 16  # frames looked through, torch's and ours included
 _WRAPPERS = 3  # frames outside torch looked at on each side
 
 
-def user_frames() -> list[FrameType]:
-    """The innermost `_WRAPPERS` frames of the calling stack outside torch and otel_train."""
+def user_frames(limit: int = _WRAPPERS) -> list[FrameType]:
+    """The innermost `limit` frames of the calling stack outside torch and otel_train."""
     out: list[FrameType] = []
     frame: FrameType | None = sys._getframe(1)
     for _ in range(_MAX_DEPTH):
@@ -39,7 +39,7 @@ def user_frames() -> list[FrameType]:
         name = frame.f_globals.get("__name__", "")
         if not (name.startswith(_OURS) or name == "torch"):
             out.append(frame)
-            if len(out) == _WRAPPERS:
+            if len(out) == limit:
                 break
         frame = frame.f_back
     return out
@@ -52,13 +52,14 @@ def remember_update(s: State) -> None:
 
 def zero_grad_place(s: State) -> int:
     """TOP, END or ELSEWHERE for the zero_grad being called (from our patched function)."""
-    frames = user_frames()
-    if not frames:
+    first = user_frames(1)  # a call site decided already (every step after the first): no further
+    if not first:
         return ELSEWHERE
-    key = (frames[0].f_code, frames[0].f_lasti)
+    key = (first[0].f_code, first[0].f_lasti)
     place = _decided.get(key)
     if place is not None:
         return place
+    frames = user_frames()
     site = s.step_site
     if site is None:  # not probing: the live frames that called the last update, else the next one
         place = _by_callers(frames, s.last_callers)

@@ -32,15 +32,15 @@ PH_FWD, PH_BWD, PH_OPT = range(3)
 # (a batch fetch, or a zero_grad).
 P_NAME, P_T0, P_T1, P_SRC, P_ITER, P_SIZE = range(6)
 
-# One shared, never mutated attribute dict per micro-batch index: no dict per call.
-_MB_ATTRS = tuple({semconv.TRAIN_MICRO_BATCH: i} for i in range(256))
+#: One shared, never mutated attribute dict per micro-batch index: no dict per call.
+MB_ATTRS = tuple({semconv.TRAIN_MICRO_BATCH: i} for i in range(256))
 
 #: Whether detection is installed (`install.install`); the hooks themselves never look.
 installed = False
 
 
 def mb_attrs(i: int) -> dict[str, int]:
-    return _MB_ATTRS[i] if i < 256 else {semconv.TRAIN_MICRO_BATCH: i}
+    return MB_ATTRS[i] if i < 256 else {semconv.TRAIN_MICRO_BATCH: i}
 
 
 def region(name: str, attrs: dict[str, Any] | None = None) -> Region:
@@ -56,7 +56,7 @@ class State:
 
     __slots__ = ("step", "boundary", "opt_end", "last_end", "stepped", "mb", "mb_fwd", "mb_bwd",
                  "pending", "data_driven", "train_src", "train_iter", "epoch", "epoch_fixed", "uses_opt",
-                 "fetching", "fwd_depth", "fwd_kind", "fwd_region", "fwd_nested", "bwd_depth", "opt_depth",
+                 "fetching", "copying", "fwd_depth", "fwd_kind", "fwd_region", "fwd_nested", "bwd_depth", "opt_depth",
                  "opt_owner", "opt_frame", "opt_closure", "opt_t0", "nest", "evaluations", "scaling", "aux_depth",
                  "phase", "phase_end", "phase_parts", "part_token", "step_site", "site_probe", "last_callers", "cover",
                  "after", "ckpt_depth", "coll_depth", "eval_t0", "eval_t1", "eval_data", "eval_module",
@@ -82,6 +82,7 @@ class State:
         self.epoch_fixed = False  # a framework callback sets the epoch
         self.uses_opt: bool | None = None
         self.fetching = False
+        self.copying = False  # a fetched batch's `Tensor.to` copies may come (`data.copy_edge`)
         self.fwd_depth = 0
         self.fwd_kind = FWD_SKIP
         self.fwd_region: Region | None = None

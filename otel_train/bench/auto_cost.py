@@ -1,0 +1,225 @@
+"""`otel-train bench auto-cost`: what automatic instrumentation costs the training thread a step.
+
+The loop of issue 31: a plain CPU MLP fed by a `DataLoader`, gradient accumulation 2, AdamW,
+one intra-op thread (~1.8 ms a step on the shared 2-core VM). Automatic instrumentation is
+installed once; plain steps run with every hook and patch removed
+(`otel_train.testing.paused_detection()`, untimed), alternating block by block with automatic
+steps in one process, the worker held (the records wait in the buffer; they are written out
+between rounds, untimed). So the figure is the training thread's own cost, not export.
+
+Figures (`name: value` lines):
+- `auto_us_per_step`: median over rounds of (automatic − plain) µs a step, with the
+  distribution-free 95 % interval (`_ci95_lo` / `_ci95_hi`); wall clock, so noisy on a busy host.
+- `auto_cpu_us_per_step`: the same in the training thread's CPU time (`time.thread_time_ns`),
+  which time spent waiting for a core on a loaded host does not inflate.
+- `python_calls_per_step_plain` / `_auto` / `_added`: Python function calls a step
+  (`sys.setprofile`), over one epoch of steps each: independent of load.
+- `c_calls_per_step_plain` / `_auto` / `_added`: the same for calls of C functions.
+- with `--callgrind N` under `valgrind --tool=callgrind`: `instructions_per_step_plain` /
+  `_auto` / `_added`, counted over `--rounds` rounds of a plain and an automatic block of N
+  steps (alternating order), each block between client requests (a tiny marker library built
+  with the system C compiler from valgrind's `callgrind.h`), so the pauses' own work and the
+  caches they cool are outside the counts.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from otel_train.bench.harness import print_ci, print_figure
+from otel_train.bench.stats import ci95_of
+
+ACCUM = 2
+BATCH = 64
+SAMPLES = 4096  # 64 batches: one epoch is 32 steps
+
+
+class AutoCostLoop:
+    """The loop: `step()` runs one optimizer step of two micro-batches, a new iterator (epoch)
+    whenever the loader runs out."""
+
+    def __init__(self, seed: int = 0) -> None:
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        torch.manual_seed(seed)
+        self.model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                                   nn.Linear(256, 10))
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.loss = nn.CrossEntropyLoss()
+        data = TensorDataset(torch.randn(SAMPLES, 64), torch.randint(0, 10, (SAMPLES,)))
+        self.loader = DataLoader(data, batch_size=BATCH, shuffle=True)
+        self.it = iter(self.loader)
+        self.steps_per_epoch = SAMPLES // BATCH // ACCUM
+
+    def step(self) -> None:
+        for _ in range(ACCUM):
+            try:
+                x, y = next(self.it)
+            except StopIteration:
+                self.it = iter(self.loader)
+                x, y = next(self.it)
+            loss = self.loss(self.model(x), y) / ACCUM
+            loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+def _timed(step: Callable[[], None], steps: int) -> tuple[int, int]:
+    """(wall ns, this thread's CPU ns) of `steps` steps."""
+    t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+    for _ in range(steps):
+        step()
+    return time.perf_counter_ns() - t0, time.thread_time_ns() - c0
+
+
+def _count_calls(step: Callable[[], None], steps: int) -> tuple[int, int]:
+    """(Python calls, C calls) that `steps` steps make."""
+    counts = {"call": 0, "c_call": 0}
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event in counts:
+            counts[event] += 1
+
+    sys.setprofile(profile)
+    try:
+        for _ in range(steps):
+            step()
+    finally:
+        sys.setprofile(None)
+    return counts["call"], counts["c_call"]
+
+
+_MARKER_C = """
+#include <valgrind/callgrind.h>
+void otel_train_bench_zero(void) { CALLGRIND_ZERO_STATS; }
+void otel_train_bench_dump(const char *label) { CALLGRIND_DUMP_STATS_AT(label); }
+int otel_train_bench_on_valgrind(void) { return RUNNING_ON_VALGRIND; }
+"""
+
+
+def _marker_lib(tmp: str) -> Any:
+    src, lib = os.path.join(tmp, "marker.c"), os.path.join(tmp, "marker.so")
+    with open(src, "w") as f:
+        f.write(_MARKER_C)
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", lib, src], check=True)
+    return ctypes.CDLL(lib)
+
+
+def _callgrind_total(before: set[str]) -> int:
+    """The instructions of the newest dump callgrind wrote for this process."""
+    new = sorted(set(glob.glob(f"callgrind.out.{os.getpid()}*")) - before, key=os.path.getmtime)
+    with open(new[-1]) as f:
+        for line in f:
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise RuntimeError(f"no totals in {new[-1]}")
+
+
+def _callgrind(loop: AutoCostLoop, steps: int, rounds: int, paused: Callable[[], Any]) -> dict[str, float]:
+    """Instructions a step of each variant: `rounds` rounds of a plain and an automatic block of
+    `steps` steps, in alternating order, each block counted between a zero and a dump."""
+    with tempfile.TemporaryDirectory() as tmp:
+        marker = _marker_lib(tmp)
+        if not marker.otel_train_bench_on_valgrind():
+            raise SystemExit("otel-train bench auto-cost --callgrind: run it under valgrind --tool=callgrind "
+                             "(the interpreter itself, not a shim script: valgrind does not follow children)")
+        totals = {"plain": 0, "auto": 0}
+        for r in range(rounds):
+            for variant in ("plain", "auto") if r % 2 == 0 else ("auto", "plain"):
+                before = set(glob.glob(f"callgrind.out.{os.getpid()}*"))
+                if variant == "plain":
+                    with paused():
+                        marker.otel_train_bench_zero()
+                        for _ in range(steps):
+                            loop.step()
+                        marker.otel_train_bench_dump(variant.encode())
+                else:
+                    marker.otel_train_bench_zero()
+                    for _ in range(steps):
+                        loop.step()
+                    marker.otel_train_bench_dump(variant.encode())
+                totals[variant] += _callgrind_total(before)
+        return {variant: total / (steps * rounds) for variant, total in totals.items()}
+
+
+def run_auto_cost(rounds: int = 20, block_steps: int = 8, callgrind_steps: int = 0) -> int:
+    import torch
+
+    import otel_train
+    from otel_train import _runtime
+    from otel_train.instrumentation import TorchTrainingInstrumentor
+    from otel_train.testing import held, paused_detection
+
+    torch.set_num_threads(1)
+    out_dir = tempfile.mkdtemp(prefix="otel-train-auto-cost-")
+    otel_train.init(run_id=f"auto-cost-{os.getpid()}", output_dir=out_dir, metric_interval_ms=60000)
+    worker = _runtime.state().worker  # type: ignore[union-attr]
+    loop = AutoCostLoop()
+    for _ in range(5):
+        loop.step()
+    instrumentor = TorchTrainingInstrumentor()
+    instrumentor.instrument()
+    try:
+        for _ in range(6):  # discovery, then the settle onto the root modules
+            loop.step()
+        worker.flush()
+        print_figure("torch_threads", torch.get_num_threads())
+        print_figure("load_avg_1m", os.getloadavg()[0])
+        if callgrind_steps:
+            with held(worker):
+                counted = _callgrind(loop, callgrind_steps, rounds, paused_detection)
+            print_figure("callgrind_steps", callgrind_steps)
+            print_figure("callgrind_rounds", rounds)
+            print_figure("instructions_per_step_plain", round(counted["plain"]))
+            print_figure("instructions_per_step_auto", round(counted["auto"]))
+            print_figure("instructions_per_step_added", round(counted["auto"] - counted["plain"]))
+            return 0
+        epoch = loop.steps_per_epoch
+        with held(worker):
+            with paused_detection():
+                plain_calls = _count_calls(loop.step, epoch)
+            auto_calls = _count_calls(loop.step, epoch)
+        worker.flush()
+        for i, name in enumerate(("python", "c")):
+            print_figure(f"{name}_calls_per_step_plain", plain_calls[i] / epoch)
+            print_figure(f"{name}_calls_per_step_auto", auto_calls[i] / epoch)
+            print_figure(f"{name}_calls_per_step_added", (auto_calls[i] - plain_calls[i]) / epoch)
+        plain_us: list[float] = []
+        added_us: list[float] = []
+        added_cpu_us: list[float] = []
+        for r in range(rounds):
+            with held(worker):
+                ns = {}
+                for kind in ("plain", "auto") if r % 2 == 0 else ("auto", "plain"):
+                    if kind == "plain":
+                        with paused_detection():
+                            ns[kind] = _timed(loop.step, block_steps)
+                    else:
+                        ns[kind] = _timed(loop.step, block_steps)
+            worker.flush()
+            plain_us.append(ns["plain"][0] / block_steps / 1e3)
+            added_us.append((ns["auto"][0] - ns["plain"][0]) / block_steps / 1e3)
+            added_cpu_us.append((ns["auto"][1] - ns["plain"][1]) / block_steps / 1e3)
+        print_figure("rounds", rounds)
+        print_figure("block_steps", block_steps)
+        print_figure("step_us_plain", statistics.median(plain_us))
+        print_figure("auto_us_per_step", statistics.median(added_us))
+        print_ci("auto_us_per_step", ci95_of(added_us))
+        print_figure("auto_pct_per_step", 100 * statistics.median(added_us) / statistics.median(plain_us))
+        print_figure("auto_cpu_us_per_step", statistics.median(added_cpu_us))
+        print_ci("auto_cpu_us_per_step", ci95_of(added_cpu_us))
+    finally:
+        instrumentor.uninstrument()
+        otel_train.shutdown()
+    return 0
