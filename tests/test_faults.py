@@ -397,7 +397,9 @@ def test_an_unwritable_or_full_disk_is_said_once_and_counted(tmp_path, fault: st
     whole. Lost: the rest, counted exactly; one message; training finishes."""
     (tmp_path / "base").mkdir()
     base = TrainingRun({}, 300, 0.0, cwd=tmp_path / "base")
-    env = {"OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_TRAIN_FLUSH_INTERVAL_MS": "20"}
+    # Requests of at most 20 spans (~5 kB a line): however late a loaded machine's first drain
+    # comes, lines fit under the 30 kB limit before it is reached.
+    env = {"OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_TRAIN_FLUSH_INTERVAL_MS": "20", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "20"}
     preexec = None
     if fault == "unwritable directory":
         (tmp_path / "blocked").write_text("a file where the directory should be")

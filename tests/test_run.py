@@ -7,6 +7,7 @@ frames that ran the script (the console script, the CLI, otel_train.run, runpy),
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -75,9 +76,11 @@ def test_a_scripts_own_excepthook_prints_it(tmp_path: Path) -> None:
     assert f"HOOK KeyError {script}" in proc.stdout
 
 
-def test_a_keyboard_interrupt_exits_130_with_the_scripts_frames(tmp_path: Path) -> None:
+def test_a_keyboard_interrupt_exits_as_python_does_with_the_scripts_frames(tmp_path: Path) -> None:
     script = tmp_path / "interrupted.py"
     script.write_text("raise KeyboardInterrupt\n")
+    plain = _launch([str(script)])
     proc = _launch(["-m", "otel_train.run", str(script)])
-    assert proc.returncode == 130
+    assert plain.returncode == -signal.SIGINT  # CPython ends itself with SIGINT (a shell shows 130)
+    assert proc.returncode == plain.returncode
     assert _frames(proc.stderr) == [("interrupted.py", "<module>")]
