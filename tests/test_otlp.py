@@ -205,6 +205,8 @@ def step_records() -> list:
         for n, epoch in ((0, None), (1, 0), (2, 0), (3, 1), (4, 1), (2**70, 1), (6, 2**70), (7, 2), (8, 2), (9, 2)):
             attrs = {"x.user": 1} if n == 4 else {semconv.TRAIN_SAMPLES: 4, semconv.TRAIN_TOKENS: 64} if n in (1, 9) \
                 else {semconv.TRAIN_SAMPLES: 2**70} if n == 0 else None  # batch sizes stay lean, unless past 64 bits
+            if n in (9, 2**70):  # what detection leaves on a step: lean too, after the sizes
+                attrs = {**(attrs or {}), semconv.TRAIN_STEP_UNCOVERED_S: 2.5e-6 * (n % 7 + 1)}
             step = direct.begin_step(n, epoch, attrs, clock.now_ns)
             assert step is not None
             for mb in range(2 if n % 2 else 1):
@@ -257,7 +259,7 @@ def test_lean_steps_encode_exactly_what_the_general_path_does(rank: int, step_sa
     # 0 a batch size beyond int64, 2 tagged during, 3 tagged after, 4 with user attributes, 6 an epoch
     # beyond int64, 7 an orphan, 8 tagged by its GC pause; the step numbered 2**70 was recorded as the
     # next number, 5 (a step number beyond int64 is coerced with one message when recorded:
-    # test_faults' bad input); 1 and 9 carry batch sizes
+    # test_faults' bad input); 1 and 9 carry batch sizes, 9 and 5 train.step.uncovered_s
     assert sorted(lean_steps) == [1, 5, 9]
     numbers = sorted((int(v.string_value) if v.HasField("string_value") else v.int_value)
                      for s in lean if s.name == "train.step"

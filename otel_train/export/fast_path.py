@@ -44,6 +44,7 @@ _CACHE_MAX = 4096  # bodies, steps and attribute fields remembered; each cache i
 #: The only step attributes a lean step may carry: what automatic detection counts from the
 #: batches' shape (`detect.batch_size`), the same most steps of a run.
 _SIZES = frozenset({semconv.TRAIN_SAMPLES, semconv.TRAIN_TOKENS})
+_UNCOVERED = semconv.TRAIN_STEP_UNCOVERED_S
 _NO_STEP_YET = object()  # `regions_python` before its first region: equal to no step number
 
 #: What the fast path keeps of a step: its trace id field, the step span's id (wire form), the
@@ -233,39 +234,58 @@ class FastPath:
 
     def lean_step(self, record: tuple[Any, ...], offset: int) -> tuple[tuple[Any, ...], int, bytes] | None:
         """A usual step record as the recorder appended it (the hot path's KIND_STEP tuple): no
-        attributes but int `train.samples` / `train.tokens`, no tags, events, links or
-        exception, and int step number, epoch and
-        micro-batch count. Returns its wire tuple, its end (wall ns) and its epoch and
-        micro-batch fields encoded already, to be held with them (`HeldStep.lean`) and emitted
-        from them unless a note joins it (`lean_step_span`). None: not such a record."""
+        attributes but int `train.samples` / `train.tokens` and a float `train.step.uncovered_s`
+        (what detection leaves on every step), no tags, events, links or exception, and int step
+        number, epoch and micro-batch count. Returns its wire tuple, its end (wall ns) and its
+        attribute fields encoded already (cached but for `uncovered_s`), in the order the
+        general path writes them, to be held with them (`HeldStep.lean`) and emitted from them
+        unless a note joins it (`lean_step_span`). None: not such a record."""
         _, seq, n, t0, t1, attrs, epoch, micro_batches, tags, events, links, exc = record
         if (tags or events or links or exc is not None or type(n) is not int
                 or type(micro_batches) is not int or (epoch is not None and type(epoch) is not int)):
             return None
         sizes: tuple[Any, ...] = ()
+        uncovered = None
         if attrs:
-            if not _SIZES.issuperset(attrs) or any(type(v) is not int for v in attrs.values()):
-                return None
-            sizes = tuple(attrs.items())  # in order: the general path encodes them in this order
+            for key, value in attrs.items():
+                if key == _UNCOVERED:
+                    if type(value) is not float:
+                        return None
+                    uncovered = value
+                elif key not in _SIZES or type(value) is not int:
+                    return None
+                elif uncovered is not None:
+                    return None  # a size after it: the general path's order differs
+            if uncovered is None:
+                sizes = tuple(attrs.items())  # in order: the general path encodes them in this order
+            else:
+                sizes = tuple(item for item in attrs.items() if item[0] != _UNCOVERED)
         key = (epoch, micro_batches, sizes)
         wire_attrs = step_wire_attrs(attrs, epoch, micro_batches)
         lean = self._lean_kvs.get(key)
         if lean is None:
-            lean = self._lean_fields(key, wire_attrs)
+            lean = self._lean_fields(key, dict(sizes), epoch, micro_batches)
             if lean is None:
                 return None
+        head, tail = lean
+        if uncovered is not None:
+            head += self.encoder.float_attribute(_UNCOVERED, uncovered)
         t1 += offset
         return (KIND_STEP, semconv.SPAN_STEP, seq, None, n, seq, t0 + offset, t1, wire_attrs, None, None, None,
-                False, None), t1, lean
+                False, None), t1, head + tail
 
-    def _lean_fields(self, key: tuple[Any, ...], attrs: dict[str, Any]) -> bytes | None:
-        """The encoded batch-size, epoch and micro-batch fields (`attrs`) `lean_step` holds a step with
-        (cached), None where the cleaner would change a value (past 64 bits)."""
-        if any(not -(1 << 63) <= value < (1 << 63) for value in attrs.values()):
+    def _lean_fields(self, key: tuple[Any, ...], sizes: dict[str, Any], epoch: Any,
+                     micro_batches: int) -> tuple[bytes, bytes] | None:
+        """The encoded batch-size fields, and the epoch and micro-batch fields, `lean_step`
+        holds a step with (cached; `uncovered_s` goes between them), None where the cleaner
+        would change a value (past 64 bits)."""
+        rest = step_wire_attrs(None, epoch, micro_batches)
+        if any(not -(1 << 63) <= value < (1 << 63) for value in (*sizes.values(), *rest.values())):
             return None
         if len(self._lean_kvs) >= _CACHE_MAX:
             self._lean_kvs.clear()
-        lean = self._lean_kvs[key] = self.encoder.attributes(attrs)
+        lean = self._lean_kvs[key] = (self.encoder.attributes(sizes) if sizes else b"",
+                                      self.encoder.attributes(rest) if rest else b"")
         return lean
 
     def lean_step_span(self, held: HeldStep) -> bytes:
