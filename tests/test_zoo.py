@@ -86,7 +86,6 @@ def _views(receiver: OTLPReceiver, run: Run) -> dict[int, analysis.RankView]:
 
 
 #: Issue 26 #7's closing lines and #8 (torchrun's stop) are branch `export`'s work.
-_EXPORT = pytest.mark.xfail(reason="issue 26 #7 closing lines / #8: branch export's fix, not merged here", strict=False)
 
 
 # --- the runs themselves ------------------------------------------------------------------------
@@ -264,11 +263,10 @@ def test_traceback_shows_the_scripts_frames_only(zoo: dict[str, Run]) -> None:
     assert harness.frames(otel.stderr) == expected
 
 
-@_EXPORT
 def test_torchrun_ranks_closing_lines_are_told_apart(zoo: dict[str, Run]) -> None:
     """Under torchrun, one closing line for the job, or one per rank that names its rank."""
     run = zoo["ppo_ddp/otel"].wait()
-    closing = [line for line in run.stderr.splitlines() if re.match(r"otel_train: \d+ spans", line)]
+    closing = [line for line in run.stderr.splitlines() if re.match(r"otel_train: (rank \d+: )?\d+ spans", line)]
     assert closing, run.describe()
     if len(closing) > 1:
         assert len(set(closing)) == len(closing), f"identical lines: {closing}"
@@ -296,7 +294,6 @@ def stopped(otlp_receiver: OTLPReceiver, zoo: dict[str, Run],
     return run, completed, received
 
 
-@_EXPORT
 def test_torchrun_group_sigterm_delivers_every_completed_step(stopped: tuple[Run, dict[int, int],
                                                                              dict[int, int]]) -> None:
     run, completed, received = stopped
@@ -305,7 +302,6 @@ def test_torchrun_group_sigterm_delivers_every_completed_step(stopped: tuple[Run
         f"completed {completed}, train.step spans received {received}\n{run.stderr[-2000:]}"
 
 
-@_EXPORT
 def test_torchrun_group_sigterm_counts_what_it_lost(stopped: tuple[Run, dict[int, int], dict[int, int]]) -> None:
     run, completed, received = stopped
     lost = sum(completed.values()) - sum(received.get(r, 0) for r in completed)
