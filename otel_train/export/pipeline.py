@@ -78,9 +78,8 @@ class ExportPipeline:
                                        AttributeCleaner(cfg.attribute_value_limit), self._emit, cfg.step_sample,
                                        self.metrics, self.version, self.encoder, self.account,
                                        cfg.ranks, cfg.step_spans)
-        # Span processors see every span as a `ReadableSpan`: none may leave as bytes already;
-        # an inference actor's spans wait for their call's trace (`actor_traces`): the general way.
-        self.assembler.fast = not self.processors and self.assembler.actors is None
+        if self.processors:  # they see every span as a `ReadableSpan`: none may leave as bytes already
+            self.assembler.fast = False  # (the assembler turns it off for an inference actor itself)
         if restarts.may_restart(self.run):
             self.assembler.progress = restarts.RestartProgress(self.run, restarts.progress_dir(self.run.run_id))
         self._scope: Any = None
