@@ -12,12 +12,13 @@ docs/analysis.md), no error banner or console error, every parent reference reso
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from support.procs import REPO, clean_env, jaeger_view_script
+from support.procs import REPO, clean_env, jaeger_view_script, launch_torchrun
 
 JAEGER_VIEW = jaeger_view_script()
 pytestmark = pytest.mark.skipif(not JAEGER_VIEW.exists(), reason="needs ../shared/jaeger-ui (the real Jaeger UI)")
@@ -31,8 +32,10 @@ def _run(tmp: Path, run_id: str, ranks: int) -> list[Path]:
     else:
         argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--rdzv-backend",
                 "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id", run_id, str(QUICKSTART), "--steps", str(STEPS)]
-    proc = subprocess.run(argv, cwd=tmp, env=clean_env({"OTEL_TRAIN_RUN_ID": run_id, "OMP_NUM_THREADS": "1"}),
-                          capture_output=True, text=True, timeout=240)
+    proc = launch_torchrun(
+        lambda: subprocess.run(argv, cwd=tmp, env=clean_env({"OTEL_TRAIN_RUN_ID": run_id, "OMP_NUM_THREADS": "1"}),
+                               capture_output=True, text=True, timeout=240),
+        again=lambda: shutil.rmtree(tmp / "otel-train" / run_id, ignore_errors=True))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     files = sorted((tmp / "otel-train" / run_id).glob("traces-rank*.jsonl"))
     assert len(files) == ranks

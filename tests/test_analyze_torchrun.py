@@ -7,13 +7,14 @@ balanced run (every rank sleeps the same). The skew test shifts ranks' files by 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from support.procs import clean_env, jaeger_view_script
+from support.procs import clean_env, jaeger_view_script, launch_torchrun
 
 from otel_train.analyze.diagnose import analyse
 from otel_train.analyze.perfetto import write_trace
@@ -29,8 +30,10 @@ def _torchrun(tmp: Path, run_id: str, **env: str) -> tuple[Path, float]:
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS), "--rdzv-backend",
             "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id", run_id, "-m", "otel_train.run", str(SCENARIO)]
     t0 = time.time()
-    proc = subprocess.run(argv, cwd=tmp, env=clean_env({"STEPS": str(STEPS), "OMP_NUM_THREADS": "1", **env}),
-                          capture_output=True, text=True, timeout=240)
+    proc = launch_torchrun(
+        lambda: subprocess.run(argv, cwd=tmp, env=clean_env({"STEPS": str(STEPS), "OMP_NUM_THREADS": "1", **env}),
+                               capture_output=True, text=True, timeout=240),
+        again=lambda: shutil.rmtree(tmp / "otel-train" / run_id, ignore_errors=True))
     wall = time.time() - t0
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("SCENARIO ") == RANKS

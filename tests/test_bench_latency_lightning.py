@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -13,7 +14,7 @@ import pytest
 import torch
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from support.procs import REPO, run_python
+from support.procs import REPO, launch_torchrun, run_python
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -164,10 +165,12 @@ def test_bad_arguments_are_named(kwargs: dict, message: str) -> None:
 def test_ddp_two_processes_all_ranks_measure_between_barriers(tmp_path: Path) -> None:
     """Every rank measures its replica between the callback's barriers; the model's own
     all-reduce runs on both ranks together (rank 0 alone would hang on it); parameters agree."""
-    proc = run_python(None, script="-m", args=[
+    proc = launch_torchrun(lambda: run_python(None, script="-m", args=[
         "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
         "--rdzv-id", "latency-ddp", str(REPO / "tests" / "support" / "scenarios" / "lightning_latency.py"), str(tmp_path),
-        "--ddp"], env={"OTEL_TRAIN_OUTPUT_DIR": str(tmp_path / "otel")}, timeout=240)
+        "--ddp"], env={"OTEL_TRAIN_OUTPUT_DIR": str(tmp_path / "otel")}, timeout=240, check=False),
+        again=lambda: shutil.rmtree(tmp_path / "otel", ignore_errors=True))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     ranks = [json.loads((tmp_path / f"weights-rank{r}.json").read_text()) for r in (0, 1)]
     assert [(r["rank"], r["steps"], r["measured"]) for r in ranks] == [(0, 6, True), (1, 6, True)]
     assert ranks[0]["params"] == ranks[1]["params"]

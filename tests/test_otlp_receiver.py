@@ -265,3 +265,15 @@ def test_free_port_refuses_connections() -> None:
     assert 0 < port < 65536
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+def test_forget_run_drops_that_runs_requests_only(fresh_receiver: OTLPReceiver) -> None:
+    for run_id in ("first", "second"):
+        exporter = GrpcSpanExporter(endpoint=fresh_receiver.grpc_endpoint, insecure=True, timeout=5)
+        provider = TracerProvider(resource=Resource.create({"service.name": "t", "ml.run.id": run_id}))
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        with provider.get_tracer("t").start_as_current_span(f"span-of-{run_id}"):
+            pass
+        provider.shutdown()
+    fresh_receiver.forget_run("first")
+    assert [s["name"] for s in fresh_receiver.spans()] == ["span-of-second"]

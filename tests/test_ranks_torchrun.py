@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from support.otlp_receiver import OTLPReceiver
-from support.procs import REPO, clean_env
+from support.procs import REPO, clean_env, launch_torchrun
 
 from otel_train import semconv
 from otel_train.analyze.diagnose import analyse
@@ -74,7 +74,9 @@ def _launch(tmp: Path, receiver: OTLPReceiver | None, run_id: str, **env: str) -
              "PYTHONPATH": f"{COUNTER}:{REPO}", "OTEL_TRAIN_RUN_ID": run_id, **env}
     if instrumented:
         extra["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.grpc_endpoint
-    proc = subprocess.run(argv, cwd=tmp, env=clean_env(extra), capture_output=True, text=True, timeout=240)
+    proc = launch_torchrun(
+        lambda: subprocess.run(argv, cwd=tmp, env=clean_env(extra), capture_output=True, text=True, timeout=240),
+        again=(lambda: receiver.forget_run(run_id)) if instrumented else None)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     collectives = {r: json.loads((tmp / f"collectives-rank{r}.json").read_text()) for r in range(RANKS)}
     spans = [s for s in receiver.spans() if s["resource"].get("ml.run.id") == run_id] if instrumented else []

@@ -9,6 +9,7 @@ arithmetic, never how long anything took.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 from support.harness import Harness, by_name
 from support.otlp_receiver import OTLPReceiver
-from support.procs import clean_env, run_python
+from support.procs import clean_env, launch_torchrun, run_python
 
 import otel_train
 from otel_train import semconv
@@ -161,10 +162,17 @@ def test_the_console_line_is_printed_by_rank_0_only(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     env = clean_env({"OTEL_TRAIN_CONSOLE_EVERY": "3", "OTEL_TRAIN_OUTPUT_DIR": str(tmp_path / "otel"),
                      "OTEL_TRAIN_RUN_ID": "console", "OMP_NUM_THREADS": "1"})
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--log-dir", str(logs),
-                    "--redirects", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
-                    "--rdzv-id", "console", str(script)], env=env, cwd=tmp_path, check=True, timeout=240,
-                   capture_output=True, text=True)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--log-dir", str(logs),
+            "--redirects", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id", "console",
+            str(script)]
+
+    def again() -> None:
+        shutil.rmtree(logs)
+        shutil.rmtree(tmp_path / "otel", ignore_errors=True)
+
+    proc = launch_torchrun(lambda: subprocess.run(argv, env=env, cwd=tmp_path, timeout=240, capture_output=True,
+                                                  text=True), again=again, logs=logs)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     stderr = {int(p.parent.name): p.read_text() for p in logs.rglob("stderr.log")}
     assert set(stderr) == {0, 1}
     lines = [line for line in stderr[0].splitlines() if line.startswith("otel_train: step ")]

@@ -363,6 +363,13 @@ def _resource_run_id(resource_doc: dict[str, Any]) -> str | None:
     return None
 
 
+def _request_run_ids(request: ReceivedRequest) -> set[str | None]:
+    """The `ml.run.id` of every resource in one export request."""
+    resources = (getattr(request.message, field, ()) for field in ("resource_spans", "resource_metrics",
+                                                                    "resource_logs"))
+    return {attributes_to_dict(r.resource.attributes).get("ml.run.id") for group in resources for r in group}
+
+
 def _decompress(body: bytes, encoding: str | None) -> bytes:
     encoding = (encoding or "identity").strip().lower()
     if encoding in ("", "identity"):
@@ -702,6 +709,11 @@ class OTLPReceiver:
         """Forget everything received so far."""
         with self._cond:
             self._requests.clear()
+
+    def forget_run(self, run_id: str) -> None:
+        """Forget the requests that came from one run (`ml.run.id`), e.g. before launching it again."""
+        with self._cond:
+            self._requests = [r for r in self._requests if run_id not in _request_run_ids(r)]
 
     @property
     def requests(self) -> list[ReceivedRequest]:
