@@ -22,8 +22,9 @@ from __future__ import annotations
 
 from otel_train import semconv
 from otel_train.detect.state import OTHER, State
-from otel_train.record import direct
+from otel_train.record import direct, recorder
 from otel_train.record.recorder import Recorder, Step
+from otel_train.wire.schema import KIND_SPAN
 
 #: At most this share of a step stays uncovered by spans: larger gaps become `train.other`.
 MAX_UNCOVERED = 0.005
@@ -61,10 +62,11 @@ def close(r: Recorder, s: State, step: Step, t1: int) -> None:
     allowed = (t1 - t0) * MAX_UNCOVERED
     if total > allowed:
         gaps.sort(reverse=True)
+        ref, seq, append = step.ref, recorder.seq, r.append
         for length, a, b in gaps:
             if total <= allowed or length < MIN_GAP_NS:
                 break
-            direct.record(r, OTHER, None, a, b)
+            append((KIND_SPAN, OTHER, next(seq), None, ref, a, b, None, None, None))  # `direct.record`, written out
             total -= length
     attrs = step.attrs
     if attrs is None:

@@ -113,7 +113,8 @@ def close(r: Recorder, s: State, t1: int) -> None:
         recorder.close_step(r, step, t1, None)  # `direct.end_step`, written out
         if roots.discovering or not step.n % roots.REDISCOVER_EVERY:
             roots.step_closed(step.n)
-        coverage.sibling_end(s, t1)
+        if s.after is None or t1 > s.after:  # `coverage.sibling_end`, written out: every step
+            s.after = t1
     if s.boundary is None or s.boundary < t1:
         s.boundary = t1
 

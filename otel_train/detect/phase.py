@@ -23,6 +23,10 @@ from otel_train import semconv
 from otel_train.detect.state import OPTIMIZER, State
 from otel_train.record import device, direct, recorder
 from otel_train.record.recorder import Recorder, Region
+from otel_train.wire.schema import KIND_SPAN, NO_STEP
+
+#: `direct.leave` for a region just entered here: the C one's own call where the C hot path is built.
+_leave = recorder._hotpath.leave if recorder._hotpath is not None else direct.leave
 
 #: `train.optimizer.calls` attribute dicts, one per distinct sequence of calls (never mutated).
 _CALLS: dict[tuple[str, ...], dict[str, Any]] = {}
@@ -36,7 +40,7 @@ def part_begin(s: State, name: str) -> None:
         phase = Region(OPTIMIZER).__enter__()  # `state.region`, written out: every update
         if phase.rec is None:
             return
-        direct.leave(phase)
+        _leave(phase)
         s.phase = phase
         s.phase_parts = [name]
     else:
@@ -76,8 +80,13 @@ def end(r: Recorder, s: State) -> None:
     if attrs is None:
         attrs = _CALLS[parts] = {semconv.TRAIN_OPTIMIZER_CALLS: parts}
     t1 = s.phase_end
-    direct.finish(r, phase, t1, attrs)
-    if phase.parent is None and s.step is not None and phase.step is s.step:
+    parent, step = phase.parent, phase.step
+    if getattr(phase, "dev", None) is not None:
+        direct.finish(r, phase, t1, attrs)
+    else:  # `direct.finish`, written out: every update
+        r.append((KIND_SPAN, OPTIMIZER, phase.seq, parent.seq if parent is not None and parent.rec is r else None,
+                  step.ref if step is not None else NO_STEP, phase.t0, t1, attrs, None, phase.events or None))
+    if parent is None and s.step is not None and step is s.step:
         s.cover += (phase.t0, t1)  # `coverage.cover`, written out: every update
 
 
