@@ -52,21 +52,10 @@ def remember_update(s: State) -> None:
 
 def zero_grad_place(s: State) -> int:
     """TOP, END or ELSEWHERE for the zero_grad being called (from our patched function)."""
-    # The innermost frame outside torch and otel_train (`user_frames(1)`, written out: every step):
-    # a call site decided already (every step after the first) needs no further look.
-    first: FrameType | None = sys._getframe(1)
-    for _ in range(_MAX_DEPTH):
-        if first is None:
-            break
-        name = first.f_globals.get("__name__", "")
-        if not (name.startswith(_OURS) or name == "torch"):
-            break
-        first = first.f_back
-    else:
-        first = None
-    if first is None:
+    first = user_frames(1)  # a call site decided already (every step after the first): no further
+    if not first:
         return ELSEWHERE
-    key = (first.f_code, first.f_lasti)
+    key = (first[0].f_code, first[0].f_lasti)
     place = _decided.get(key)
     if place is not None:
         return place
