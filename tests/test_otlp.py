@@ -120,12 +120,23 @@ def _assemble(records: list, offset: int, fast: bool, rank: int, c_encode: bool 
     (batch,) = encoder.batches(out, len(out), 1 << 30)
     spans = ExportTraceServiceRequest.FromString(batch.payload).resource_spans[0].scope_spans[0].spans
     encoded = sum(type(s) is bytes for s in out)  # spans the fast path encoded itself
-    return sorted(spans, key=lambda s: s.span_id), reader.get_metrics_data(), encoded
+    return sorted(spans, key=lambda s: s.span_id), points_in_order(reader.get_metrics_data()), encoded
+
+
+def points_in_order(metrics):
+    """`metrics` with each metric's data points sorted by attributes: a window is made when its
+    first value comes, and the fast path hands a batch's values over before the general path's."""
+    for resource in metrics.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                metric.data.data_points.sort(key=lambda point: sorted(point.attributes.items()))
+    return metrics
 
 
 def mixed_records() -> list:
     """Three steps of usual regions and of every kind the fast path hands to the general one (an
-    exception, an event, a list or unusual attribute, a checkpoint sibling), on a fake clock."""
+    exception, an event, a list or unusual attribute, a checkpoint sibling, `train.other`
+    between steps), on a fake clock."""
     from otel_train.record import recorder as _recorder
     from otel_train.record.clock import FakeClock
 
@@ -156,6 +167,12 @@ def mixed_records() -> list:
                         raise ValueError("x")
                 except ValueError:
                     pass
+                with _recorder.Region("train.other"):  # the script's own code in the step: usual
+                    clock.advance(4_000)
+                with _recorder.Region("train.optimizer", **{"train.optimizer.calls": ("step", "zero_grad")}):
+                    clock.advance(6_000)  # a tuple of strings: usual too
+            with _recorder.Region("train.other"):  # between steps: parented by rank 0's step
+                clock.advance(5_000)
             with _recorder.Region("train.checkpoint"):
                 clock.advance(50_000_000)
         with _recorder.Region("outside"):
@@ -176,10 +193,12 @@ def test_fast_path_encodes_exactly_what_the_general_path_does(rank: int, c_encod
     records = mixed_records()
     fast_spans, fast_metrics, encoded = _assemble(records, 10**18, fast=True, rank=rank, c_encode=c_encode)
     slow_spans, slow_metrics, none = _assemble(records, 10**18, fast=False, rank=rank)
-    assert len(fast_spans) == 3 * 9 + 1
-    # data, 2 forwards, 2 inner a step; "outside"; steps 0 and 2
-    assert (encoded, none) == (3 * 5 + 1 + 2, 0)
+    assert len(fast_spans) == 3 * 12 + 1
+    # data, 2 forwards, 2 inner, the train.other inside a step, the update; "outside"; steps 0 and 2
+    assert (encoded, none) == (3 * 7 + 1 + 2, 0)
     assert fast_spans == slow_spans
+    between = [s for s in fast_spans if s.name == "train.other" and s.end_time_unix_nano - s.start_time_unix_nano == 5_000]
+    assert len(between) == 3 and all(bool(s.parent_span_id) == (rank == 1) for s in between)
     assert fast_metrics == slow_metrics
     forward = next(s for s in fast_spans if s.name == "train.forward")
     assert {kv.key for kv in forward.attributes} == {"train.micro_batch", "x.s", "x.f", "x.b", "x.i", "train.step"}

@@ -26,6 +26,7 @@
 static const unsigned char TAIL_LOCAL[] = {0x7a, 0x00, 0x85, 0x01, 0x00, 0x01, 0x00, 0x00};
 
 static PyObject *g_kind_span;                /* KIND_SPAN, from `bind` */
+static PyObject *g_between;                  /* `fast_path.BETWEEN_GENERAL`, from `bind` */
 static unsigned long long g_id_multiplier;  /* `wire.ids.REGION_ID_MULTIPLIER`, from `bind` */
 
 static unsigned char *put_u64le(unsigned char *p, unsigned long long v) {
@@ -57,6 +58,13 @@ static unsigned char *put_varint(unsigned char *p, unsigned long long v) {
 static unsigned long long wire_id(unsigned long long seq, unsigned long long salt) {
     unsigned long long id = (seq * g_id_multiplier) ^ salt;
     return id ? id : 1;
+}
+
+/* Whether a region with neither parent nor step seq named `name` goes the general way: a
+ * `train.other` between steps, parented by rank 0's step there (`fast_path.BETWEEN_GENERAL`).
+ * 1, 0, or -1 with an error. */
+static int between_general(PyObject *name) {
+    return g_between == NULL ? 0 : PySequence_Contains(g_between, name);
 }
 
 /* The cached body of a region with attributes `attrs` (None or a dict), looked up as the Python
@@ -313,6 +321,12 @@ static int take_record(Ctx *c, PyObject *record) {
         PyErr_Clear();
         return PyList_Append(c->rest, record); /* an unusual record: the general path decides */
     }
+    if (parent_seq == Py_None && PyTuple_GET_ITEM(pair, 1) == Py_None) {
+        int general = between_general(name);
+        if (general != 0) {
+            return general < 0 ? -1 : PyList_Append(c->rest, record);
+        }
+    }
     PyObject *body = region_body(name, attrs, c->bodies, c->make_body);
     if (body == NULL) {
         return PyErr_Occurred() ? -1 : PyList_Append(c->rest, record);
@@ -467,6 +481,15 @@ static PyObject *packed_regions(PyObject *module, PyObject *const *args, Py_ssiz
             goto done;
         }
         PyObject *body = slot_body(&slot, strings, memo, &next_memo, c.bodies, c.make_body);
+        if (body != NULL && !(slot.flags & (F_PARENT | F_STEP_SEQ))) {
+            int general = between_general(PyList_GET_ITEM(strings, slot.name));
+            if (general < 0) {
+                goto done;
+            }
+            if (general) {
+                body = NULL;
+            }
+        }
         if (body == NULL) { /* the general path's: as a record */
             PyObject *record = PyErr_Occurred() ? NULL : unpack_slot(&slot, strings, &last, g_kind_span);
             int err = record == NULL || PyList_Append(c.rest, record) < 0;
@@ -503,13 +526,14 @@ done:
     return result;
 }
 
-PyDoc_STRVAR(bind_doc, "bind(kind_span, id_multiplier)\n--\n\n"
-"The record kind of a region (`wire.schema.KIND_SPAN`) and the multiplier of region span ids\n"
-"(`wire.ids.REGION_ID_MULTIPLIER`).");
+PyDoc_STRVAR(bind_doc, "bind(kind_span, id_multiplier, between_general)\n--\n\n"
+"The record kind of a region (`wire.schema.KIND_SPAN`), the multiplier of region span ids\n"
+"(`wire.ids.REGION_ID_MULTIPLIER`), and the names whose regions between steps (no parent, no\n"
+"step seq) go the general way (`fast_path.BETWEEN_GENERAL`).");
 
 static PyObject *bind(PyObject *module, PyObject *args) {
-    PyObject *kind_span, *multiplier;
-    if (!PyArg_UnpackTuple(args, "bind", 2, 2, &kind_span, &multiplier)) {
+    PyObject *kind_span, *multiplier, *between;
+    if (!PyArg_UnpackTuple(args, "bind", 3, 3, &kind_span, &multiplier, &between)) {
         return NULL;
     }
     unsigned long long m = PyLong_AsUnsignedLongLong(multiplier);
@@ -518,6 +542,8 @@ static PyObject *bind(PyObject *module, PyObject *args) {
     }
     Py_INCREF(kind_span);
     Py_XSETREF(g_kind_span, kind_span);
+    Py_INCREF(between);
+    Py_XSETREF(g_between, between);
     g_id_multiplier = m;
     Py_RETURN_NONE;
 }

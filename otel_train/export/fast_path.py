@@ -28,18 +28,21 @@ from otel_train.export.step_timeline import SIBLING_TAGS, HeldStep
 from otel_train.wire.ids import MASK64, REGION_ID_MULTIPLIER, wire_id
 from otel_train.wire.schema import KIND_SPAN, KIND_STEP, W_STEP, W_T0, W_T1, step_wire_attrs
 
+#: Names the general path takes between steps only (no parent, no step seq): `train.other`
+#: there is parented by rank 0's step (`SpanAssembler._on_span`); inside a step (its usual
+#: place, several a step) it is a usual region.
+BETWEEN_GENERAL = frozenset({semconv.SPAN_OTHER})
+
 try:  # the loop in C (`_encode.c`); `FastPath.regions_python` is the fallback
     from otel_train.export import _encode
-    _encode.bind(KIND_SPAN, REGION_ID_MULTIPLIER)
+    _encode.bind(KIND_SPAN, REGION_ID_MULTIPLIER, BETWEEN_GENERAL)
 except ImportError:
     _encode = None  # type: ignore[assignment]
 
-#: Names the general path always takes: step siblings (their step gets a tag), train.other
-#: between steps (parented by the step, `SpanAssembler._on_span`), and the benchmark's timed
-#: batches and the pipeline's spans, whose metrics need their attributes (`metrics.TrainMetrics.observe`,
-#: `pipeline_metrics`).
-_GENERAL_ONLY = (frozenset(SIBLING_TAGS) | frozenset(semconv.BENCH_TIMED_SPANS) | {semconv.SPAN_OTHER}
-                 | frozenset(PIPELINE_SPANS))
+#: Names the general path always takes: step siblings (their step gets a tag), and the
+#: benchmark's timed batches and the pipeline's spans, whose metrics need their attributes
+#: (`metrics.TrainMetrics.observe`, `pipeline_metrics`).
+_GENERAL_ONLY = (frozenset(SIBLING_TAGS) | frozenset(semconv.BENCH_TIMED_SPANS) | frozenset(PIPELINE_SPANS))
 _CACHE_MAX = 4096  # bodies, steps and attribute fields remembered; each cache is cleared past this
 #: The only step attributes a lean step may carry: what automatic detection counts from the
 #: batches' shape (`detect.batch_size`), the same most steps of a run.
@@ -114,6 +117,9 @@ class FastPath:
                 keep(record)  # a step or a note, an exception, an event
                 continue
             _, name, seq, parent_seq, (step_n, step_seq), t0, t1, attrs, _, _ = record
+            if parent_seq is None and step_seq is None and name in BETWEEN_GENERAL:
+                keep(record)  # parented by rank 0's step: the general path
+                continue
             if not attrs:
                 body = bodies.get(name)
             elif len(attrs) == 1:  # the usual user attribute
@@ -161,7 +167,7 @@ class FastPath:
     def body(self, name: str, attrs: Mapping[Any, Any] | None) -> bytes | None:
         """A fast region's name field and user attribute fields, cached in `bodies` when it has
         none or one attribute; None sends the record the general way."""
-        if name in _GENERAL_ONLY:  # parented by step: `SpanAssembler._on_span`
+        if name in _GENERAL_ONLY:  # a sibling (its step gets a tag) or metrics that need attributes
             return None
         bodies = self.bodies
         if len(bodies) >= _CACHE_MAX:
@@ -197,7 +203,7 @@ class FastPath:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _attr_kv(self, name: str, key: Any, value: Any) -> bytes | None:
-        if type(value) not in SCALARS or not isinstance(key, str):
+        if not isinstance(key, str) or type(value) not in SCALARS and not _str_tuple(value):
             return None  # the general path converts it and says so
         if len(self._attr_kvs) >= _CACHE_MAX:
             self._attr_kvs.clear()
@@ -313,6 +319,12 @@ class FastPath:
                 parts.append(kv(key, value))
         return encoder.region(semconv.SPAN_STEP, trace_field, step_wire, root_wire, t0, t1, b"".join(parts),
                               remote=root_wire is not None)
+
+
+def _str_tuple(value: Any) -> bool:
+    """A tuple of strings (`train.optimizer.calls`, every update): cached by value like a scalar.
+    Only strings: `(1,) == (True,)`, so a cache keyed by value would mix ints and bools."""
+    return type(value) is tuple and all(type(item) is str for item in value)
 
 
 def unpack(slots: bytes, side: list[Any], wire: list[bool] | None, strings: list[str]) -> Any:
