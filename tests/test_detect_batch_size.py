@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import UserDict, UserList, namedtuple
 from collections.abc import Iterator
 
 import pytest
@@ -15,8 +16,12 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import otel_train  # noqa: E402
 from otel_train import detect, semconv  # noqa: E402
+from otel_train.detect import batch_size  # noqa: E402
 from otel_train.detect.batch_size import size_of  # noqa: E402
 from otel_train.record.clock import FakeClock  # noqa: E402
+
+
+Pair = namedtuple("Pair", "inputs targets")
 
 
 @pytest.mark.parametrize(("batch", "size"), [
@@ -27,8 +32,16 @@ from otel_train.record.clock import FakeClock  # noqa: E402
     ([torch.randn(5, 3)], (5, 0)),  # floats: samples, no tokens
     (torch.zeros(4, 2, 8, dtype=torch.long), (4, 0)),  # 3-D ids: not (batch, sequence)
     (torch.tensor(3), None), ("text", None), ((), None), ({}, None),
+    (Pair(torch.zeros(6, 4, dtype=torch.int64), None), (6, 24)),  # a namedtuple
+    (UserDict({"input_ids": torch.zeros(2, 3, dtype=torch.int32)}), (2, 6)),  # a Mapping (a BatchEncoding)
+    (UserDict({"x": 1}), None), (UserList([torch.zeros(7)]), None), ([], None), (object(), None),
 ])
-def test_size_of_reads_only_the_shape(batch: object, size: tuple[int, int] | None) -> None:
+@pytest.mark.parametrize("impl", ["python", "c"])  # the fallback, and `_loops.size_of` where built
+def test_size_of_reads_only_the_shape(batch: object, size: tuple[int, int] | None, impl: str) -> None:
+    if impl == "c" and batch_size._loops is None:
+        pytest.skip("the C module was not built")
+    fn = batch_size.size_of_python if impl == "python" else batch_size._loops.size_of
+    assert fn(batch) == size
     assert size_of(batch) == size
 
 

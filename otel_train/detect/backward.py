@@ -23,6 +23,11 @@ from otel_train.detect.state import s as _s
 from otel_train.record import recorder
 from otel_train.record.recorder import Region
 
+try:  # the common path in C (`_loops.c`); `backward_python` is the fallback
+    from otel_train.detect import _loops
+except ImportError:
+    _loops = None  # type: ignore[assignment]
+
 patches = Patches()
 
 
@@ -38,44 +43,58 @@ def backward_patch(original: Callable[..., Any]) -> Callable[..., Any]:
     def backward(*args: Any, **kwargs: Any) -> Any:
         if _c.seen and dynamo_compiling() or tc._is_compiling_flag or s.bwd_depth or s.eval_explicit:
             return original(*args, **kwargs)
-        r = recorder._rec
-        if r is None and (r := active()) is None:
-            return original(*args, **kwargs)
-        if s.opt_depth and s.part_token is not None:  # a closure evaluation nested under the update
-            s.bwd_depth = 1
-            try:
-                with region(BACKWARD):
-                    return original(*args, **kwargs)
-            finally:
-                s.bwd_depth = 0
-        step = train_activity(r, s, r.now(), PH_BWD)
-        if not s.mb_fwd and step is not None and not roots.discovering:
-            roots.unseen(step.n)  # no forward seen: a model built after discovery settled
-        live = Region(BACKWARD)  # `state.region(BACKWARD, mb_attrs(mb))` written out: every micro-batch
-        mb = s.mb
-        live.attrs = MB_ATTRS[mb] if mb < 256 else mb_attrs(mb)
-        live = live.__enter__()
+        return backward_run(original, args, kwargs)
+    return backward
+
+
+def backward_python(original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Any:
+    """The patched function past its checks: `original(*args, **kwargs)` as `train.backward`.
+    `backward_run`: its common path in C (`_loops.backward_run`), which calls this for the rest."""
+    s = _s
+    kwargs = kwargs or {}
+    r = recorder._rec
+    if r is None and (r := active()) is None:
+        return original(*args, **kwargs)
+    if s.opt_depth and s.part_token is not None:  # a closure evaluation nested under the update
         s.bwd_depth = 1
         try:
-            out = original(*args, **kwargs)
-        except BaseException as err:
-            live.__exit__(type(err), err, None)
-            raise
-        else:
-            live.__exit__(None, None, None)
+            with region(BACKWARD):
+                return original(*args, **kwargs)
         finally:
             s.bwd_depth = 0
-            s.mb_bwd = True
-            if step is not None and step is s.step:
-                step.micro_batches = s.mb + 1
-            if live.rec is not None:
-                s.last_end = live.t1
-                if live.parent is None and step is not None and step is s.step:
-                    s.cover += (live.t0, live.t1)  # `coverage.cover`, written out
-            if s.opt_depth and s.opt_closure:
-                phase.part_begin(s, phase.STEP)  # the update after the closure's one evaluation
-        return out
-    return backward
+    step = train_activity(r, s, r.now(), PH_BWD)
+    if not s.mb_fwd and step is not None and not roots.discovering:
+        roots.unseen(step.n)  # no forward seen: a model built after discovery settled
+    live = Region(BACKWARD)  # `state.region(BACKWARD, mb_attrs(mb))` written out: every micro-batch
+    mb = s.mb
+    live.attrs = MB_ATTRS[mb] if mb < 256 else mb_attrs(mb)
+    live = live.__enter__()
+    s.bwd_depth = 1
+    try:
+        out = original(*args, **kwargs)
+    except BaseException as err:
+        live.__exit__(type(err), err, None)
+        raise
+    else:
+        live.__exit__(None, None, None)
+    finally:
+        s.bwd_depth = 0
+        s.mb_bwd = True
+        if step is not None and step is s.step:
+            step.micro_batches = s.mb + 1
+        if live.rec is not None:
+            s.last_end = live.t1
+            if live.parent is None and step is not None and step is s.step:
+                s.cover += (live.t0, live.t1)  # `coverage.cover`, written out
+        if s.opt_depth and s.opt_closure:
+            phase.part_begin(s, phase.STEP)  # the update after the closure's one evaluation
+    return out
+
+
+if _loops is not None:
+    _loops.bind_backward(_s, roots, recorder, Region, BACKWARD, backward_python, phase.part_begin, phase.STEP,
+                         PH_BWD)
+backward_run = _loops.backward_run if _loops is not None else backward_python
 
 
 def install() -> None:

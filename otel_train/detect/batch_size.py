@@ -20,15 +20,21 @@ from typing import Any
 
 import torch
 
+try:  # in C (`_loops.c`); `size_of_python` is the fallback
+    from otel_train.detect import _loops
+except ImportError:
+    _loops = None  # type: ignore[assignment]
+
 _Tensor = torch.Tensor
 _TOKEN_DTYPES = frozenset({torch.int64, torch.int32})
 
 
-def size_of(batch: Any) -> tuple[int, int] | None:
+def size_of_python(batch: Any) -> tuple[int, int] | None:
     """(samples, tokens) of a batch, tokens 0 when it holds no token ids; None when unknown.
 
     On the training thread at every fetch: exact-type checks first (an ABC `isinstance` costs
-    several times more), one `shape` read, the dtype only for a 2-D tensor."""
+    several times more), one `shape` read, the dtype only for a 2-D tensor. `_loops.size_of`
+    in C."""
     x = batch
     if not isinstance(x, _Tensor):
         kind = type(x)
@@ -47,3 +53,8 @@ def size_of(batch: Any) -> tuple[int, int] | None:
     if len(shape) == 2 and x.dtype in _TOKEN_DTYPES:
         return samples, samples * shape[1]
     return samples, 0
+
+
+if _loops is not None:
+    _loops.bind_sizes(_Tensor, Mapping, _TOKEN_DTYPES)
+size_of = _loops.size_of if _loops is not None else size_of_python

@@ -20,11 +20,19 @@ are not subtracted from `uncovered_s` (they overlap the `train.other` there).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import Any
+
 from otel_train import semconv
 from otel_train.detect.state import OTHER, State
 from otel_train.record import direct, recorder
 from otel_train.record.recorder import Recorder, Step
 from otel_train.wire.schema import KIND_SPAN
+
+try:  # the loops in C (`_loops.c`); `gaps_python` is the fallback
+    from otel_train.detect import _loops
+except ImportError:
+    _loops = None  # type: ignore[assignment]
 
 #: At most this share of a step stays uncovered by spans: larger gaps become `train.other`.
 MAX_UNCOVERED = 0.005
@@ -40,14 +48,27 @@ def cover(s: State, t0: int, t1: int) -> None:
 def close(r: Recorder, s: State, step: Step, t1: int) -> None:
     """The step closes at `t1`: its largest gaps become `train.other` spans, and the rest of
     its uncovered time goes on it as `train.step.uncovered_s`."""
-    t0 = step.t0
     spans = s.cover
     s.cover = []
+    total = gaps(spans, step.t0, t1, MAX_UNCOVERED, MIN_GAP_NS, r.append, recorder.seq, KIND_SPAN, OTHER, step.ref)
+    attrs = step.attrs
+    if attrs is None:
+        step.attrs = {semconv.TRAIN_STEP_UNCOVERED_S: total / 1e9}
+    else:
+        attrs[semconv.TRAIN_STEP_UNCOVERED_S] = total / 1e9
+
+
+def gaps_python(cover: list[int], t0: int, t1: int, max_uncovered: float, min_gap_ns: int,
+                append: Callable[[tuple[Any, ...]], Any], seq: Iterator[int], kind: int, name: str,
+                ref: tuple[Any, Any]) -> int:
+    """The step [t0, t1]'s largest gaps between the intervals in `cover` ([a, b, a, b, ...]),
+    appended as `name` records (`direct.record`, written out) until what stays uncovered is at
+    most `max_uncovered` of the step; returns the uncovered ns left. `_loops.gaps` in C."""
     gaps = []
     total = 0
     cursor = t0
-    if spans:
-        intervals = sorted(zip(spans[::2], spans[1::2])) if len(spans) > 2 else [(spans[0], spans[1])]
+    if cover:
+        intervals = sorted(zip(cover[::2], cover[1::2])) if len(cover) > 2 else [(cover[0], cover[1])]
         for a, b in intervals:
             if a > cursor:
                 end = a if a < t1 else t1
@@ -59,20 +80,18 @@ def close(r: Recorder, s: State, step: Step, t1: int) -> None:
     if t1 > cursor:
         gaps.append((t1 - cursor, cursor, t1))
         total += t1 - cursor
-    allowed = (t1 - t0) * MAX_UNCOVERED
+    allowed = (t1 - t0) * max_uncovered
     if total > allowed:
         gaps.sort(reverse=True)
-        ref, seq, append = step.ref, recorder.seq, r.append
         for length, a, b in gaps:
-            if total <= allowed or length < MIN_GAP_NS:
+            if total <= allowed or length < min_gap_ns:
                 break
-            append((KIND_SPAN, OTHER, next(seq), None, ref, a, b, None, None, None))  # `direct.record`, written out
+            append((kind, name, next(seq), None, ref, a, b, None, None, None))
             total -= length
-    attrs = step.attrs
-    if attrs is None:
-        step.attrs = {semconv.TRAIN_STEP_UNCOVERED_S: total / 1e9}
-    else:
-        attrs[semconv.TRAIN_STEP_UNCOVERED_S] = total / 1e9
+    return total
+
+
+gaps = _loops.gaps if _loops is not None else gaps_python
 
 
 def between(r: Recorder, s: State, t0: int) -> None:

@@ -33,6 +33,11 @@ from otel_train.detect.state import DATA, P_NAME, P_T1, active
 from otel_train.detect.state import s as _s
 from otel_train.record import recorder
 
+try:  # `fetch` in C (`_loops.c`); `fetch_python` is the fallback
+    from otel_train.detect import _loops
+except ImportError:
+    _loops = None  # type: ignore[assignment]
+
 _log = logging.getLogger("otel_train")
 patches = Patches()
 
@@ -47,33 +52,40 @@ def next_patch(original: Callable[..., Any]) -> Callable[..., Any]:
         if _c.seen and dynamo_compiling() or tc._is_compiling_flag or s.fetching or s.fwd_depth \
                 or s.eval_explicit:
             return original(self)
-        r = recorder._rec
-        if r is None and (r := active()) is None:
-            return original(self)
-        t0 = r.now()
-        s.fetching = True
-        try:
-            batch = original(self)  # StopIteration: not a batch, nothing recorded
-        finally:
-            s.fetching = False
-        t1 = r.now()
-        # The loader's own (batch) sampler tells loaders apart, even two over one dataset.
-        src = getattr(self, "_index_sampler", None)
-        if src is not None and s.step is not None and r.step is s.step:  # `machine.ours`
-            if s.opt_end is not None and s.data_driven:
-                close(r, s, s.opt_end)  # the next batch: the step's updates are over
-            elif s.opt_end is None and s.mb_bwd and s.data_driven and (
-                    s.uses_opt is False or s.uses_opt is None and manual(s)):  # `machine.manual`
-                close(r, s, t0)
-        if s.phase is not None:
-            phase.end(r, s)
-        s.pending.append([DATA, t0, t1, src, self, size_of(batch)])
-        if copy_edge.needed:
-            s.copying = True  # the batch's copies to the device, if any, come next
-        elif copy_edge.needed is None:
-            copy_edge.decide(s)
-        return batch
+        return fetch(original, self)
     return __next__
+
+
+def fetch_python(original: Callable[..., Any], iterator: Any) -> Any:
+    """The patched `__next__` past its checks: `original(iterator)` timed as a batch fetch, held
+    pending. `fetch`: in C (`_loops.fetch`), which calls this while nothing records."""
+    s = _s
+    r = recorder._rec
+    if r is None and (r := active()) is None:
+        return original(iterator)
+    t0 = r.now()
+    s.fetching = True
+    try:
+        batch = original(iterator)  # StopIteration: not a batch, nothing recorded
+    finally:
+        s.fetching = False
+    t1 = r.now()
+    # The loader's own (batch) sampler tells loaders apart, even two over one dataset.
+    src = getattr(iterator, "_index_sampler", None)
+    if src is not None and s.step is not None and r.step is s.step:  # `machine.ours`
+        if s.opt_end is not None and s.data_driven:
+            close(r, s, s.opt_end)  # the next batch: the step's updates are over
+        elif s.opt_end is None and s.mb_bwd and s.data_driven and (
+                s.uses_opt is False or s.uses_opt is None and manual(s)):  # `machine.manual`
+            close(r, s, t0)
+    if s.phase is not None:
+        phase.end(r, s)
+    s.pending.append([DATA, t0, t1, src, iterator, size_of(batch)])
+    if copy_edge.needed:
+        s.copying = True  # the batch's copies to the device, if any, come next
+    elif copy_edge.needed is None:
+        copy_edge.decide(s)
+    return batch
 
 
 def _lean_to(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -132,6 +144,11 @@ class CopyEdge:
 
 
 copy_edge = CopyEdge()
+
+
+if _loops is not None:
+    _loops.bind_fetch(_s, recorder, fetch_python, close, manual, phase.end, copy_edge)
+fetch = _loops.fetch if _loops is not None else fetch_python
 
 
 def install() -> None:

@@ -26,10 +26,27 @@ from otel_train.detect.state import s as _s
 from otel_train.record import recorder
 from otel_train.record.recorder import Region
 
+try:  # the hooks' common paths in C (`_loops.c`); the `_python` bodies are the fallback
+    from otel_train.detect import _loops
+except ImportError:
+    _loops = None  # type: ignore[assignment]
+
 
 def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
     if _c.seen and dynamo_compiling() or tc._is_compiling_flag:
         return None
+    return forward_begin(module)
+
+
+def forward_hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+    if _c.seen and dynamo_compiling() or tc._is_compiling_flag:
+        return None
+    return forward_end(module)
+
+
+def forward_begin_python(module: torch.nn.Module) -> None:
+    """The pre-hook past its compile check. `forward_begin`: its common path in C
+    (`_loops.forward_begin`), which calls this for the rest."""
     s = _s
     if s.fwd_depth:
         s.fwd_depth += 1
@@ -70,9 +87,9 @@ def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
     return None
 
 
-def forward_hook(module: torch.nn.Module, args: Any, output: Any) -> None:
-    if _c.seen and dynamo_compiling() or tc._is_compiling_flag:
-        return None
+def forward_end_python(module: torch.nn.Module) -> None:
+    """The post-hook past its compile check. `forward_end`: its common path in C
+    (`_loops.forward_end`), which calls this for the rest (an evaluation forward)."""
     s = _s
     if not s.fwd_depth:
         return None
@@ -94,6 +111,13 @@ def forward_hook(module: torch.nn.Module, args: Any, output: Any) -> None:
         if r is not None and s.eval_t0 is not None:
             s.eval_t1 = r.now()
     return None
+
+
+if _loops is not None:
+    _loops.bind_forward(_s, roots, recorder, _Loss, torch.is_grad_enabled, Region, FORWARD, forward_begin_python,
+                        forward_end_python, FWD_TRAIN, FWD_EVAL)
+forward_begin = _loops.forward_begin if _loops is not None else forward_begin_python
+forward_end = _loops.forward_end if _loops is not None else forward_end_python
 
 
 def install() -> None:

@@ -37,6 +37,8 @@ from __future__ import annotations
 import gc
 import itertools
 import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -48,6 +50,11 @@ from otel_train.detect.state import s as _s
 from otel_train.record import direct, recorder
 from otel_train.record.recorder import Recorder, Step
 from otel_train.wire.schema import KIND_SPAN, NO_STEP
+
+try:  # the loops in C (`_loops.c`); `resolve_python` is the fallback
+    from otel_train.detect import _loops
+except ImportError:
+    _loops = None  # type: ignore[assignment]
 
 TRAIN_SAMPLES, TRAIN_TOKENS = semconv.TRAIN_SAMPLES, semconv.TRAIN_TOKENS
 
@@ -125,8 +132,9 @@ def close_if_complete(r: Recorder, s: State, t: int) -> None:
         close(r, s, s.opt_end if s.opt_end is not None else t)
 
 
-def train_activity(r: Recorder, s: State, t: int, phase_kind: int, module: object = None) -> Step | None:
-    """A training phase starts at `t`: close what it ends, open the step it belongs to."""
+def train_activity_python(r: Recorder, s: State, t: int, phase_kind: int, module: object = None) -> Step | None:
+    """A training phase starts at `t`: close what it ends, open the step it belongs to.
+    `train_activity`: its common path in C (`_loops.train_activity`), which calls this for the rest."""
     if s.phase is not None and phase_kind != PH_OPT:
         phase.end(r, s)  # the update is over: a forward or backward follows it
     if s.eval_t0 is not None and not s.eval_explicit:
@@ -174,44 +182,72 @@ def first_pending(s: State, t: int) -> int:
     return t
 
 
-def resolve_pending(r: Recorder, s: State) -> None:
-    """The batches fetched (and zero_grads made) before this training phase belong to its step."""
+def resolve_pending_python(r: Recorder, s: State) -> None:
+    """The batches fetched (and zero_grads made) before this training phase belong to its step.
+    `_loops.resolve_pending` in C."""
     mb = s.mb
-    attrs = MB_ATTRS[mb] if mb < 256 else mb_attrs(mb)
-    # `direct.record` written out (parent and step looked up once): this runs every micro-batch.
+    # `direct.record` for each (parent and step looked up once): this runs every micro-batch.
     parent = recorder.current_get()
     parent_seq = parent.seq if parent is not None and parent.rec is r else None
     step = r.step
-    ref = step.ref if step is not None else NO_STEP
-    seq = recorder.seq
     ours_ = s.step is not None and step is s.step and parent_seq is None  # top level of our step
-    cover = s.cover
     train_src = s.train_src
-    seen_train = False
-    last = None
-    for name, t0, t1, src, _, size in s.pending:
-        r.append((KIND_SPAN, name, next(seq), parent_seq, ref, t0, t1, attrs if name is DATA else None, None, None))
-        if ours_:
-            cover += (t0, t1)
-        if src is not None:
-            last = src
-            if src is train_src:
-                seen_train = True
-        if size is not None and s.step is not None:
-            # the batch's samples and tokens add to the step's (`batch_size`)
-            sizes = s.step.attrs
-            if sizes is None:
-                s.step.attrs = {TRAIN_SAMPLES: size[0], TRAIN_TOKENS: size[1]} if size[1] else {TRAIN_SAMPLES: size[0]}
-            else:
-                sizes[TRAIN_SAMPLES] = sizes.get(TRAIN_SAMPLES, 0) + size[0]
-                if size[1]:
-                    sizes[TRAIN_TOKENS] = sizes.get(TRAIN_TOKENS, 0) + size[1]
+    last, seen_train, samples, tokens, sized = resolve(
+        s.pending, DATA, MB_ATTRS[mb] if mb < 256 else mb_attrs(mb), parent_seq,
+        step.ref if step is not None else NO_STEP, recorder.seq, r.append, KIND_SPAN,
+        s.cover if ours_ else None, train_src)
     s.pending.clear()
+    if sized and s.step is not None:
+        # the batches' samples and tokens add to the step's (`batch_size`)
+        sizes = s.step.attrs
+        if sizes is None:
+            s.step.attrs = {TRAIN_SAMPLES: samples, TRAIN_TOKENS: tokens} if tokens else {TRAIN_SAMPLES: samples}
+        else:
+            sizes[TRAIN_SAMPLES] = sizes.get(TRAIN_SAMPLES, 0) + samples
+            if tokens:
+                sizes[TRAIN_TOKENS] = sizes.get(TRAIN_TOKENS, 0) + tokens
     if last is not None:
         if s.data_driven is None:
             s.data_driven = True
         if train_src is None or not seen_train:
             s.train_src = last
+
+
+def resolve_python(pending: list[list[Any]], data: str, data_attrs: dict[str, Any], parent: int | None,
+                   ref: tuple[Any, Any], seq: Iterator[int], append: Callable[[tuple[Any, ...]], Any], kind: int,
+                   cover: list[int] | None, train_src: Any) -> tuple[Any, bool, Any, Any, bool]:
+    """Each pending entry appended as a record (`data_attrs` on `data` fetches), its interval
+    added to `cover` (unless None). Returns the last entry's source (or None), whether
+    `train_src` was among them, the samples and tokens of their sizes (tokens None where none
+    had tokens), and whether any had a size. `_loops.resolve` in C."""
+    last = None
+    seen_train = False
+    samples = tokens = None
+    sized = False
+    for name, t0, t1, src, _, size in pending:
+        append((kind, name, next(seq), parent, ref, t0, t1, data_attrs if name is data else None, None, None))
+        if cover is not None:
+            cover += (t0, t1)
+        if src is not None:
+            last = src
+            if src is train_src:
+                seen_train = True
+        if size is not None:
+            sized = True
+            samples = size[0] if samples is None else samples + size[0]
+            if size[1]:
+                tokens = size[1] if tokens is None else tokens + size[1]
+    return last, seen_train, samples, tokens, sized
+
+
+resolve = _loops.resolve if _loops is not None else resolve_python
+if _loops is not None:
+    _loops.bind_machine(recorder.current_get, recorder.seq, KIND_SPAN, DATA, MB_ATTRS, mb_attrs, NO_STEP,
+                        TRAIN_SAMPLES, TRAIN_TOKENS)
+resolve_pending = _loops.resolve_pending if _loops is not None else resolve_pending_python
+if _loops is not None:
+    _loops.bind_train_activity(train_activity_python, Step, PH_FWD, PH_OPT)
+train_activity = _loops.train_activity if _loops is not None else train_activity_python
 
 
 def track_epoch(s: State) -> None:

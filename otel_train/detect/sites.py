@@ -22,15 +22,24 @@ from types import CodeType, FrameType
 
 from otel_train.detect.state import State
 
+try:  # the frame walk in C (`_loops.c`); `user_frames_python` is the fallback
+    from otel_train.detect import _loops
+except ImportError:
+    _loops = None  # type: ignore[assignment]
+
 TOP, END, ELSEWHERE = 1, 2, 3
-_decided: dict[tuple[CodeType, int], int] = {}
+#: Decided call sites: (id of the code, instruction offset) -> (the code, TOP / END / ELSEWHERE).
+#: Keyed by id, not by the code object (hashing a code object hashes its whole body, every
+#: step); the value holds the code, so its id stays its own.
+_decided: dict[tuple[int, int], tuple[CodeType, int]] = {}
 _OURS = ("torch.", "otel_train.")
 _MAX_DEPTH = 16  # frames looked through, torch's and ours included
 _WRAPPERS = 3  # frames outside torch looked at on each side
 
 
-def user_frames(limit: int = _WRAPPERS) -> list[FrameType]:
-    """The innermost `limit` frames of the calling stack outside torch and otel_train."""
+def user_frames_python(limit: int) -> list[FrameType]:
+    """The innermost `limit` frames of the calling stack outside torch and otel_train (its
+    caller's frame first, looking through `_MAX_DEPTH`). `_loops.user_frames` in C."""
     out: list[FrameType] = []
     frame: FrameType | None = sys._getframe(1)
     for _ in range(_MAX_DEPTH):
@@ -45,9 +54,15 @@ def user_frames(limit: int = _WRAPPERS) -> list[FrameType]:
     return out
 
 
+if _loops is not None:
+    _loops.bind(_OURS, _MAX_DEPTH)
+#: `user_frames(limit)`: the C walk, called straight from the function whose stack it walks.
+user_frames = _loops.user_frames if _loops is not None else user_frames_python
+
+
 def remember_update(s: State) -> None:
     """In the optimizer's pre-hook: note where step() was called from."""
-    s.step_site = [(frame.f_code, frame.f_lasti) for frame in user_frames()]
+    s.step_site = [(frame.f_code, frame.f_lasti) for frame in user_frames(_WRAPPERS)]
 
 
 def zero_grad_place(s: State) -> int:
@@ -55,16 +70,17 @@ def zero_grad_place(s: State) -> int:
     first = user_frames(1)  # a call site decided already (every step after the first): no further
     if not first:
         return ELSEWHERE
-    key = (first[0].f_code, first[0].f_lasti)
-    place = _decided.get(key)
-    if place is not None:
-        return place
-    frames = user_frames()
+    code = first[0].f_code
+    key = (id(code), first[0].f_lasti)
+    found = _decided.get(key)
+    if found is not None:
+        return found[1]
+    frames = user_frames(_WRAPPERS)
     site = s.step_site
     if site is None:  # not probing: the live frames that called the last update, else the next one
         place = _by_callers(frames, s.last_callers)
         if place is not None:
-            _decided[key] = place
+            _decided[key] = (code, place)
             return place
         s.site_probe = True
         return ELSEWHERE
@@ -74,7 +90,7 @@ def zero_grad_place(s: State) -> int:
         if lasti is not None:
             place = TOP if frame.f_lasti < lasti else END
             break
-    _decided[key] = place
+    _decided[key] = (code, place)
     s.site_probe = False
     s.step_site = None
     return place

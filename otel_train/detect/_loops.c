@@ -1,0 +1,1463 @@
+/* Detection's per-step loops in C: a closing step's gaps (`coverage.close`), the batch fetches a
+ * training phase takes over (`machine.resolve_pending`), the frame walk that places a
+ * `zero_grad()` (`sites.user_frames`) and a batch's size (`batch_size.size_of`).
+ *
+ * Same results as the Python functions they replace (`coverage.gaps_python`,
+ * `machine.resolve_python`, `sites.user_frames_python`, `batch_size.size_of_python`: the
+ * fallback where this module cannot be built; tests/test_detect_loops_c.py holds each pair to
+ * the same results). Why: in automatic mode these were a third of the Python bytecode
+ * detection ran a step (~1,100 of ~3,400 opcodes on issue 31's loop), and each opcode between
+ * torch's operations runs with cold caches.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#if PY_VERSION_HEX < 0x030B0000
+#include <frameobject.h>
+#endif
+
+typedef struct {
+    int64_t a, b;
+} Interval;
+
+typedef struct {
+    int64_t length, a, b;
+} Gap;
+
+static int
+interval_cmp(const void *x, const void *y)
+{
+    const Interval *p = x, *q = y;
+    if (p->a != q->a)
+        return p->a < q->a ? -1 : 1;
+    return (p->b > q->b) - (p->b < q->b);
+}
+
+/* Descending (length, a, b): Python's `gaps.sort(reverse=True)` on those tuples. */
+static int
+gap_cmp_desc(const void *x, const void *y)
+{
+    const Gap *p = x, *q = y;
+    if (p->length != q->length)
+        return p->length > q->length ? -1 : 1;
+    if (p->a != q->a)
+        return p->a > q->a ? -1 : 1;
+    return (p->b < q->b) - (p->b > q->b);
+}
+
+static int
+as_i64(PyObject *obj, int64_t *out)
+{
+    long long v = PyLong_AsLongLong(obj);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *out = (int64_t)v;
+    return 0;
+}
+
+/* One `(kind, name, next(seq), parent, ref, t0, t1, attrs, None, None)` record, appended. */
+static int
+append_record(PyObject *append, PyObject *seq, PyObject *kind, PyObject *name, PyObject *parent, PyObject *ref,
+              PyObject *t0, PyObject *t1, PyObject *attrs)
+{
+    PyObject *n = PyIter_Next(seq);
+    if (n == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "the span numbers ran out");
+        return -1;
+    }
+    PyObject *record = PyTuple_Pack(10, kind, name, n, parent, ref, t0, t1, attrs, Py_None, Py_None);
+    Py_DECREF(n);
+    if (record == NULL)
+        return -1;
+    PyObject *res = PyObject_CallOneArg(append, record);
+    Py_DECREF(record);
+    if (res == NULL)
+        return -1;
+    Py_DECREF(res);
+    return 0;
+}
+
+static int
+append_gap(PyObject *append, PyObject *seq, PyObject *kind, PyObject *name, PyObject *ref, const Gap *gap)
+{
+    PyObject *t0 = PyLong_FromLongLong(gap->a), *t1 = PyLong_FromLongLong(gap->b);
+    int err = t0 == NULL || t1 == NULL || append_record(append, seq, kind, name, Py_None, ref, t0, t1, Py_None) < 0;
+    Py_XDECREF(t0);
+    Py_XDECREF(t1);
+    return err ? -1 : 0;
+}
+
+PyDoc_STRVAR(gaps_doc,
+"gaps(cover, t0, t1, max_uncovered, min_gap_ns, append, seq, kind, name, ref)\n--\n\n"
+"`coverage.gaps_python`: the step [t0, t1]'s largest gaps between the intervals in `cover`\n"
+"([a, b, a, b, ...]) appended as `name` records until what stays uncovered is at most\n"
+"`max_uncovered` of the step; returns the uncovered nanoseconds left.");
+
+static PyObject *
+gaps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "gaps() takes 10 arguments");
+        return NULL;
+    }
+    PyObject *cover = args[0];
+    if (!PyList_Check(cover) || PyList_GET_SIZE(cover) % 2) {
+        PyErr_SetString(PyExc_TypeError, "cover must be a list of interval bounds");
+        return NULL;
+    }
+    int64_t t0, t1, min_gap;
+    double share = PyFloat_AsDouble(args[3]);
+    if (as_i64(args[1], &t0) < 0 || as_i64(args[2], &t1) < 0 || (share == -1.0 && PyErr_Occurred())
+        || as_i64(args[4], &min_gap) < 0)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(cover) / 2;
+    Interval stack_iv[32];
+    Gap stack_gap[33];
+    Interval *iv = n <= 32 ? stack_iv : PyMem_Malloc(n * sizeof(Interval));
+    Gap *gap = n <= 32 ? stack_gap : PyMem_Malloc((n + 1) * sizeof(Gap));
+    PyObject *result = NULL;
+    if (iv == NULL || gap == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int sorted = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (as_i64(PyList_GET_ITEM(cover, 2 * i), &iv[i].a) < 0 || as_i64(PyList_GET_ITEM(cover, 2 * i + 1), &iv[i].b) < 0)
+            goto done;
+        if (i && interval_cmp(&iv[i - 1], &iv[i]) > 0)
+            sorted = 0;
+    }
+    if (!sorted)
+        qsort(iv, n, sizeof(Interval), interval_cmp);
+    Py_ssize_t ngaps = 0;
+    int64_t total = 0, cursor = t0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (iv[i].a > cursor) {
+            int64_t end = iv[i].a < t1 ? iv[i].a : t1;
+            if (end > cursor) {
+                gap[ngaps++] = (Gap){end - cursor, cursor, end};
+                total += end - cursor;
+            }
+        }
+        if (iv[i].b > cursor)
+            cursor = iv[i].b;
+    }
+    if (t1 > cursor) {
+        gap[ngaps++] = (Gap){t1 - cursor, cursor, t1};
+        total += t1 - cursor;
+    }
+    double allowed = (double)(t1 - t0) * share;
+    if ((double)total > allowed) {
+        qsort(gap, ngaps, sizeof(Gap), gap_cmp_desc);
+        for (Py_ssize_t i = 0; i < ngaps; i++) {
+            if ((double)total <= allowed || gap[i].length < min_gap)
+                break;
+            if (append_gap(args[5], args[6], args[7], args[8], args[9], &gap[i]) < 0)
+                goto done;
+            total -= gap[i].length;
+        }
+    }
+    result = PyLong_FromLongLong(total);
+done:
+    if (iv != stack_iv)
+        PyMem_Free(iv);
+    if (gap != stack_gap)
+        PyMem_Free(gap);
+    return result;
+}
+
+PyDoc_STRVAR(resolve_doc,
+"resolve(pending, data, data_attrs, parent, ref, seq, append, kind, cover, train_src)\n--\n\n"
+"`machine.resolve_python`: each pending entry ([name, t0, t1, src, iterator, size]) appended as\n"
+"a record (`data_attrs` on `data` fetches), its interval added to `cover` (a list, or None);\n"
+"returns (the last entry's source or None, whether `train_src` was among them, samples,\n"
+"tokens, whether any entry had a size).");
+
+/* The entries of `pending` appended as records; what `resolve` returns, as strong references
+ * (`last`, `samples`, `tokens`: NULL for none). 0, or -1 with an error (the references then
+ * released). */
+static int
+resolve_entries(PyObject *pending, PyObject *data, PyObject *data_attrs, PyObject *parent, PyObject *ref, PyObject *seq,
+                PyObject *append, PyObject *kind, PyObject *cover, PyObject *train_src, PyObject **last, int *seen_train,
+                PyObject **samples, PyObject **tokens, int *sized)
+{
+    *last = *samples = *tokens = NULL;
+    *seen_train = *sized = 0;
+    if (!PyList_Check(pending) || (cover != Py_None && !PyList_Check(cover))) {
+        PyErr_SetString(PyExc_TypeError, "pending (and cover) must be lists");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pending); i++) {
+        PyObject *entry = PyList_GET_ITEM(pending, i);
+        if (!PyList_Check(entry) || PyList_GET_SIZE(entry) != 6) {
+            PyErr_SetString(PyExc_TypeError, "a pending entry must be a list of 6");
+            goto fail;
+        }
+        Py_INCREF(entry); /* its fields stay alive while the append runs */
+        PyObject *name = PyList_GET_ITEM(entry, 0), *t0 = PyList_GET_ITEM(entry, 1), *t1 = PyList_GET_ITEM(entry, 2);
+        PyObject *src = PyList_GET_ITEM(entry, 3), *size = PyList_GET_ITEM(entry, 5);
+        int err = append_record(append, seq, kind, name, parent, ref, t0, t1, name == data ? data_attrs : Py_None) < 0
+                  || (cover != Py_None && (PyList_Append(cover, t0) < 0 || PyList_Append(cover, t1) < 0));
+        if (!err && src != Py_None) {
+            Py_XSETREF(*last, Py_NewRef(src));
+            if (src == train_src)
+                *seen_train = 1;
+        }
+        if (!err && size != Py_None) {
+            *sized = 1;
+            if (!PyTuple_Check(size) || PyTuple_GET_SIZE(size) != 2) {
+                PyErr_SetString(PyExc_TypeError, "a size must be a (samples, tokens) tuple");
+                err = 1;
+            } else {
+                PyObject *n = PyTuple_GET_ITEM(size, 0), *t = PyTuple_GET_ITEM(size, 1);
+                PyObject *sum = *samples == NULL ? Py_NewRef(n) : PyNumber_Add(*samples, n);
+                Py_XSETREF(*samples, sum);
+                int truthy = sum == NULL ? -1 : PyObject_IsTrue(t);
+                if (truthy > 0) {
+                    sum = *tokens == NULL ? Py_NewRef(t) : PyNumber_Add(*tokens, t);
+                    Py_XSETREF(*tokens, sum);
+                    if (sum == NULL)
+                        truthy = -1;
+                }
+                err = truthy < 0;
+            }
+        }
+        Py_DECREF(entry);
+        if (err)
+            goto fail;
+    }
+    return 0;
+fail:
+    Py_CLEAR(*last);
+    Py_CLEAR(*samples);
+    Py_CLEAR(*tokens);
+    return -1;
+}
+
+static PyObject *
+resolve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "resolve() takes 10 arguments");
+        return NULL;
+    }
+    PyObject *last, *samples, *tokens;
+    int seen_train, sized;
+    if (resolve_entries(args[0], args[1], args[2], args[3], args[4], args[5], args[6], args[7], args[8], args[9], &last,
+                        &seen_train, &samples, &tokens, &sized) < 0)
+        return NULL;
+    PyObject *out = PyTuple_Pack(5, last ? last : Py_None, seen_train ? Py_True : Py_False,
+                                 samples ? samples : Py_None, tokens ? tokens : Py_None, sized ? Py_True : Py_False);
+    Py_XDECREF(last);
+    Py_XDECREF(samples);
+    Py_XDECREF(tokens);
+    return out;
+}
+
+/* --- machine.resolve_pending ------------------------------------------------------------- */
+/* What `bind_machine` gave: `recorder.current_get`, `recorder.seq`, KIND_SPAN, DATA, MB_ATTRS,
+ * `state.mb_attrs`, NO_STEP, TRAIN_SAMPLES, TRAIN_TOKENS. */
+static PyObject *g_current_get, *g_seq, *g_kind, *g_data, *g_mb_attrs, *g_mb_attrs_fn, *g_no_step, *g_samples_key,
+    *g_tokens_key;
+static PyObject *s_mb, *s_step, *s_cover, *s_train_src, *s_pending, *s_data_driven, *s_seq, *s_rec, *s_ref, *s_append,
+    *s_attrs;
+
+/* `mapping[key] = mapping.get(key, 0) + value` */
+static int
+add_to(PyObject *mapping, PyObject *key, PyObject *value)
+{
+    PyObject *old = PyObject_GetItem(mapping, key);
+    if (old == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_KeyError))
+            return -1;
+        PyErr_Clear();
+        old = PyLong_FromLong(0);
+        if (old == NULL)
+            return -1;
+    }
+    PyObject *sum = PyNumber_Add(old, value);
+    Py_DECREF(old);
+    int err = sum == NULL || PyObject_SetItem(mapping, key, sum) < 0;
+    Py_XDECREF(sum);
+    return err ? -1 : 0;
+}
+
+/* The batches' samples and tokens added to the step's attributes (`batch_size`). */
+static int
+add_sizes(PyObject *step, PyObject *samples, PyObject *tokens)
+{
+    PyObject *attrs = PyObject_GetAttr(step, s_attrs);
+    if (attrs == NULL)
+        return -1;
+    int err;
+    if (attrs == Py_None) {
+        PyObject *fresh = PyDict_New();
+        err = fresh == NULL || PyDict_SetItem(fresh, g_samples_key, samples) < 0
+              || (tokens != NULL && PyDict_SetItem(fresh, g_tokens_key, tokens) < 0)
+              || PyObject_SetAttr(step, s_attrs, fresh) < 0;
+        Py_XDECREF(fresh);
+    } else {
+        err = add_to(attrs, g_samples_key, samples) < 0 || (tokens != NULL && add_to(attrs, g_tokens_key, tokens) < 0);
+    }
+    Py_DECREF(attrs);
+    return err ? -1 : 0;
+}
+
+PyDoc_STRVAR(resolve_pending_doc,
+"resolve_pending(r, s)\n--\n\n"
+"`machine.resolve_pending_python`: the batches fetched (and zero_grads made) before this\n"
+"training phase recorded in recorder `r` as its step's, from detection state `s`.");
+
+static PyObject *
+resolve_pending(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "resolve_pending() takes 2 arguments");
+        return NULL;
+    }
+    if (g_current_get == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_machine() was not called");
+        return NULL;
+    }
+    PyObject *r = args[0], *s = args[1];
+    PyObject *mb = NULL, *data_attrs = NULL, *parent = NULL, *parent_seq = NULL, *step = NULL, *s_step_obj = NULL;
+    PyObject *ref = NULL, *append = NULL, *cover = NULL, *train_src = NULL, *pending = NULL, *result = NULL;
+    PyObject *last = NULL, *samples = NULL, *tokens = NULL;
+    int seen_train = 0, sized = 0;
+    if ((mb = PyObject_GetAttr(s, s_mb)) == NULL)
+        goto done;
+    Py_ssize_t i = PyLong_AsSsize_t(mb);
+    if (i == -1 && PyErr_Occurred())
+        goto done;
+    data_attrs = i >= 0 && i < PyTuple_GET_SIZE(g_mb_attrs) ? Py_NewRef(PyTuple_GET_ITEM(g_mb_attrs, i))
+                                                            : PyObject_CallOneArg(g_mb_attrs_fn, mb);
+    if (data_attrs == NULL || (parent = PyObject_CallNoArgs(g_current_get)) == NULL)
+        goto done;
+    parent_seq = Py_NewRef(Py_None);
+    if (parent != Py_None) {
+        PyObject *rec = PyObject_GetAttr(parent, s_rec);
+        if (rec == NULL)
+            goto done;
+        int same = rec == r;
+        Py_DECREF(rec);
+        if (same) {
+            Py_SETREF(parent_seq, PyObject_GetAttr(parent, s_seq));
+            if (parent_seq == NULL)
+                goto done;
+        }
+    }
+    if ((step = PyObject_GetAttr(r, s_step)) == NULL || (s_step_obj = PyObject_GetAttr(s, s_step)) == NULL)
+        goto done;
+    int ours = s_step_obj != Py_None && step == s_step_obj && parent_seq == Py_None; /* top level of our step */
+    ref = step != Py_None ? PyObject_GetAttr(step, s_ref) : Py_NewRef(g_no_step);
+    if (ref == NULL || (append = PyObject_GetAttr(r, s_append)) == NULL)
+        goto done;
+    cover = ours ? PyObject_GetAttr(s, s_cover) : Py_NewRef(Py_None);
+    if (cover == NULL || (train_src = PyObject_GetAttr(s, s_train_src)) == NULL
+        || (pending = PyObject_GetAttr(s, s_pending)) == NULL)
+        goto done;
+    if (resolve_entries(pending, g_data, data_attrs, parent_seq, ref, g_seq, append, g_kind, cover, train_src, &last,
+                        &seen_train, &samples, &tokens, &sized) < 0)
+        goto done;
+    if (PyList_SetSlice(pending, 0, PyList_GET_SIZE(pending), NULL) < 0)
+        goto done;
+    if (sized) {
+        Py_SETREF(s_step_obj, PyObject_GetAttr(s, s_step));
+        if (s_step_obj == NULL || (s_step_obj != Py_None && add_sizes(s_step_obj, samples, tokens) < 0))
+            goto done;
+    }
+    if (last != NULL) {
+        PyObject *driven = PyObject_GetAttr(s, s_data_driven);
+        if (driven == NULL)
+            goto done;
+        int unset = driven == Py_None;
+        Py_DECREF(driven);
+        if ((unset && PyObject_SetAttr(s, s_data_driven, Py_True) < 0)
+            || ((train_src == Py_None || !seen_train) && PyObject_SetAttr(s, s_train_src, last) < 0))
+            goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(mb);
+    Py_XDECREF(data_attrs);
+    Py_XDECREF(parent);
+    Py_XDECREF(parent_seq);
+    Py_XDECREF(step);
+    Py_XDECREF(s_step_obj);
+    Py_XDECREF(ref);
+    Py_XDECREF(append);
+    Py_XDECREF(cover);
+    Py_XDECREF(train_src);
+    Py_XDECREF(pending);
+    Py_XDECREF(last);
+    Py_XDECREF(samples);
+    Py_XDECREF(tokens);
+    return result;
+}
+
+PyDoc_STRVAR(bind_machine_doc,
+"bind_machine(current_get, seq, kind_span, data, mb_attrs, mb_attrs_fn, no_step, samples_key, tokens_key)\n--\n\n"
+"What `resolve_pending` reads besides its arguments: `recorder.current_get`, `recorder.seq`,\n"
+"KIND_SPAN, the data span's name, `state.MB_ATTRS` and `state.mb_attrs`, NO_STEP and the\n"
+"step's size attribute keys.");
+
+static PyObject *
+bind_machine(PyObject *module, PyObject *args)
+{
+    PyObject *o[9];
+    if (!PyArg_UnpackTuple(args, "bind_machine", 9, 9, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8]))
+        return NULL;
+    if (!PyTuple_Check(o[4])) {
+        PyErr_SetString(PyExc_TypeError, "mb_attrs must be a tuple");
+        return NULL;
+    }
+    PyObject **slots[9] = {&g_current_get, &g_seq, &g_kind, &g_data, &g_mb_attrs, &g_mb_attrs_fn, &g_no_step,
+                           &g_samples_key, &g_tokens_key};
+    for (int i = 0; i < 9; i++)
+        Py_XSETREF(*slots[i], Py_NewRef(o[i]));
+    Py_RETURN_NONE;
+}
+
+/* --- machine.train_activity -------------------------------------------------------------- */
+/* Its common path here; anything else (a step to open or close, the optimizer phase or an
+ * evaluation to end, gradient accumulation to tell from a manual update) calls the Python
+ * function from its start, before anything is changed here: so the two cannot disagree. */
+static PyObject *g_train_activity_python, *g_step_type, *g_one;
+static long g_ph_fwd = -1, g_ph_opt = -1, g_ph_bwd = -1;
+static PyObject *s_phase, *s_eval_t0, *s_eval_explicit, *s_mb_fwd, *s_mb_bwd, *s_opt_end, *s_data_driven_,
+    *s_uses_opt;
+
+/* The attribute's truth value: 1, 0, or -1 with an error. */
+static int
+attr_true(PyObject *obj, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    int truth = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return truth;
+}
+
+/* Whether the attribute is None: 1, 0, or -1 with an error. */
+static int
+attr_none(PyObject *obj, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    int none = v == Py_None;
+    Py_DECREF(v);
+    return none;
+}
+
+PyDoc_STRVAR(train_activity_doc,
+"train_activity(r, s, t, phase_kind, module=None)\n--\n\n"
+"`machine.train_activity_python`'s common path (a phase of the open step, a new micro-batch,\n"
+"its fetches resolved); the Python function for anything else.");
+
+static PyObject *
+train_activity(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 4 || nargs > 5) {
+        PyErr_SetString(PyExc_TypeError, "train_activity() takes 4 or 5 arguments");
+        return NULL;
+    }
+    if (g_train_activity_python == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_train_activity() was not called");
+        return NULL;
+    }
+    PyObject *r = args[0], *s = args[1], *step = NULL, *s_step_obj = NULL;
+    long kind = PyLong_AsLong(args[3]);
+    if (kind == -1 && PyErr_Occurred())
+        return NULL;
+    int slow = 0, v;
+    if (kind != g_ph_opt) {
+        if ((v = attr_none(s, s_phase)) < 0)
+            return NULL;
+        slow = !v; /* the update is over: its phase ends */
+    }
+    if (!slow) {
+        if ((v = attr_none(s, s_eval_t0)) < 0)
+            return NULL;
+        if (!v) { /* an evaluation pass in progress */
+            if ((v = attr_true(s, s_eval_explicit)) < 0)
+                return NULL;
+            slow = !v;
+        }
+    }
+    if (!slow) {
+        if ((step = PyObject_GetAttr(r, s_step)) == NULL)
+            return NULL;
+        if ((v = PyObject_IsInstance(step, g_step_type)) < 0)
+            goto fail;
+        slow = !v; /* no step open: one begins */
+    }
+    if (!slow) {
+        if ((s_step_obj = PyObject_GetAttr(s, s_step)) == NULL)
+            goto fail;
+        if (step != s_step_obj) { /* the user's explicit `otel_train.step()` rules; phases only */
+            Py_DECREF(s_step_obj);
+            return step;
+        }
+        Py_CLEAR(s_step_obj);
+    }
+    int new_mb = 0;
+    if (!slow && kind != g_ph_opt) {
+        int mb_bwd = attr_true(s, s_mb_bwd), mb_fwd = mb_bwd < 0 ? -1 : attr_true(s, s_mb_fwd);
+        int no_opt_end = mb_fwd < 0 ? -1 : attr_none(s, s_opt_end);
+        int driven = no_opt_end < 0 ? -1 : attr_true(s, s_data_driven_);
+        if (driven < 0)
+            goto fail;
+        new_mb = mb_bwd && (kind == g_ph_fwd || !mb_fwd);
+        if (!no_opt_end && !driven) {
+            slow = 1; /* a new forward after an optimizer step begins a new step */
+        } else if (new_mb && no_opt_end) {
+            PyObject *uses_opt = PyObject_GetAttr(s, s_uses_opt);
+            if (uses_opt == NULL)
+                goto fail;
+            slow = uses_opt != Py_True; /* maybe a manual update, not accumulation */
+            Py_DECREF(uses_opt);
+        }
+    }
+    if (slow) {
+        Py_XDECREF(step);
+        return PyObject_Vectorcall(g_train_activity_python, args, nargs, NULL);
+    }
+    if (new_mb) { /* gradient accumulation: the next micro-batch */
+        PyObject *mb = PyObject_GetAttr(s, s_mb);
+        PyObject *next = mb == NULL ? NULL : PyNumber_Add(mb, g_one);
+        Py_XDECREF(mb);
+        int err = next == NULL || PyObject_SetAttr(s, s_mb, next) < 0 || PyObject_SetAttr(s, s_mb_fwd, Py_False) < 0
+                  || PyObject_SetAttr(s, s_mb_bwd, Py_False) < 0;
+        Py_XDECREF(next);
+        if (err)
+            goto fail;
+    }
+    if ((v = attr_true(s, s_pending)) < 0)
+        goto fail;
+    if (v) {
+        PyObject *const pair[2] = {r, s};
+        PyObject *done = resolve_pending(module, pair, 2);
+        if (done == NULL)
+            goto fail;
+        Py_DECREF(done);
+    }
+    return step;
+fail:
+    Py_XDECREF(step);
+    Py_XDECREF(s_step_obj);
+    return NULL;
+}
+
+PyDoc_STRVAR(bind_train_activity_doc,
+"bind_train_activity(python_function, step_type, ph_fwd, ph_opt)\n--\n\n"
+"`machine.train_activity_python`, `recorder.Step` and the phase kinds PH_FWD and PH_OPT.");
+
+static PyObject *
+bind_train_activity(PyObject *module, PyObject *args)
+{
+    PyObject *fn, *step_type;
+    long fwd, opt;
+    if (!PyArg_ParseTuple(args, "OOll:bind_train_activity", &fn, &step_type, &fwd, &opt))
+        return NULL;
+    Py_XSETREF(g_train_activity_python, Py_NewRef(fn));
+    Py_XSETREF(g_step_type, Py_NewRef(step_type));
+    g_ph_fwd = fwd;
+    g_ph_opt = opt;
+    Py_RETURN_NONE;
+}
+
+/* A training phase's recorded region `live` has ended: its end is the step's latest so far and,
+ * a top-level phase (`ours`: of our open step), it covers (`coverage.cover`). 0, or -1. */
+static PyObject *s_t0, *s_t1, *s_parent, *s_last_end;
+
+static int
+phase_ended(PyObject *s, PyObject *live, int ours)
+{
+    PyObject *t0 = NULL, *t1 = NULL, *parent = NULL, *cover = NULL;
+    int err = (t1 = PyObject_GetAttr(live, s_t1)) == NULL || PyObject_SetAttr(s, s_last_end, t1) < 0
+              || (parent = PyObject_GetAttr(live, s_parent)) == NULL;
+    if (!err && parent == Py_None && ours) {
+        cover = PyObject_GetAttr(s, s_cover);
+        if (cover != NULL && !PyList_Check(cover)) {
+            PyErr_SetString(PyExc_TypeError, "State.cover must be a list");
+            Py_CLEAR(cover);
+        }
+        err = cover == NULL || (t0 = PyObject_GetAttr(live, s_t0)) == NULL || PyList_Append(cover, t0) < 0
+              || PyList_Append(cover, t1) < 0;
+    }
+    Py_XDECREF(t0);
+    Py_XDECREF(t1);
+    Py_XDECREF(parent);
+    Py_XDECREF(cover);
+    return err ? -1 : 0;
+}
+
+/* --- forward.forward_pre_hook / forward_hook, after their compile check ------------------ */
+/* Their common path (a training forward of the open step begins; the outermost forward ends);
+ * anything else calls the Python body from its start, before anything is changed here. The
+ * hooks themselves stay Python functions: Dynamo traces them (`compile`). */
+static PyObject *g_state, *g_roots, *g_recorder_module, *g_loss_type, *g_grad_enabled, *g_region_type, *g_forward;
+static PyObject *g_begin_python, *g_end_python;
+static long g_fwd_train = -1, g_fwd_eval = -1;
+static PyObject *s_fwd_depth, *s_fetching, *s_copying, *s_discovering, *s_rec_, *s_now, *s_training, *s_fwd_kind,
+    *s_opt_depth, *s_fwd_nested, *s_fwd_region, *s_enter, *s_exit, *s_micro_batches;
+
+PyDoc_STRVAR(forward_begin_doc,
+"forward_begin(module)\n--\n\n"
+"`forward.forward_begin_python`'s common path: a training forward of the open step begins.");
+
+static PyObject *
+forward_begin(PyObject *module_, PyObject *module)
+{
+    if (g_begin_python == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_forward() was not called");
+        return NULL;
+    }
+    PyObject *s = g_state, *r = NULL, *t = NULL, *step = NULL, *live = NULL, *entered = NULL;
+    PyObject *depth = PyObject_GetAttr(s, s_fwd_depth);
+    if (depth == NULL)
+        return NULL;
+    int nested = PyObject_IsTrue(depth);
+    if (nested != 0) { /* inside the outermost forward: count it */
+        PyObject *more = nested < 0 ? NULL : PyNumber_Add(depth, g_one);
+        Py_DECREF(depth);
+        int err = more == NULL || PyObject_SetAttr(s, s_fwd_depth, more) < 0;
+        Py_XDECREF(more);
+        return err ? NULL : Py_NewRef(Py_None);
+    }
+    Py_DECREF(depth);
+    int v = attr_true(s, s_fetching);
+    if (v != 0) /* a transform module inside a batch fetch */
+        return v < 0 ? NULL : Py_NewRef(Py_None);
+    /* The common case only: not discovering roots, recording, a training-mode module with
+     * gradients (not a loss module), outside optimizer.step(). */
+    int slow = (v = attr_true(g_roots, s_discovering)) != 0;
+    if (!slow) {
+        if ((r = PyObject_GetAttr(g_recorder_module, s_rec_)) == NULL)
+            return NULL;
+        slow = r == Py_None;
+    }
+    if (!slow && (slow = PyObject_IsInstance(module, g_loss_type)) == 0) {
+        PyObject *grad = PyObject_CallNoArgs(g_grad_enabled);
+        slow = grad == NULL ? -1 : !PyObject_IsTrue(grad);
+        Py_XDECREF(grad);
+        if (slow == 0)
+            slow = (v = attr_true(module, s_training)) < 0 ? -1 : !v;
+        if (slow == 0)
+            slow = attr_true(s, s_opt_depth); /* maybe a closure evaluation inside the update */
+    }
+    if (v < 0 || slow < 0)
+        goto fail;
+    if (slow) {
+        Py_XDECREF(r);
+        return PyObject_CallOneArg(g_begin_python, module);
+    }
+    PyObject *fwd_train = PyLong_FromLong(g_fwd_train);
+    if (fwd_train == NULL || (t = PyObject_CallMethodNoArgs(r, s_now)) == NULL
+        || PyObject_SetAttr(s, s_copying, Py_False) < 0 || PyObject_SetAttr(s, s_fwd_kind, fwd_train) < 0
+        || PyObject_SetAttr(s, s_fwd_nested, Py_False) < 0) {
+        Py_XDECREF(fwd_train);
+        goto fail;
+    }
+    Py_DECREF(fwd_train);
+    PyObject *ph_fwd = PyLong_FromLong(g_ph_fwd);
+    if (ph_fwd == NULL)
+        goto fail;
+    PyObject *const call[5] = {r, s, t, ph_fwd, module};
+    step = train_activity(NULL, call, 5);
+    Py_DECREF(ph_fwd);
+    if (step == NULL || (live = PyObject_CallOneArg(g_region_type, g_forward)) == NULL)
+        goto fail;
+    PyObject *mb = PyObject_GetAttr(s, s_mb);
+    if (mb == NULL)
+        goto fail;
+    Py_ssize_t i = PyLong_AsSsize_t(mb);
+    PyObject *attrs = i == -1 && PyErr_Occurred() ? NULL
+                      : i >= 0 && i < PyTuple_GET_SIZE(g_mb_attrs) ? Py_NewRef(PyTuple_GET_ITEM(g_mb_attrs, i))
+                                                                  : PyObject_CallOneArg(g_mb_attrs_fn, mb);
+    int err = attrs == NULL || PyObject_SetAttr(live, s_attrs, attrs) < 0
+              || (entered = PyObject_CallMethodNoArgs(live, s_enter)) == NULL
+              || PyObject_SetAttr(s, s_fwd_region, entered) < 0 || PyObject_SetAttr(s, s_mb_fwd, Py_True) < 0;
+    Py_XDECREF(attrs);
+    if (!err && step != Py_None) {
+        PyObject *ours = PyObject_GetAttr(s, s_step);
+        err = ours == NULL;
+        if (ours == step) {
+            PyObject *count = PyNumber_Add(mb, g_one);
+            err = count == NULL || PyObject_SetAttr(step, s_micro_batches, count) < 0;
+            Py_XDECREF(count);
+        }
+        Py_XDECREF(ours);
+    }
+    Py_DECREF(mb);
+    if (err || PyObject_SetAttr(s, s_fwd_depth, g_one) < 0)
+        goto fail;
+    Py_DECREF(r);
+    Py_DECREF(t);
+    Py_DECREF(step);
+    Py_DECREF(live);
+    Py_DECREF(entered);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(r);
+    Py_XDECREF(t);
+    Py_XDECREF(step);
+    Py_XDECREF(live);
+    Py_XDECREF(entered);
+    return NULL;
+}
+
+PyDoc_STRVAR(forward_end_doc,
+"forward_end(module)\n--\n\n"
+"`forward.forward_end_python`'s common path: the outermost forward in flight ends.");
+
+static PyObject *
+forward_end(PyObject *module_, PyObject *module)
+{
+    if (g_end_python == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_forward() was not called");
+        return NULL;
+    }
+    PyObject *s = g_state;
+    PyObject *depth = PyObject_GetAttr(s, s_fwd_depth);
+    if (depth == NULL)
+        return NULL;
+    long d = PyLong_AsLong(depth);
+    Py_DECREF(depth);
+    if (d == -1 && PyErr_Occurred())
+        return NULL;
+    if (d == 0)
+        Py_RETURN_NONE;
+    if (d > 1) { /* an inner forward of the outermost one */
+        PyObject *less = PyLong_FromLong(d - 1);
+        int err = less == NULL || PyObject_SetAttr(s, s_fwd_depth, less) < 0;
+        Py_XDECREF(less);
+        return err ? NULL : Py_NewRef(Py_None);
+    }
+    PyObject *kind_obj = PyObject_GetAttr(s, s_fwd_kind);
+    if (kind_obj == NULL)
+        return NULL;
+    long kind = PyLong_AsLong(kind_obj);
+    Py_DECREF(kind_obj);
+    if (kind == -1 && PyErr_Occurred())
+        return NULL;
+    if (kind == g_fwd_eval)
+        return PyObject_CallOneArg(g_end_python, module);
+    PyObject *zero = PyLong_FromLong(0);
+    int err = zero == NULL || PyObject_SetAttr(s, s_fwd_depth, zero) < 0;
+    Py_XDECREF(zero);
+    if (err)
+        return NULL;
+    if (kind != g_fwd_train)
+        Py_RETURN_NONE;
+    PyObject *live = PyObject_GetAttr(s, s_fwd_region);
+    if (live == NULL || PyObject_SetAttr(s, s_fwd_region, Py_None) < 0)
+        goto fail;
+    if (live == Py_None) {
+        Py_DECREF(live);
+        Py_RETURN_NONE;
+    }
+    PyObject *res = PyObject_CallMethodObjArgs(live, s_exit, Py_None, Py_None, Py_None, NULL);
+    if (res == NULL)
+        goto fail;
+    Py_DECREF(res);
+    int recorded = attr_none(live, s_rec), nested = recorded < 0 ? -1 : attr_true(s, s_fwd_nested);
+    if (recorded < 0 || nested < 0)
+        goto fail;
+    if (!recorded && !nested) { /* recorded, and not a closure evaluation inside the update */
+        PyObject *step = PyObject_GetAttr(live, s_step), *ours = step == NULL ? NULL : PyObject_GetAttr(s, s_step);
+        err = ours == NULL || phase_ended(s, live, step == ours) < 0;
+        Py_XDECREF(step);
+        Py_XDECREF(ours);
+        if (err)
+            goto fail;
+    }
+    Py_DECREF(live);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(live);
+    return NULL;
+}
+
+PyDoc_STRVAR(bind_forward_doc,
+"bind_forward(state, roots, recorder_module, loss_type, is_grad_enabled, region_type, forward_name,\n"
+"             begin_python, end_python, fwd_train, fwd_eval)\n--\n\n"
+"What `forward_begin` and `forward_end` read: detection's state, `roots.roots`, the\n"
+"`otel_train.record.recorder` module, torch's loss base class and `is_grad_enabled`,\n"
+"`recorder.Region`, the forward span's name, the Python bodies and FWD_TRAIN, FWD_EVAL.");
+
+static PyObject *
+bind_forward(PyObject *module, PyObject *args)
+{
+    PyObject *o[9];
+    long train, eval;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOll:bind_forward", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7],
+                          &o[8], &train, &eval))
+        return NULL;
+    PyObject **slots[9] = {&g_state, &g_roots, &g_recorder_module, &g_loss_type, &g_grad_enabled, &g_region_type,
+                           &g_forward, &g_begin_python, &g_end_python};
+    for (int i = 0; i < 9; i++)
+        Py_XSETREF(*slots[i], Py_NewRef(o[i]));
+    g_fwd_train = train;
+    g_fwd_eval = eval;
+    Py_RETURN_NONE;
+}
+
+/* --- backward.backward, after its compile check ------------------------------------------ */
+static PyObject *g_backward, *g_backward_python, *g_part_begin, *g_part_step;
+static PyObject *s_bwd_depth, *s_part_token, *s_unseen, *s_n, *s_opt_closure;
+
+/* The backward region ends (its exception, if any, pending and kept) and the state moves on:
+ * `backward.backward_python`'s finally block. 0, or -1 with a new error. */
+static int
+backward_done(PyObject *s, PyObject *live, PyObject *step)
+{
+    PyObject *zero = PyLong_FromLong(0);
+    int err = zero == NULL || PyObject_SetAttr(s, s_bwd_depth, zero) < 0 || PyObject_SetAttr(s, s_mb_bwd, Py_True) < 0;
+    Py_XDECREF(zero);
+    if (err)
+        return -1;
+    PyObject *ours = PyObject_GetAttr(s, s_step);
+    if (ours == NULL)
+        return -1;
+    int is_ours = step != Py_None && step == ours;
+    Py_DECREF(ours);
+    if (is_ours) {
+        PyObject *mb = PyObject_GetAttr(s, s_mb);
+        PyObject *count = mb == NULL ? NULL : PyNumber_Add(mb, g_one);
+        Py_XDECREF(mb);
+        err = count == NULL || PyObject_SetAttr(step, s_micro_batches, count) < 0;
+        Py_XDECREF(count);
+        if (err)
+            return -1;
+    }
+    int unrecorded = attr_none(live, s_rec);
+    if (unrecorded < 0)
+        return -1;
+    if (!unrecorded && phase_ended(s, live, is_ours) < 0)
+        return -1;
+    int opt = attr_true(s, s_opt_depth), closure = opt <= 0 ? opt : attr_true(s, s_opt_closure);
+    if (closure < 0)
+        return -1;
+    if (closure) { /* the update after the closure's one evaluation */
+        PyObject *res = PyObject_CallFunctionObjArgs(g_part_begin, s, g_part_step, NULL);
+        if (res == NULL)
+            return -1;
+        Py_DECREF(res);
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(backward_run_doc,
+"backward_run(original, args, kwargs)\n--\n\n"
+"`backward.backward_python`'s common path: `original(*args, **kwargs)` as the open step's\n"
+"`train.backward`.");
+
+static PyObject *
+backward_run(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyTuple_Check(args[1]) || (args[2] != Py_None && !PyDict_Check(args[2]))) {
+        PyErr_SetString(PyExc_TypeError, "backward_run(original, args, kwargs)");
+        return NULL;
+    }
+    if (g_backward_python == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_backward() was not called");
+        return NULL;
+    }
+    PyObject *s = g_state, *original = args[0], *r = NULL, *t = NULL, *step = NULL, *live = NULL, *mb = NULL;
+    PyObject *kwargs = args[2] == Py_None ? NULL : args[2];
+    if ((r = PyObject_GetAttr(g_recorder_module, s_rec_)) == NULL)
+        return NULL;
+    int slow = r == Py_None, v;
+    if (!slow) { /* a closure evaluation nested under the update: the Python body */
+        if ((v = attr_true(s, s_opt_depth)) < 0)
+            goto fail;
+        if (v) {
+            if ((v = attr_none(s, s_part_token)) < 0)
+                goto fail;
+            slow = !v;
+        }
+    }
+    if (slow) {
+        Py_DECREF(r);
+        return PyObject_CallFunctionObjArgs(g_backward_python, original, args[1], args[2], NULL);
+    }
+    PyObject *ph_bwd = PyLong_FromLong(g_ph_bwd);
+    if (ph_bwd == NULL || (t = PyObject_CallMethodNoArgs(r, s_now)) == NULL) {
+        Py_XDECREF(ph_bwd);
+        goto fail;
+    }
+    PyObject *const call[4] = {r, s, t, ph_bwd};
+    step = train_activity(NULL, call, 4);
+    Py_DECREF(ph_bwd);
+    if (step == NULL)
+        goto fail;
+    if (step != Py_None) {
+        int fwd = attr_true(s, s_mb_fwd), disc = fwd != 0 ? fwd : attr_true(g_roots, s_discovering);
+        if (disc < 0)
+            goto fail;
+        if (!fwd && !disc) { /* no forward seen: a model built after discovery settled */
+            PyObject *n = PyObject_GetAttr(step, s_n);
+            PyObject *res = n == NULL ? NULL : PyObject_CallMethodOneArg(g_roots, s_unseen, n);
+            Py_XDECREF(n);
+            if (res == NULL)
+                goto fail;
+            Py_DECREF(res);
+        }
+    }
+    if ((live = PyObject_CallOneArg(g_region_type, g_backward)) == NULL || (mb = PyObject_GetAttr(s, s_mb)) == NULL)
+        goto fail;
+    Py_ssize_t i = PyLong_AsSsize_t(mb);
+    PyObject *attrs = i == -1 && PyErr_Occurred() ? NULL
+                      : i >= 0 && i < PyTuple_GET_SIZE(g_mb_attrs) ? Py_NewRef(PyTuple_GET_ITEM(g_mb_attrs, i))
+                                                                  : PyObject_CallOneArg(g_mb_attrs_fn, mb);
+    int err = attrs == NULL || PyObject_SetAttr(live, s_attrs, attrs) < 0;
+    Py_XDECREF(attrs);
+    Py_CLEAR(mb);
+    if (err)
+        goto fail;
+    PyObject *entered = PyObject_CallMethodNoArgs(live, s_enter);
+    if (entered == NULL)
+        goto fail;
+    Py_SETREF(live, entered);
+    if (PyObject_SetAttr(s, s_bwd_depth, g_one) < 0)
+        goto fail;
+    /* `try: out = original(...) except BaseException as err: live.__exit__(type(err), err, None);
+     * raise else: live.__exit__(None, None, None) finally: backward_done`, as Python runs it. */
+    PyObject *out = PyObject_Call(original, args[1], kwargs);
+    PyObject *type = NULL, *value = NULL, *tb = NULL, *type2 = NULL, *value2 = NULL, *tb2 = NULL;
+    if (out == NULL) {
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        if (tb != NULL && value != NULL)
+            PyException_SetTraceback(value, tb);
+    }
+    PyObject *res = PyObject_CallMethodObjArgs(live, s_exit, out ? Py_None : type, out || !value ? Py_None : value,
+                                               Py_None, NULL);
+    int exit_failed = res == NULL;
+    Py_XDECREF(res);
+    if (exit_failed)
+        PyErr_Fetch(&type2, &value2, &tb2);
+    int done = backward_done(s, live, step);
+    if (done < 0 || exit_failed || out == NULL) {
+        if (done < 0) { /* an error in the finally block replaces any other */
+            Py_XDECREF(type2);
+            Py_XDECREF(value2);
+            Py_XDECREF(tb2);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+        } else if (exit_failed) { /* raised in __exit__: that error, as a `with` block gives */
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            PyErr_Restore(type2, value2, tb2);
+        } else {
+            PyErr_Restore(type, value, tb);
+        }
+        Py_XDECREF(out);
+        goto fail;
+    }
+    Py_DECREF(r);
+    Py_DECREF(t);
+    Py_DECREF(step);
+    Py_DECREF(live);
+    return out;
+fail:
+    Py_XDECREF(r);
+    Py_XDECREF(t);
+    Py_XDECREF(step);
+    Py_XDECREF(live);
+    Py_XDECREF(mb);
+    return NULL;
+}
+
+PyDoc_STRVAR(bind_backward_doc,
+"bind_backward(state, roots, recorder_module, region_type, backward_name, backward_python, part_begin,\n"
+"              part_step, ph_bwd)\n--\n\n"
+"What `backward_run` reads: detection's state, `roots.roots`, the `otel_train.record.recorder`\n"
+"module, `recorder.Region` (the same objects `bind_forward` takes), the backward span's name,\n"
+"`backward.backward_python` (called as (original, args, kwargs)), `phase.part_begin` and\n"
+"`phase.STEP`, PH_BWD.");
+
+static PyObject *
+bind_backward(PyObject *module, PyObject *args)
+{
+    PyObject *o[8];
+    long bwd;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOl:bind_backward", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7],
+                          &bwd))
+        return NULL;
+    PyObject **slots[8] = {&g_state, &g_roots, &g_recorder_module, &g_region_type, &g_backward, &g_backward_python,
+                           &g_part_begin, &g_part_step};
+    for (int i = 0; i < 8; i++)
+        Py_XSETREF(*slots[i], Py_NewRef(o[i]));
+    g_ph_bwd = bwd;
+    Py_RETURN_NONE;
+}
+
+/* --- data.next_patch's `__next__`, after its checks --------------------------------------- */
+static PyObject *g_fetch_python, *g_close, *g_manual, *g_phase_end, *g_copy_edge;
+static PyObject *s_index_sampler, *s_needed, *s_decide;
+static PyObject *size_of(PyObject *module, PyObject *batch);
+
+/* After a fetch from the training loader: the step's updates are over, or (a loop with no
+ * optimizer) its backward was. `data.fetch_python`'s close rules; 0, or -1 with an error. */
+static int
+fetch_closes(PyObject *r, PyObject *s, PyObject *t0)
+{
+    PyObject *ours = PyObject_GetAttr(s, s_step), *open = ours == NULL ? NULL : PyObject_GetAttr(r, s_step);
+    int err = open == NULL, mine = !err && ours != Py_None && open == ours;
+    Py_XDECREF(ours);
+    Py_XDECREF(open);
+    if (err || !mine)
+        return err ? -1 : 0;
+    PyObject *opt_end = PyObject_GetAttr(s, s_opt_end);
+    if (opt_end == NULL)
+        return -1;
+    int driven = attr_true(s, s_data_driven_), close = 0;
+    PyObject *at = opt_end;
+    if (driven > 0 && opt_end != Py_None) {
+        close = 1; /* the next batch: the step's updates are over */
+    } else if (driven > 0) {
+        int bwd = attr_true(s, s_mb_bwd);
+        PyObject *uses_opt = bwd > 0 ? PyObject_GetAttr(s, s_uses_opt) : NULL;
+        if (bwd < 0 || (bwd > 0 && uses_opt == NULL))
+            driven = -1;
+        else if (bwd > 0 && uses_opt == Py_False)
+            close = 1;
+        else if (bwd > 0 && uses_opt == Py_None) { /* `machine.manual` */
+            PyObject *manual = PyObject_CallOneArg(g_manual, s);
+            close = manual == NULL ? -1 : PyObject_IsTrue(manual);
+            Py_XDECREF(manual);
+        }
+        Py_XDECREF(uses_opt);
+        at = t0;
+    }
+    if (driven < 0 || close < 0) {
+        Py_DECREF(opt_end);
+        return -1;
+    }
+    if (close) {
+        PyObject *res = PyObject_CallFunctionObjArgs(g_close, r, s, at, NULL);
+        Py_XDECREF(res);
+        err = res == NULL;
+    }
+    Py_DECREF(opt_end);
+    return err ? -1 : 0;
+}
+
+PyDoc_STRVAR(fetch_doc,
+"fetch(original, iterator)\n--\n\n"
+"`data.fetch_python`: `original(iterator)` timed as a batch fetch, held pending for the next\n"
+"training phase (or evaluation) to claim.");
+
+static PyObject *
+fetch(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "fetch(original, iterator)");
+        return NULL;
+    }
+    if (g_fetch_python == NULL || g_state == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_fetch() was not called");
+        return NULL;
+    }
+    PyObject *s = g_state, *original = args[0], *it = args[1], *batch = NULL, *t0 = NULL, *t1 = NULL, *src = NULL;
+    PyObject *r = PyObject_GetAttr(g_recorder_module, s_rec_);
+    if (r == NULL)
+        return NULL;
+    if (r == Py_None) {
+        Py_DECREF(r);
+        return PyObject_CallFunctionObjArgs(g_fetch_python, original, it, NULL);
+    }
+    if ((t0 = PyObject_CallMethodNoArgs(r, s_now)) == NULL || PyObject_SetAttr(s, s_fetching, Py_True) < 0)
+        goto fail;
+    batch = PyObject_CallOneArg(original, it); /* StopIteration: not a batch, nothing recorded */
+    if (batch == NULL) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (PyObject_SetAttr(s, s_fetching, Py_False) < 0) {
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+        } else {
+            PyErr_Restore(type, value, tb);
+        }
+        goto fail;
+    }
+    if (PyObject_SetAttr(s, s_fetching, Py_False) < 0 || (t1 = PyObject_CallMethodNoArgs(r, s_now)) == NULL)
+        goto fail;
+    /* The loader's own (batch) sampler tells loaders apart, even two over one dataset. */
+    if ((src = PyObject_GetAttr(it, s_index_sampler)) == NULL) { /* getattr(it, "_index_sampler", None) */
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            goto fail;
+        PyErr_Clear();
+        src = Py_NewRef(Py_None);
+    }
+    if (src != Py_None && fetch_closes(r, s, t0) < 0)
+        goto fail;
+    int v = attr_none(s, s_phase);
+    if (v < 0)
+        goto fail;
+    if (!v) { /* the update is over */
+        PyObject *res = PyObject_CallFunctionObjArgs(g_phase_end, r, s, NULL);
+        if (res == NULL)
+            goto fail;
+        Py_DECREF(res);
+    }
+    PyObject *size = size_of(NULL, batch), *entry = NULL, *pending = NULL;
+    int err = size == NULL || (entry = PyList_New(6)) == NULL;
+    if (!err) {
+        PyObject *fields[6] = {g_data, t0, t1, src, it, size};
+        for (int i = 0; i < 6; i++)
+            PyList_SET_ITEM(entry, i, Py_NewRef(fields[i]));
+        pending = PyObject_GetAttr(s, s_pending);
+        if (pending != NULL && !PyList_Check(pending)) {
+            PyErr_SetString(PyExc_TypeError, "State.pending must be a list");
+            Py_CLEAR(pending);
+        }
+        err = pending == NULL || PyList_Append(pending, entry) < 0;
+    }
+    Py_XDECREF(size);
+    Py_XDECREF(entry);
+    Py_XDECREF(pending);
+    if (err)
+        goto fail;
+    PyObject *needed = PyObject_GetAttr(g_copy_edge, s_needed);
+    if (needed == NULL)
+        goto fail;
+    if (needed == Py_None) { /* the first fetch decides */
+        PyObject *res = PyObject_CallMethodOneArg(g_copy_edge, s_decide, s);
+        err = res == NULL;
+        Py_XDECREF(res);
+    } else {
+        int yes = PyObject_IsTrue(needed);
+        err = yes < 0 || (yes && PyObject_SetAttr(s, s_copying, Py_True) < 0);
+    }
+    Py_DECREF(needed);
+    if (err)
+        goto fail;
+    Py_DECREF(r);
+    Py_DECREF(t0);
+    Py_DECREF(t1);
+    Py_DECREF(src);
+    return batch;
+fail:
+    Py_XDECREF(r);
+    Py_XDECREF(t0);
+    Py_XDECREF(t1);
+    Py_XDECREF(src);
+    Py_XDECREF(batch);
+    return NULL;
+}
+
+PyDoc_STRVAR(bind_fetch_doc,
+"bind_fetch(state, recorder_module, fetch_python, close, manual, phase_end, copy_edge)\n--\n\n"
+"What `fetch` reads: detection's state, the `otel_train.record.recorder` module,\n"
+"`data.fetch_python` (called as (original, iterator)), `machine.close`, `machine.manual`,\n"
+"`phase.end` and `data.copy_edge`. After `bind_machine` and `bind_sizes`.");
+
+static PyObject *
+bind_fetch(PyObject *module, PyObject *args)
+{
+    PyObject *o[7];
+    if (!PyArg_UnpackTuple(args, "bind_fetch", 7, 7, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6]))
+        return NULL;
+    PyObject **slots[7] = {&g_state, &g_recorder_module, &g_fetch_python, &g_close, &g_manual, &g_phase_end,
+                           &g_copy_edge};
+    for (int i = 0; i < 7; i++)
+        Py_XSETREF(*slots[i], Py_NewRef(o[i]));
+    Py_RETURN_NONE;
+}
+
+/* --- sites.user_frames ------------------------------------------------------------------- */
+static PyObject *g_name_key;      /* "__name__" */
+static PyObject *g_own_prefixes;  /* `sites._OURS`, from `bind` */
+static PyObject *g_torch;         /* "torch" */
+static int g_max_depth = 16;      /* `sites._MAX_DEPTH` */
+
+/* 1 where `frame` runs code of torch or otel_train, 0 where not, -1 with an error. */
+static int
+frame_is_ours(PyFrameObject *frame)
+{
+#if PY_VERSION_HEX >= 0x030B0000
+    PyObject *globals = PyFrame_GetGlobals(frame);
+#else
+    PyObject *globals = Py_XNewRef(frame->f_globals);
+#endif
+    if (globals == NULL)
+        return -1;
+    PyObject *name = PyDict_Check(globals) ? PyDict_GetItemWithError(globals, g_name_key) : NULL;
+    int ours = 0;
+    if (name != NULL && PyUnicode_Check(name)) {
+        Py_ssize_t n = PyTuple_GET_SIZE(g_own_prefixes);
+        for (Py_ssize_t i = 0; i < n && !ours; i++) {
+            ours = (int)PyUnicode_Tailmatch(name, PyTuple_GET_ITEM(g_own_prefixes, i), 0, PY_SSIZE_T_MAX, -1);
+            if (ours < 0)
+                break;
+        }
+        if (ours == 0)
+            ours = PyUnicode_Compare(name, g_torch) == 0;
+    } else if (name == NULL && PyErr_Occurred()) {
+        ours = -1;
+    }
+    Py_DECREF(globals);
+    return ours;
+}
+
+PyDoc_STRVAR(user_frames_doc,
+"user_frames(limit)\n--\n\n"
+"`sites.user_frames_python`: the innermost `limit` frames of the calling Python stack (its\n"
+"innermost frame first) outside torch and otel_train, looking through at most `_MAX_DEPTH`.");
+
+static PyObject *
+user_frames(PyObject *module, PyObject *arg)
+{
+    if (g_own_prefixes == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_loops.bind() was not called");
+        return NULL;
+    }
+    Py_ssize_t limit = PyLong_AsSsize_t(arg);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    PyFrameObject *frame = PyEval_GetFrame(); /* borrowed: the Python function that called us */
+    Py_XINCREF(frame);
+    for (int depth = 0; depth < g_max_depth && frame != NULL; depth++) {
+        int ours = frame_is_ours(frame);
+        if (ours < 0 || (!ours && PyList_Append(out, (PyObject *)frame) < 0)) {
+            Py_DECREF(frame);
+            Py_DECREF(out);
+            return NULL;
+        }
+        if (PyList_GET_SIZE(out) == limit)
+            break;
+        PyFrameObject *back = PyFrame_GetBack(frame);
+        Py_DECREF(frame);
+        frame = back;
+    }
+    Py_XDECREF(frame);
+    return out;
+}
+
+/* --- batch_size.size_of -------------------------------------------------------------------- */
+static PyObject *g_tensor;        /* torch.Tensor */
+static PyObject *g_mapping;       /* collections.abc.Mapping */
+static PyObject *g_token_dtypes;  /* `batch_size._TOKEN_DTYPES` */
+static PyObject *g_input_ids;     /* "input_ids" */
+static PyObject *g_shape, *g_dtype;
+
+/* The first item of a non-empty sequence, else None: a new reference. */
+static PyObject *
+first_item(PyObject *seq)
+{
+    Py_ssize_t n = PySequence_Size(seq);
+    if (n < 0)
+        return NULL;
+    return n ? PySequence_GetItem(seq, 0) : Py_NewRef(Py_None);
+}
+
+PyDoc_STRVAR(size_of_doc,
+"size_of(batch)\n--\n\n"
+"`batch_size.size_of_python`: (samples, tokens) of a batch from its shape; None when unknown.");
+
+static PyObject *
+size_of(PyObject *module, PyObject *batch)
+{
+    if (g_tensor == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_sizes() was not called");
+        return NULL;
+    }
+    PyObject *x = Py_NewRef(batch), *result = NULL, *shape = NULL;
+    int is_tensor = PyObject_IsInstance(x, g_tensor);
+    if (is_tensor < 0)
+        goto done;
+    if (!is_tensor) {
+        PyObject *next = NULL;
+        if (PyTuple_CheckExact(x) || PyList_CheckExact(x)) {
+            next = first_item(x);
+        } else {
+            int mapping = PyDict_CheckExact(x) ? 1 : PyObject_IsInstance(x, g_mapping);
+            if (mapping < 0)
+                goto done;
+            if (mapping) {
+                int has = PySequence_Contains(x, g_input_ids);
+                if (has < 0)
+                    goto done;
+                if (has) {
+                    next = PyObject_GetItem(x, g_input_ids);
+                } else { /* next(iter(x.values()), None) */
+                    PyObject *values = PyObject_CallMethod(x, "values", NULL);
+                    PyObject *it = values == NULL ? NULL : PyObject_GetIter(values);
+                    Py_XDECREF(values);
+                    if (it == NULL)
+                        goto done;
+                    next = PyIter_Next(it);
+                    Py_DECREF(it);
+                    if (next == NULL && !PyErr_Occurred())
+                        next = Py_NewRef(Py_None);
+                }
+            } else if (PyTuple_Check(x) || PyList_Check(x)) { /* a namedtuple, a list subclass */
+                next = first_item(x);
+            } else {
+                next = Py_NewRef(x);
+            }
+        }
+        if (next == NULL)
+            goto done;
+        Py_SETREF(x, next);
+        is_tensor = PyObject_IsInstance(x, g_tensor);
+        if (is_tensor <= 0) {
+            if (is_tensor == 0)
+                result = Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+    shape = PyObject_GetAttr(x, g_shape);
+    if (shape == NULL)
+        goto done;
+    Py_ssize_t ndim = PySequence_Size(shape);
+    if (ndim < 0)
+        goto done;
+    if (ndim == 0) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    PyObject *samples = PySequence_GetItem(shape, 0);
+    if (samples == NULL)
+        goto done;
+    PyObject *tokens = NULL;
+    if (ndim == 2) {
+        PyObject *dtype = PyObject_GetAttr(x, g_dtype);
+        int token_ids = dtype == NULL ? -1 : PySequence_Contains(g_token_dtypes, dtype);
+        Py_XDECREF(dtype);
+        if (token_ids > 0) {
+            PyObject *length = PySequence_GetItem(shape, 1);
+            tokens = length == NULL ? NULL : PyNumber_Multiply(samples, length);
+            Py_XDECREF(length);
+        } else if (token_ids == 0) {
+            tokens = PyLong_FromLong(0);
+        }
+    } else {
+        tokens = PyLong_FromLong(0);
+    }
+    if (tokens != NULL)
+        result = PyTuple_Pack(2, samples, tokens);
+    Py_DECREF(samples);
+    Py_XDECREF(tokens);
+done:
+    Py_XDECREF(shape);
+    Py_DECREF(x);
+    return result;
+}
+
+/* --- module --------------------------------------------------------------------------------- */
+PyDoc_STRVAR(bind_doc,
+"bind(own_prefixes, max_depth)\n--\n\n"
+"`sites._OURS` (module name prefixes of frames `user_frames` looks through, besides `torch`)\n"
+"and `sites._MAX_DEPTH`.");
+
+static PyObject *
+bind(PyObject *module, PyObject *args)
+{
+    PyObject *prefixes;
+    int max_depth;
+    if (!PyArg_ParseTuple(args, "O!i:bind", &PyTuple_Type, &prefixes, &max_depth))
+        return NULL;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(prefixes); i++) {
+        if (!PyUnicode_Check(PyTuple_GET_ITEM(prefixes, i))) {
+            PyErr_SetString(PyExc_TypeError, "the prefixes must be strings");
+            return NULL;
+        }
+    }
+    Py_XSETREF(g_own_prefixes, Py_NewRef(prefixes));
+    g_max_depth = max_depth;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(bind_sizes_doc,
+"bind_sizes(tensor_type, mapping_type, token_dtypes)\n--\n\n"
+"`torch.Tensor`, `collections.abc.Mapping` and `batch_size._TOKEN_DTYPES`, for `size_of`.");
+
+static PyObject *
+bind_sizes(PyObject *module, PyObject *args)
+{
+    PyObject *tensor, *mapping, *dtypes;
+    if (!PyArg_UnpackTuple(args, "bind_sizes", 3, 3, &tensor, &mapping, &dtypes))
+        return NULL;
+    Py_XSETREF(g_tensor, Py_NewRef(tensor));
+    Py_XSETREF(g_mapping, Py_NewRef(mapping));
+    Py_XSETREF(g_token_dtypes, Py_NewRef(dtypes));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"gaps", (PyCFunction)(void (*)(void))gaps, METH_FASTCALL, gaps_doc},
+    {"resolve", (PyCFunction)(void (*)(void))resolve, METH_FASTCALL, resolve_doc},
+    {"resolve_pending", (PyCFunction)(void (*)(void))resolve_pending, METH_FASTCALL, resolve_pending_doc},
+    {"bind_machine", bind_machine, METH_VARARGS, bind_machine_doc},
+    {"train_activity", (PyCFunction)(void (*)(void))train_activity, METH_FASTCALL, train_activity_doc},
+    {"bind_train_activity", bind_train_activity, METH_VARARGS, bind_train_activity_doc},
+    {"forward_begin", forward_begin, METH_O, forward_begin_doc},
+    {"forward_end", forward_end, METH_O, forward_end_doc},
+    {"bind_forward", bind_forward, METH_VARARGS, bind_forward_doc},
+    {"backward_run", (PyCFunction)(void (*)(void))backward_run, METH_FASTCALL, backward_run_doc},
+    {"bind_backward", bind_backward, METH_VARARGS, bind_backward_doc},
+    {"fetch", (PyCFunction)(void (*)(void))fetch, METH_FASTCALL, fetch_doc},
+    {"bind_fetch", bind_fetch, METH_VARARGS, bind_fetch_doc},
+    {"user_frames", user_frames, METH_O, user_frames_doc},
+    {"size_of", size_of, METH_O, size_of_doc},
+    {"bind", bind, METH_VARARGS, bind_doc},
+    {"bind_sizes", bind_sizes, METH_VARARGS, bind_sizes_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "otel_train.detect._loops",
+    "Detection's per-step loops in C (`coverage.gaps`, `machine.resolve`, `sites.user_frames`, `batch_size.size_of`).",
+    -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__loops(void)
+{
+    g_name_key = PyUnicode_InternFromString("__name__");
+    g_torch = PyUnicode_InternFromString("torch");
+    g_input_ids = PyUnicode_InternFromString("input_ids");
+    g_shape = PyUnicode_InternFromString("shape");
+    g_dtype = PyUnicode_InternFromString("dtype");
+    g_one = PyLong_FromLong(1);
+    if (g_name_key == NULL || g_torch == NULL || g_input_ids == NULL || g_shape == NULL || g_dtype == NULL
+        || g_one == NULL)
+        return NULL;
+    struct {
+        PyObject **slot;
+        const char *name;
+    } names[] = {{&s_mb, "mb"}, {&s_step, "step"}, {&s_cover, "cover"}, {&s_train_src, "train_src"},
+                 {&s_pending, "pending"}, {&s_data_driven, "data_driven"}, {&s_seq, "seq"}, {&s_rec, "rec"},
+                 {&s_ref, "ref"}, {&s_append, "append"}, {&s_attrs, "attrs"}, {&s_phase, "phase"},
+                 {&s_eval_t0, "eval_t0"}, {&s_eval_explicit, "eval_explicit"}, {&s_mb_fwd, "mb_fwd"},
+                 {&s_mb_bwd, "mb_bwd"}, {&s_opt_end, "opt_end"}, {&s_data_driven_, "data_driven"},
+                 {&s_uses_opt, "uses_opt"}, {&s_fwd_depth, "fwd_depth"}, {&s_fetching, "fetching"},
+                 {&s_copying, "copying"}, {&s_discovering, "discovering"}, {&s_rec_, "_rec"}, {&s_now, "now"},
+                 {&s_training, "training"}, {&s_fwd_kind, "fwd_kind"}, {&s_opt_depth, "opt_depth"},
+                 {&s_fwd_nested, "fwd_nested"}, {&s_fwd_region, "fwd_region"}, {&s_enter, "__enter__"},
+                 {&s_exit, "__exit__"}, {&s_micro_batches, "micro_batches"}, {&s_t0, "t0"}, {&s_t1, "t1"},
+                 {&s_parent, "parent"}, {&s_last_end, "last_end"},
+                 {&s_bwd_depth, "bwd_depth"}, {&s_part_token, "part_token"}, {&s_unseen, "unseen"}, {&s_n, "n"},
+                 {&s_opt_closure, "opt_closure"}, {&s_index_sampler, "_index_sampler"}, {&s_needed, "needed"},
+                 {&s_decide, "decide"}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL)
+            return NULL;
+    }
+    return PyModule_Create(&module_def);
+}
