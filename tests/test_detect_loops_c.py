@@ -4,6 +4,7 @@ sizes and sources, on random inputs."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 import sys
@@ -17,6 +18,13 @@ _loops = pytest.importorskip("otel_train.detect._loops")
 
 KIND, OTHER, DATA, ZERO_GRAD = 0, semconv.SPAN_OTHER, semconv.SPAN_DATA, semconv.SPAN_ZERO_GRAD
 REF = (7, 41)
+
+
+def _records(r, first: int) -> list:
+    """A recorder's records, comparable across runs: span numbers made relative to `first`, a
+    step's number (the process's) left out."""
+    return [(rec[1], rec[2] - first, rec[3] is not None, rec[4][1] is not None, rec[5], rec[6], rec[7])
+            if rec[0] == KIND else ("step", rec[5], rec[6], rec[7]) for rec in (r.buf if r is not None else ())]
 
 
 def _gaps(fn, cover: list[int], t0: int, t1: int, share: float = coverage.MAX_UNCOVERED,
@@ -240,6 +248,68 @@ def test_resolve_pending_matches_the_python_function() -> None:
         _recorder.install(None)
 
 
+@contextlib.contextmanager
+def _all_python():
+    """The Python reference all the way down: what a Python function calls of the step machine
+    is the Python version too (`machine.close` is C where built)."""
+    close = machine.close
+    machine.close = machine.close_python
+    try:
+        yield
+    finally:
+        machine.close = close
+
+
+def _close_moment(seed: int, fn) -> tuple:
+    """A random step close on a fresh recorder: our step open or not, the update's phase open
+    or not, phases covering some of it, a boundary and siblings before. Returns what changed."""
+    from otel_train.detect import phase
+    from otel_train.detect.state import State
+    from otel_train.record import recorder as _recorder
+    from otel_train.record.clock import FakeClock
+    rng = random.Random(seed)
+    clock = FakeClock()
+    r = _recorder.Recorder(4096, clock)
+    _recorder.install(r)
+    try:
+        s = State()
+        s.boundary = rng.choice([None, 5, 10**9])
+        s.after = rng.choice([None, 7, 10**9])
+        clock.advance(1_000)
+        if rng.random() < 0.8:
+            s.step = _recorder.Step(None, None, rng.choice([None, {"train.samples": 3}])).__enter__()
+            s.step.t0 = 1_000 - rng.choice([0, 500])
+            for _ in range(rng.choice([0, 1, 3])):
+                a = clock.perf_ns() + rng.randint(0, 50_000)
+                s.cover += (a, a + rng.randint(0, 100_000))
+            if rng.random() < 0.3:  # closed by another step of the user's: not ours to close
+                s.step = _recorder.Step(None, None, None)
+        if rng.random() < 0.3:
+            phase.part_begin(s, phase.STEP)
+            clock.advance(2_000)
+            phase.part_end(r, s)
+        s.opt_end = rng.choice([None, clock.perf_ns()])
+        clock.advance(200_000)
+        first = next(_recorder.seq)
+        fn(r, s, rng.choice([clock.perf_ns(), 900, 1_500]))
+        records = _records(r, first)
+        return (s.step, s.opt_end, s.boundary, s.after, s.cover, s.phase is None, records)
+    finally:
+        _recorder.install(None)
+
+
+def test_close_matches_the_python_function() -> None:
+    """A step closing in C against the Python function (its phase ended, its gaps as
+    train.other, its record, the boundary and the between-steps cursor moved), on random steps."""
+    recorded = 0
+    for seed in range(500):
+        python = _close_moment(seed, machine.close_python)
+        c = _close_moment(seed, _loops.close)
+        assert c == python, seed
+        recorded += any(rec[0] == "step" for rec in python[-1])
+    assert recorded > 100
+
+
 def _activity(seed: int, fn) -> tuple:
     """A random moment of the step machine on a fresh recorder; `fn` is told a training phase
     begins. Returns what it gave and changed, the span numbers made relative."""
@@ -281,8 +351,7 @@ def _activity(seed: int, fn) -> tuple:
         got = fn(r, s, clock.perf_ns(), kind)
         which = ("none" if got is None else "ours" if got is before_step else "user" if got is user_step
                  else "new" if got is s.step else "other")
-        records = [(rec[1], rec[2] - first, rec[3] is not None, rec[5], rec[6]) if rec[0] == KIND else ("step",)
-                   for rec in r.buf]  # a step's number is the process's: not compared
+        records = _records(r, first)
         pending = [[e[0], e[1], e[2], sources.index(e[3]), e[4], e[5]] for e in s.pending]
         return (which, s.mb, s.mb_fwd, s.mb_bwd, s.step is before_step, s.opt_end, pending, s.cover,
                 s.data_driven, s.train_src in sources and sources.index(s.train_src), s.uses_opt, s.phase is None,
@@ -297,7 +366,8 @@ def test_train_activity_matches_the_python_function() -> None:
     fetches), the same result and the same state after."""
     outcomes = set()
     for seed in range(600):
-        python = _activity(seed, machine.train_activity_python)
+        with _all_python():
+            python = _activity(seed, machine.train_activity_python)
         c = _activity(seed, _loops.train_activity)
         assert c == python, seed
         outcomes.add(python[0])
@@ -379,8 +449,7 @@ def _forward_moment(seed: int, begin, end) -> tuple:
                 end(module)
             clock.advance(10)
             end(module)
-        records = [(rec[1], rec[2] - first, rec[3] is not None, rec[5], rec[6], rec[7]) if rec[0] == KIND else ("step",)
-                   for rec in (r.buf if r is not None else ())]
+        records = _records(r, first)
         return (depth_after_begin, s.fwd_depth, s.fwd_kind, s.fwd_nested, s.copying, s.mb, s.mb_fwd, s.mb_bwd,
                 s.cover, s.last_end, s.pending, s.fwd_region is None, s.eval_t0, s.eval_t1,
                 s.step.micro_batches if s.step is not None else None, records)
@@ -448,8 +517,7 @@ def _backward_moment(seed: int, run) -> tuple:
             out = ("raised", str(err))
         phase_open = s.phase is not None
         phase.abandon(s)
-        records = [(rec[1], rec[2] - first, rec[3] is not None, rec[5], rec[6], rec[7]) if rec[0] == KIND else ("step",)
-                   for rec in (r.buf if r is not None else ())]
+        records = _records(r, first)
         return (out, calls, s.bwd_depth, s.mb, s.mb_fwd, s.mb_bwd, s.cover, s.last_end, phase_open,
                 s.step.micro_batches if s.step is not None else None, [n is not None for n in unseen], records)
     finally:
@@ -523,8 +591,7 @@ def _fetch_moment(seed: int, fetch) -> tuple:
         except StopIteration:
             out = "end"
         step_closed = s.step is None
-        records = [(rec[1], rec[2] - first, rec[5], rec[6]) if rec[0] == KIND else ("step", rec[5], rec[6])
-                   for rec in (r.buf if r is not None else ())]
+        records = _records(r, first)
         pending = [[e[0], e[1], e[2], e[3], e[4] is iterator, e[5]] for e in s.pending]
         return (out is batch or out, s.fetching, s.copying, pending, step_closed, s.phase is None, s.opt_end,
                 s.boundary, s.uses_opt, records)

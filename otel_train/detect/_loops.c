@@ -421,6 +421,7 @@ bind_machine(PyObject *module, PyObject *args)
 }
 
 /* --- machine.train_activity -------------------------------------------------------------- */
+static PyObject *begin(PyObject *r, PyObject *s, PyObject *t);
 /* Its common path here; anything else (a step to open or close, the optimizer phase or an
  * evaluation to end, gradient accumulation to tell from a manual update) calls the Python
  * function from its start, before anything is changed here: so the two cannot disagree. */
@@ -493,7 +494,12 @@ train_activity(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         if ((v = PyObject_IsInstance(step, g_step_type)) < 0)
             goto fail;
-        slow = !v; /* no step open: one begins */
+        if (!v) { /* no step open: one begins */
+            Py_SETREF(step, begin(r, s, args[2]));
+            if (step == NULL)
+                goto fail;
+            goto resolve;
+        }
     }
     if (!slow) {
         if ((s_step_obj = PyObject_GetAttr(s, s_step)) == NULL)
@@ -536,6 +542,7 @@ train_activity(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (err)
             goto fail;
     }
+resolve:
     if ((v = attr_true(s, s_pending)) < 0)
         goto fail;
     if (v) {
@@ -596,6 +603,313 @@ phase_ended(PyObject *s, PyObject *live, int ours)
     return err ? -1 : 0;
 }
 
+/* --- machine.close, machine.begin, machine.track_epoch ------------------------------------ */
+static PyObject *g_close_phase_end, *g_close_step, *g_close_roots, *g_other, *g_uncovered_key, *s_rediscover_every;
+static PyObject *g_track_step_type, *g_epoch_zero;
+static double g_max_uncovered = 0.0;
+static int64_t g_min_gap = 0;
+static PyObject *s_discovering, *s_enter, *s_boundary, *s_after, *s_stepped, *s_epoch, *s_epoch_fixed, *s_train_iter, *s_step_closed, *s_n_;
+
+static PyObject *gaps(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
+/* `coverage.close`: the closing step's gaps as `train.other`, the rest on it as uncovered_s. */
+static int
+coverage_close(PyObject *r, PyObject *s, PyObject *step, PyObject *t1)
+{
+    PyObject *cover = PyObject_GetAttr(s, s_cover), *fresh = PyList_New(0), *t0 = NULL, *append = NULL, *ref = NULL;
+    PyObject *total = NULL, *attrs = NULL, *seconds = NULL, *share = NULL, *min_gap = NULL;
+    int err = cover == NULL || fresh == NULL || PyObject_SetAttr(s, s_cover, fresh) < 0
+              || (t0 = PyObject_GetAttr(step, s_t0)) == NULL || (append = PyObject_GetAttr(r, s_append)) == NULL
+              || (ref = PyObject_GetAttr(step, s_ref)) == NULL || (share = PyFloat_FromDouble(g_max_uncovered)) == NULL
+              || (min_gap = PyLong_FromLongLong(g_min_gap)) == NULL;
+    if (!err) {
+        PyObject *const call[10] = {cover, t0, t1, share, min_gap, append, g_seq, g_kind, g_other, ref};
+        total = gaps(NULL, call, 10);
+        err = total == NULL || (seconds = PyFloat_FromDouble(PyLong_AsDouble(total) / 1e9)) == NULL
+              || (attrs = PyObject_GetAttr(step, s_attrs)) == NULL;
+    }
+    if (!err) {
+        if (attrs == Py_None) {
+            PyObject *d = PyDict_New();
+            err = d == NULL || PyDict_SetItem(d, g_uncovered_key, seconds) < 0 || PyObject_SetAttr(step, s_attrs, d) < 0;
+            Py_XDECREF(d);
+        } else {
+            err = PyObject_SetItem(attrs, g_uncovered_key, seconds) < 0;
+        }
+    }
+    Py_XDECREF(cover);
+    Py_XDECREF(fresh);
+    Py_XDECREF(t0);
+    Py_XDECREF(append);
+    Py_XDECREF(ref);
+    Py_XDECREF(total);
+    Py_XDECREF(attrs);
+    Py_XDECREF(seconds);
+    Py_XDECREF(share);
+    Py_XDECREF(min_gap);
+    return err ? -1 : 0;
+}
+
+/* `s.<name> = t` where it is None or earlier than `t`. */
+static int
+move_up(PyObject *s, PyObject *name, PyObject *t)
+{
+    PyObject *cur = PyObject_GetAttr(s, name);
+    if (cur == NULL)
+        return -1;
+    int later = cur == Py_None ? 1 : PyObject_RichCompareBool(cur, t, Py_LT);
+    Py_DECREF(cur);
+    return later < 0 ? -1 : later ? PyObject_SetAttr(s, name, t) : 0;
+}
+
+PyDoc_STRVAR(close_doc,
+"close(r, s, t1)\n--\n\n"
+"`machine.close_python`: close the step detection opened at `t1`, which becomes the next\n"
+"step's boundary.");
+
+static PyObject *
+close_(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "close(r, s, t1)");
+        return NULL;
+    }
+    if (g_close_step == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_close() was not called");
+        return NULL;
+    }
+    PyObject *r = args[0], *s = args[1], *t1 = Py_NewRef(args[2]), *step = NULL, *open = NULL;
+    int v = attr_none(s, s_phase);
+    if (v < 0)
+        goto fail;
+    if (!v) { /* the update's phase ends first */
+        PyObject *res = PyObject_CallFunctionObjArgs(g_close_phase_end, r, s, NULL);
+        if (res == NULL)
+            goto fail;
+        Py_DECREF(res);
+    }
+    if ((step = PyObject_GetAttr(s, s_step)) == NULL || PyObject_SetAttr(s, s_step, Py_None) < 0
+        || PyObject_SetAttr(s, s_opt_end, Py_None) < 0 || (open = PyObject_GetAttr(r, s_step)) == NULL)
+        goto fail;
+    if (step != Py_None && open == step) {
+        PyObject *t0 = PyObject_GetAttr(step, s_t0);
+        int later = t0 == NULL ? -1 : PyObject_RichCompareBool(t1, t0, Py_GT);
+        if (later == 0)
+            Py_SETREF(t1, Py_NewRef(t0));
+        Py_XDECREF(t0);
+        if (later < 0 || coverage_close(r, s, step, t1) < 0)
+            goto fail;
+        PyObject *res = PyObject_CallFunctionObjArgs(g_close_step, r, step, t1, Py_None, NULL);
+        if (res == NULL)
+            goto fail;
+        Py_DECREF(res);
+        int disc = attr_true(g_close_roots, s_discovering), due = disc;
+        PyObject *n = disc < 0 ? NULL : PyObject_GetAttr(step, s_n_);
+        if (n == NULL)
+            goto fail;
+        if (!disc) { /* read each time: tests change it */
+            PyObject *every = PyObject_GetAttr(g_close_roots, s_rediscover_every);
+            PyObject *rem = every == NULL ? NULL : PyNumber_Remainder(n, every);
+            due = rem == NULL ? -1 : !PyObject_IsTrue(rem);
+            Py_XDECREF(rem);
+            Py_XDECREF(every);
+        }
+        if (due > 0) {
+            res = PyObject_CallMethodOneArg(g_close_roots, s_step_closed, n);
+            Py_XDECREF(res);
+            due = res == NULL ? -1 : 1;
+        }
+        Py_DECREF(n);
+        if (due < 0 || move_up(s, s_after, t1) < 0) /* `coverage.sibling_end` */
+            goto fail;
+    }
+    if (move_up(s, s_boundary, t1) < 0)
+        goto fail;
+    Py_DECREF(t1);
+    Py_DECREF(step);
+    Py_DECREF(open);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(t1);
+    Py_XDECREF(step);
+    Py_XDECREF(open);
+    return NULL;
+}
+
+/* `machine.track_epoch`: a new iterator of the training loader, or a training loader never seen
+ * before, is a new epoch. 0, or -1 with an error. */
+static int
+track_epoch(PyObject *s, PyObject *pending)
+{
+    PyObject *train_src = PyObject_GetAttr(s, s_train_src), *last = NULL;
+    if (train_src == NULL)
+        return -1;
+    int found = 0, err = 0;
+    Py_ssize_t n = PyList_GET_SIZE(pending);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *entry = PyList_GET_ITEM(pending, i);
+        if (PyList_GET_ITEM(entry, 4) != Py_None) {
+            last = entry;
+            if (train_src != Py_None && PyList_GET_ITEM(entry, 3) == train_src)
+                found = 1;
+        }
+    }
+    if (last == NULL) {
+        Py_DECREF(train_src);
+        return 0;
+    }
+    if (!found) {
+        Py_SETREF(train_src, Py_NewRef(PyList_GET_ITEM(last, 3)));
+        if (PyObject_SetAttr(s, s_train_src, train_src) < 0)
+            goto done;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pending) && !err; i++) {
+        PyObject *entry = PyList_GET_ITEM(pending, i), *it = PyList_GET_ITEM(entry, 4);
+        if (it == Py_None || PyList_GET_ITEM(entry, 3) != train_src)
+            continue;
+        PyObject *ref = PyObject_GetAttr(s, s_train_iter), *current = NULL;
+        if (ref == NULL) {
+            err = 1;
+            break;
+        }
+        if (ref != Py_None && (current = PyObject_CallNoArgs(ref)) == NULL) {
+            Py_DECREF(ref);
+            err = 1;
+            break;
+        }
+        int same = current == it;
+        Py_XDECREF(current);
+        Py_DECREF(ref);
+        if (same)
+            continue;
+        Py_INCREF(it);
+        PyObject *epoch = PyObject_GetAttr(s, s_epoch), *next = NULL, *weak = NULL;
+        if (epoch != NULL)
+            next = epoch == Py_None ? Py_NewRef(g_epoch_zero) : PyNumber_Add(epoch, g_one);
+        err = next == NULL || PyObject_SetAttr(s, s_epoch, next) < 0
+              || (weak = PyWeakref_NewRef(it, NULL)) == NULL /* weak: a dead iterator must shut its workers down */
+              || PyObject_SetAttr(s, s_train_iter, weak) < 0;
+        Py_XDECREF(epoch);
+        Py_XDECREF(next);
+        Py_XDECREF(weak);
+        Py_DECREF(it);
+    }
+done:
+    Py_DECREF(train_src);
+    return err || PyErr_Occurred() ? -1 : 0;
+}
+
+/* `machine.begin`: open a step for a training phase at `t`, backdated to the boundary or its
+ * first fetch. A new reference to the step (or None), NULL with an error. */
+static PyObject *
+begin(PyObject *r, PyObject *s, PyObject *t)
+{
+    if (g_track_step_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_close() was not called");
+        return NULL;
+    }
+    PyObject *t0 = Py_NewRef(t), *pending = PyObject_GetAttr(s, s_pending), *step = NULL, *epoch = NULL;
+    PyObject *boundary = NULL, *rec = NULL, *zero = NULL, *stepped = NULL, *cover = NULL;
+    if (pending == NULL || !PyList_Check(pending)) {
+        if (pending != NULL)
+            PyErr_SetString(PyExc_TypeError, "State.pending must be a list");
+        goto fail;
+    }
+    if (PyList_GET_SIZE(pending)) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pending); i++) {
+            PyObject *entry = PyList_GET_ITEM(pending, i);
+            if (!PyList_Check(entry) || PyList_GET_SIZE(entry) != 6) {
+                PyErr_SetString(PyExc_TypeError, "a pending entry must be a list of 6");
+                goto fail;
+            }
+            int earlier = PyObject_RichCompareBool(PyList_GET_ITEM(entry, 1), t0, Py_LT);
+            if (earlier < 0)
+                goto fail;
+            if (earlier)
+                Py_SETREF(t0, Py_NewRef(PyList_GET_ITEM(entry, 1)));
+        }
+        int fixed = attr_true(s, s_epoch_fixed);
+        if (fixed < 0 || (!fixed && track_epoch(s, pending) < 0))
+            goto fail;
+    }
+    if ((boundary = PyObject_GetAttr(s, s_boundary)) == NULL)
+        goto fail;
+    if (boundary != Py_None) {
+        int earlier = PyObject_RichCompareBool(boundary, t0, Py_LT);
+        if (earlier < 0)
+            goto fail;
+        if (earlier)
+            Py_SETREF(t0, Py_NewRef(boundary));
+    }
+    if ((epoch = PyObject_GetAttr(s, s_epoch)) == NULL
+        || (step = PyObject_CallFunctionObjArgs(g_track_step_type, Py_None, epoch, Py_None, NULL)) == NULL)
+        goto fail;
+    PyObject *entered = PyObject_CallMethodNoArgs(step, s_enter);
+    if (entered == NULL)
+        goto fail;
+    Py_DECREF(entered);
+    if ((rec = PyObject_GetAttr(step, s_rec)) == NULL)
+        goto fail;
+    if (rec == Py_None)
+        Py_SETREF(step, Py_NewRef(Py_None));
+    else if (PyObject_SetAttr(step, s_t0, t0) < 0)
+        goto fail;
+    if (PyObject_SetAttr(s, s_step, step) < 0 || (zero = PyLong_FromLong(0)) == NULL || PyObject_SetAttr(s, s_mb, zero) < 0
+        || PyObject_SetAttr(s, s_mb_fwd, Py_False) < 0 || PyObject_SetAttr(s, s_mb_bwd, Py_False) < 0
+        || PyObject_SetAttr(s, s_opt_end, Py_None) < 0 || PyObject_SetAttr(s, s_last_end, Py_None) < 0
+        || (stepped = PyObject_GetAttr(s, s_stepped)) == NULL || !PyList_Check(stepped)
+        || PyList_SetSlice(stepped, 0, PyList_GET_SIZE(stepped), NULL) < 0 || (cover = PyList_New(0)) == NULL
+        || PyObject_SetAttr(s, s_cover, cover) < 0) {
+        if (stepped != NULL && !PyList_Check(stepped))
+            PyErr_SetString(PyExc_TypeError, "State.stepped must be a list");
+        goto fail;
+    }
+    Py_DECREF(t0);
+    Py_DECREF(pending);
+    Py_DECREF(epoch);
+    Py_DECREF(boundary);
+    Py_DECREF(rec);
+    Py_DECREF(zero);
+    Py_DECREF(stepped);
+    Py_DECREF(cover);
+    return step;
+fail:
+    Py_XDECREF(t0);
+    Py_XDECREF(pending);
+    Py_XDECREF(step);
+    Py_XDECREF(epoch);
+    Py_XDECREF(boundary);
+    Py_XDECREF(rec);
+    Py_XDECREF(zero);
+    Py_XDECREF(stepped);
+    Py_XDECREF(cover);
+    return NULL;
+}
+
+PyDoc_STRVAR(bind_close_doc,
+"bind_close(phase_end, close_step, roots, step_type, max_uncovered, min_gap_ns, other, uncovered_key)\n--\n\n"
+"What `close` and the step `train_activity` opens read: `phase.end`, `recorder.close_step`,\n"
+"`roots.roots`, `recorder.Step`, `coverage.MAX_UNCOVERED` and `MIN_GAP_NS`, the `train.other`\n"
+"name and the `train.step.uncovered_s` key. After `bind_machine`.");
+
+static PyObject *
+bind_close(PyObject *module, PyObject *args)
+{
+    PyObject *o[4], *other, *key;
+    double share;
+    long long min_gap;
+    if (!PyArg_ParseTuple(args, "OOOOdLOO:bind_close", &o[0], &o[1], &o[2], &o[3], &share, &min_gap, &other, &key))
+        return NULL;
+    PyObject **slots[4] = {&g_close_phase_end, &g_close_step, &g_close_roots, &g_track_step_type};
+    for (int i = 0; i < 4; i++)
+        Py_XSETREF(*slots[i], Py_NewRef(o[i]));
+    Py_XSETREF(g_other, Py_NewRef(other));
+    Py_XSETREF(g_uncovered_key, Py_NewRef(key));
+    g_max_uncovered = share;
+    g_min_gap = min_gap;
+    Py_RETURN_NONE;
+}
+
 /* --- forward.forward_pre_hook / forward_hook, after their compile check ------------------ */
 /* Their common path (a training forward of the open step begins; the outermost forward ends);
  * anything else calls the Python body from its start, before anything is changed here. The
@@ -603,8 +917,8 @@ phase_ended(PyObject *s, PyObject *live, int ours)
 static PyObject *g_state, *g_roots, *g_recorder_module, *g_loss_type, *g_grad_enabled, *g_region_type, *g_forward;
 static PyObject *g_begin_python, *g_end_python;
 static long g_fwd_train = -1, g_fwd_eval = -1;
-static PyObject *s_fwd_depth, *s_fetching, *s_copying, *s_discovering, *s_rec_, *s_now, *s_training, *s_fwd_kind,
-    *s_opt_depth, *s_fwd_nested, *s_fwd_region, *s_enter, *s_exit, *s_micro_batches;
+static PyObject *s_fwd_depth, *s_fetching, *s_copying, *s_rec_, *s_now, *s_training, *s_fwd_kind,
+    *s_opt_depth, *s_fwd_nested, *s_fwd_region, *s_exit, *s_micro_batches;
 
 PyDoc_STRVAR(forward_begin_doc,
 "forward_begin(module)\n--\n\n"
@@ -1405,6 +1719,8 @@ static PyMethodDef methods[] = {
     {"bind_machine", bind_machine, METH_VARARGS, bind_machine_doc},
     {"train_activity", (PyCFunction)(void (*)(void))train_activity, METH_FASTCALL, train_activity_doc},
     {"bind_train_activity", bind_train_activity, METH_VARARGS, bind_train_activity_doc},
+    {"close", (PyCFunction)(void (*)(void))close_, METH_FASTCALL, close_doc},
+    {"bind_close", bind_close, METH_VARARGS, bind_close_doc},
     {"forward_begin", forward_begin, METH_O, forward_begin_doc},
     {"forward_end", forward_end, METH_O, forward_end_doc},
     {"bind_forward", bind_forward, METH_VARARGS, bind_forward_doc},
@@ -1435,6 +1751,7 @@ PyInit__loops(void)
     g_shape = PyUnicode_InternFromString("shape");
     g_dtype = PyUnicode_InternFromString("dtype");
     g_one = PyLong_FromLong(1);
+    g_epoch_zero = PyLong_FromLong(0);
     if (g_name_key == NULL || g_torch == NULL || g_input_ids == NULL || g_shape == NULL || g_dtype == NULL
         || g_one == NULL)
         return NULL;
@@ -1454,7 +1771,10 @@ PyInit__loops(void)
                  {&s_parent, "parent"}, {&s_last_end, "last_end"},
                  {&s_bwd_depth, "bwd_depth"}, {&s_part_token, "part_token"}, {&s_unseen, "unseen"}, {&s_n, "n"},
                  {&s_opt_closure, "opt_closure"}, {&s_index_sampler, "_index_sampler"}, {&s_needed, "needed"},
-                 {&s_decide, "decide"}};
+                 {&s_decide, "decide"}, {&s_boundary, "boundary"}, {&s_after, "after"}, {&s_stepped, "stepped"},
+                 {&s_epoch, "epoch"}, {&s_epoch_fixed, "epoch_fixed"}, {&s_train_iter, "train_iter"},
+                 {&s_step_closed, "step_closed"}, {&s_n_, "n"},
+                 {&s_rediscover_every, "REDISCOVER_EVERY"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL)
             return NULL;

@@ -107,8 +107,9 @@ def begin(r: Recorder, s: State, t: int) -> Step | None:
     return step
 
 
-def close(r: Recorder, s: State, t1: int) -> None:
-    """Close the step detection opened at `t1`, which becomes the next step's boundary."""
+def close_python(r: Recorder, s: State, t1: int) -> None:
+    """Close the step detection opened at `t1`, which becomes the next step's boundary.
+    `_loops.close` in C."""
     if s.phase is not None:
         phase.end(r, s)
     step = s.step
@@ -248,6 +249,10 @@ resolve_pending = _loops.resolve_pending if _loops is not None else resolve_pend
 if _loops is not None:
     _loops.bind_train_activity(train_activity_python, Step, PH_FWD, PH_OPT)
 train_activity = _loops.train_activity if _loops is not None else train_activity_python
+if _loops is not None:
+    _loops.bind_close(phase.end, recorder.close_step, roots, Step, coverage.MAX_UNCOVERED, coverage.MIN_GAP_NS,
+                      semconv.SPAN_OTHER, semconv.TRAIN_STEP_UNCOVERED_S)
+close = _loops.close if _loops is not None else close_python
 
 
 def track_epoch(s: State) -> None:
