@@ -248,6 +248,17 @@ def test_resolve_pending_matches_the_python_function() -> None:
         _recorder.install(None)
 
 
+def _other_state():
+    from otel_train.detect.state import State
+
+    class OtherState(State):
+        """Not `State` itself: the C functions read its fields by name, not where they lie."""
+    return OtherState
+
+
+OtherState = _other_state()
+
+
 @contextlib.contextmanager
 def _all_python():
     """The Python reference all the way down: what a Python function calls of the step machine
@@ -310,7 +321,7 @@ def test_close_matches_the_python_function() -> None:
     assert recorded > 100
 
 
-def _activity(seed: int, fn) -> tuple:
+def _activity(seed: int, fn, state_cls=None) -> tuple:
     """A random moment of the step machine on a fresh recorder; `fn` is told a training phase
     begins. Returns what it gave and changed, the span numbers made relative."""
     from otel_train.detect import phase
@@ -322,7 +333,7 @@ def _activity(seed: int, fn) -> tuple:
     r = _recorder.Recorder(4096, clock)
     _recorder.install(r)
     try:
-        s = State()
+        s = (state_cls or State)()
         sources = [object(), object()]
         s.mb = rng.choice([0, 1, 2])
         s.mb_fwd, s.mb_bwd = rng.random() < 0.5, rng.random() < 0.5
@@ -371,6 +382,8 @@ def test_train_activity_matches_the_python_function() -> None:
         c = _activity(seed, _loops.train_activity)
         assert c == python, seed
         outcomes.add(python[0])
+        if seed < 100:  # another type than State: its fields read the generic way
+            assert _activity(seed, _loops.train_activity, OtherState) == python, seed
     assert outcomes == {"ours", "user", "new"}
 
 

@@ -13,9 +13,109 @@
 #include <Python.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <structmember.h>
 #if PY_VERSION_HEX < 0x030B0000
 #include <frameobject.h>
 #endif
+
+/* Interned attribute names (set at init). */
+static PyObject *s_after, *s_append, *s_attrs, *s_boundary, *s_bwd_depth, *s_copying, *s_cover, *s_data_driven,
+    *s_decide, *s_discovering, *s_enter, *s_epoch, *s_epoch_fixed, *s_eval_explicit, *s_eval_t0,
+    *s_exit, *s_fetching, *s_fwd_depth, *s_fwd_kind, *s_fwd_nested, *s_fwd_region, *s_index_sampler, *s_last_end,
+    *s_mb, *s_mb_bwd, *s_mb_fwd, *s_micro_batches, *s_n, *s_needed, *s_now, *s_opt_closure, *s_opt_depth,
+    *s_opt_end, *s_parent, *s_part_token, *s_pending, *s_phase, *s_rec, *s_rec_, *s_rediscover_every, *s_ref, *s_seq,
+    *s_step, *s_step_closed, *s_stepped, *s_t0, *s_t1, *s_train_iter, *s_train_src, *s_training, *s_unseen,
+    *s_uses_opt;
+
+/* --- detection's state, read where it lies -------------------------------------------------- */
+/* `state.State` keeps its fields in `__slots__`: each is an object pointer at a fixed offset of
+ * the instance, which Python's specialised attribute access reads directly. So does this module
+ * (`bind_state` finds the offsets); a generic attribute lookup from C costs ~10x more, as much as
+ * the bytecode it replaced. An object of any other type goes the generic way. */
+typedef struct {
+    PyObject **name; /* the interned name (set at init) */
+    Py_ssize_t off;  /* its slot's offset in a `State`, or -1 */
+} Field;
+
+static PyTypeObject *g_state_type;
+
+/* `s.<field>`: a new reference, or NULL with AttributeError (unset) or another error. */
+static PyObject *
+sget(PyObject *s, Field *f)
+{
+    if (f->off >= 0 && Py_TYPE(s) == g_state_type) {
+        PyObject *v = *(PyObject **)((char *)s + f->off);
+        if (v == NULL)
+            PyErr_SetObject(PyExc_AttributeError, *f->name);
+        return Py_XNewRef(v);
+    }
+    return PyObject_GetAttr(s, *f->name);
+}
+
+/* `s.<field> = v`: 0, or -1 with an error. */
+static int
+sset(PyObject *s, Field *f, PyObject *v)
+{
+    if (f->off >= 0 && Py_TYPE(s) == g_state_type) {
+        Py_XSETREF(*(PyObject **)((char *)s + f->off), Py_NewRef(v));
+        return 0;
+    }
+    return PyObject_SetAttr(s, *f->name, v);
+}
+
+static int
+sattr_true(PyObject *s, Field *f)
+{
+    PyObject *v = sget(s, f);
+    if (v == NULL)
+        return -1;
+    int truth = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return truth;
+}
+
+static int
+sattr_none(PyObject *s, Field *f)
+{
+    PyObject *v = sget(s, f);
+    if (v == NULL)
+        return -1;
+    int none = v == Py_None;
+    Py_DECREF(v);
+    return none;
+}
+
+/* The state's fields the functions here read and write; `bind_state` sets their offsets. */
+static Field f_after = {&s_after, -1};
+static Field f_boundary = {&s_boundary, -1};
+static Field f_bwd_depth = {&s_bwd_depth, -1};
+static Field f_copying = {&s_copying, -1};
+static Field f_cover = {&s_cover, -1};
+static Field f_data_driven = {&s_data_driven, -1};
+static Field f_epoch = {&s_epoch, -1};
+static Field f_epoch_fixed = {&s_epoch_fixed, -1};
+static Field f_eval_explicit = {&s_eval_explicit, -1};
+static Field f_eval_t0 = {&s_eval_t0, -1};
+static Field f_fetching = {&s_fetching, -1};
+static Field f_fwd_depth = {&s_fwd_depth, -1};
+static Field f_fwd_kind = {&s_fwd_kind, -1};
+static Field f_fwd_nested = {&s_fwd_nested, -1};
+static Field f_fwd_region = {&s_fwd_region, -1};
+static Field f_last_end = {&s_last_end, -1};
+static Field f_mb = {&s_mb, -1};
+static Field f_mb_bwd = {&s_mb_bwd, -1};
+static Field f_mb_fwd = {&s_mb_fwd, -1};
+static Field f_opt_closure = {&s_opt_closure, -1};
+static Field f_opt_depth = {&s_opt_depth, -1};
+static Field f_opt_end = {&s_opt_end, -1};
+static Field f_part_token = {&s_part_token, -1};
+static Field f_pending = {&s_pending, -1};
+static Field f_phase = {&s_phase, -1};
+static Field f_step = {&s_step, -1};
+static Field f_stepped = {&s_stepped, -1};
+static Field f_train_iter = {&s_train_iter, -1};
+static Field f_train_src = {&s_train_src, -1};
+static Field f_uses_opt = {&s_uses_opt, -1};
 
 typedef struct {
     int64_t a, b;
@@ -261,8 +361,6 @@ resolve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  * `state.mb_attrs`, NO_STEP, TRAIN_SAMPLES, TRAIN_TOKENS. */
 static PyObject *g_current_get, *g_seq, *g_kind, *g_data, *g_mb_attrs, *g_mb_attrs_fn, *g_no_step, *g_samples_key,
     *g_tokens_key;
-static PyObject *s_mb, *s_step, *s_cover, *s_train_src, *s_pending, *s_data_driven, *s_seq, *s_rec, *s_ref, *s_append,
-    *s_attrs;
 
 /* `mapping[key] = mapping.get(key, 0) + value` */
 static int
@@ -326,7 +424,7 @@ resolve_pending(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *ref = NULL, *append = NULL, *cover = NULL, *train_src = NULL, *pending = NULL, *result = NULL;
     PyObject *last = NULL, *samples = NULL, *tokens = NULL;
     int seen_train = 0, sized = 0;
-    if ((mb = PyObject_GetAttr(s, s_mb)) == NULL)
+    if ((mb = sget(s, &f_mb)) == NULL)
         goto done;
     Py_ssize_t i = PyLong_AsSsize_t(mb);
     if (i == -1 && PyErr_Occurred())
@@ -348,15 +446,15 @@ resolve_pending(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 goto done;
         }
     }
-    if ((step = PyObject_GetAttr(r, s_step)) == NULL || (s_step_obj = PyObject_GetAttr(s, s_step)) == NULL)
+    if ((step = PyObject_GetAttr(r, s_step)) == NULL || (s_step_obj = sget(s, &f_step)) == NULL)
         goto done;
     int ours = s_step_obj != Py_None && step == s_step_obj && parent_seq == Py_None; /* top level of our step */
     ref = step != Py_None ? PyObject_GetAttr(step, s_ref) : Py_NewRef(g_no_step);
     if (ref == NULL || (append = PyObject_GetAttr(r, s_append)) == NULL)
         goto done;
-    cover = ours ? PyObject_GetAttr(s, s_cover) : Py_NewRef(Py_None);
-    if (cover == NULL || (train_src = PyObject_GetAttr(s, s_train_src)) == NULL
-        || (pending = PyObject_GetAttr(s, s_pending)) == NULL)
+    cover = ours ? sget(s, &f_cover) : Py_NewRef(Py_None);
+    if (cover == NULL || (train_src = sget(s, &f_train_src)) == NULL
+        || (pending = sget(s, &f_pending)) == NULL)
         goto done;
     if (resolve_entries(pending, g_data, data_attrs, parent_seq, ref, g_seq, append, g_kind, cover, train_src, &last,
                         &seen_train, &samples, &tokens, &sized) < 0)
@@ -364,18 +462,18 @@ resolve_pending(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (PyList_SetSlice(pending, 0, PyList_GET_SIZE(pending), NULL) < 0)
         goto done;
     if (sized) {
-        Py_SETREF(s_step_obj, PyObject_GetAttr(s, s_step));
+        Py_SETREF(s_step_obj, sget(s, &f_step));
         if (s_step_obj == NULL || (s_step_obj != Py_None && add_sizes(s_step_obj, samples, tokens) < 0))
             goto done;
     }
     if (last != NULL) {
-        PyObject *driven = PyObject_GetAttr(s, s_data_driven);
+        PyObject *driven = sget(s, &f_data_driven);
         if (driven == NULL)
             goto done;
         int unset = driven == Py_None;
         Py_DECREF(driven);
-        if ((unset && PyObject_SetAttr(s, s_data_driven, Py_True) < 0)
-            || ((train_src == Py_None || !seen_train) && PyObject_SetAttr(s, s_train_src, last) < 0))
+        if ((unset && sset(s, &f_data_driven, Py_True) < 0)
+            || ((train_src == Py_None || !seen_train) && sset(s, &f_train_src, last) < 0))
             goto done;
     }
     result = Py_NewRef(Py_None);
@@ -427,8 +525,6 @@ static PyObject *begin(PyObject *r, PyObject *s, PyObject *t);
  * function from its start, before anything is changed here: so the two cannot disagree. */
 static PyObject *g_train_activity_python, *g_step_type, *g_one;
 static long g_ph_fwd = -1, g_ph_opt = -1, g_ph_bwd = -1;
-static PyObject *s_phase, *s_eval_t0, *s_eval_explicit, *s_mb_fwd, *s_mb_bwd, *s_opt_end, *s_data_driven_,
-    *s_uses_opt;
 
 /* The attribute's truth value: 1, 0, or -1 with an error. */
 static int
@@ -476,15 +572,15 @@ train_activity(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     int slow = 0, v;
     if (kind != g_ph_opt) {
-        if ((v = attr_none(s, s_phase)) < 0)
+        if ((v = sattr_none(s, &f_phase)) < 0)
             return NULL;
         slow = !v; /* the update is over: its phase ends */
     }
     if (!slow) {
-        if ((v = attr_none(s, s_eval_t0)) < 0)
+        if ((v = sattr_none(s, &f_eval_t0)) < 0)
             return NULL;
         if (!v) { /* an evaluation pass in progress */
-            if ((v = attr_true(s, s_eval_explicit)) < 0)
+            if ((v = sattr_true(s, &f_eval_explicit)) < 0)
                 return NULL;
             slow = !v;
         }
@@ -502,7 +598,7 @@ train_activity(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     if (!slow) {
-        if ((s_step_obj = PyObject_GetAttr(s, s_step)) == NULL)
+        if ((s_step_obj = sget(s, &f_step)) == NULL)
             goto fail;
         if (step != s_step_obj) { /* the user's explicit `otel_train.step()` rules; phases only */
             Py_DECREF(s_step_obj);
@@ -512,16 +608,16 @@ train_activity(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     int new_mb = 0;
     if (!slow && kind != g_ph_opt) {
-        int mb_bwd = attr_true(s, s_mb_bwd), mb_fwd = mb_bwd < 0 ? -1 : attr_true(s, s_mb_fwd);
-        int no_opt_end = mb_fwd < 0 ? -1 : attr_none(s, s_opt_end);
-        int driven = no_opt_end < 0 ? -1 : attr_true(s, s_data_driven_);
+        int mb_bwd = sattr_true(s, &f_mb_bwd), mb_fwd = mb_bwd < 0 ? -1 : sattr_true(s, &f_mb_fwd);
+        int no_opt_end = mb_fwd < 0 ? -1 : sattr_none(s, &f_opt_end);
+        int driven = no_opt_end < 0 ? -1 : sattr_true(s, &f_data_driven);
         if (driven < 0)
             goto fail;
         new_mb = mb_bwd && (kind == g_ph_fwd || !mb_fwd);
         if (!no_opt_end && !driven) {
             slow = 1; /* a new forward after an optimizer step begins a new step */
         } else if (new_mb && no_opt_end) {
-            PyObject *uses_opt = PyObject_GetAttr(s, s_uses_opt);
+            PyObject *uses_opt = sget(s, &f_uses_opt);
             if (uses_opt == NULL)
                 goto fail;
             slow = uses_opt != Py_True; /* maybe a manual update, not accumulation */
@@ -533,17 +629,17 @@ train_activity(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return PyObject_Vectorcall(g_train_activity_python, args, nargs, NULL);
     }
     if (new_mb) { /* gradient accumulation: the next micro-batch */
-        PyObject *mb = PyObject_GetAttr(s, s_mb);
+        PyObject *mb = sget(s, &f_mb);
         PyObject *next = mb == NULL ? NULL : PyNumber_Add(mb, g_one);
         Py_XDECREF(mb);
-        int err = next == NULL || PyObject_SetAttr(s, s_mb, next) < 0 || PyObject_SetAttr(s, s_mb_fwd, Py_False) < 0
-                  || PyObject_SetAttr(s, s_mb_bwd, Py_False) < 0;
+        int err = next == NULL || sset(s, &f_mb, next) < 0 || sset(s, &f_mb_fwd, Py_False) < 0
+                  || sset(s, &f_mb_bwd, Py_False) < 0;
         Py_XDECREF(next);
         if (err)
             goto fail;
     }
 resolve:
-    if ((v = attr_true(s, s_pending)) < 0)
+    if ((v = sattr_true(s, &f_pending)) < 0)
         goto fail;
     if (v) {
         PyObject *const pair[2] = {r, s};
@@ -579,16 +675,15 @@ bind_train_activity(PyObject *module, PyObject *args)
 
 /* A training phase's recorded region `live` has ended: its end is the step's latest so far and,
  * a top-level phase (`ours`: of our open step), it covers (`coverage.cover`). 0, or -1. */
-static PyObject *s_t0, *s_t1, *s_parent, *s_last_end;
 
 static int
 phase_ended(PyObject *s, PyObject *live, int ours)
 {
     PyObject *t0 = NULL, *t1 = NULL, *parent = NULL, *cover = NULL;
-    int err = (t1 = PyObject_GetAttr(live, s_t1)) == NULL || PyObject_SetAttr(s, s_last_end, t1) < 0
+    int err = (t1 = PyObject_GetAttr(live, s_t1)) == NULL || sset(s, &f_last_end, t1) < 0
               || (parent = PyObject_GetAttr(live, s_parent)) == NULL;
     if (!err && parent == Py_None && ours) {
-        cover = PyObject_GetAttr(s, s_cover);
+        cover = sget(s, &f_cover);
         if (cover != NULL && !PyList_Check(cover)) {
             PyErr_SetString(PyExc_TypeError, "State.cover must be a list");
             Py_CLEAR(cover);
@@ -604,11 +699,10 @@ phase_ended(PyObject *s, PyObject *live, int ours)
 }
 
 /* --- machine.close, machine.begin, machine.track_epoch ------------------------------------ */
-static PyObject *g_close_phase_end, *g_close_step, *g_close_roots, *g_other, *g_uncovered_key, *s_rediscover_every;
+static PyObject *g_close_phase_end, *g_close_step, *g_close_roots, *g_other, *g_uncovered_key;
 static PyObject *g_track_step_type, *g_epoch_zero;
 static double g_max_uncovered = 0.0;
 static int64_t g_min_gap = 0;
-static PyObject *s_discovering, *s_enter, *s_boundary, *s_after, *s_stepped, *s_epoch, *s_epoch_fixed, *s_train_iter, *s_step_closed, *s_n_;
 
 static PyObject *gaps(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
@@ -616,9 +710,9 @@ static PyObject *gaps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 static int
 coverage_close(PyObject *r, PyObject *s, PyObject *step, PyObject *t1)
 {
-    PyObject *cover = PyObject_GetAttr(s, s_cover), *fresh = PyList_New(0), *t0 = NULL, *append = NULL, *ref = NULL;
+    PyObject *cover = sget(s, &f_cover), *fresh = PyList_New(0), *t0 = NULL, *append = NULL, *ref = NULL;
     PyObject *total = NULL, *attrs = NULL, *seconds = NULL, *share = NULL, *min_gap = NULL;
-    int err = cover == NULL || fresh == NULL || PyObject_SetAttr(s, s_cover, fresh) < 0
+    int err = cover == NULL || fresh == NULL || sset(s, &f_cover, fresh) < 0
               || (t0 = PyObject_GetAttr(step, s_t0)) == NULL || (append = PyObject_GetAttr(r, s_append)) == NULL
               || (ref = PyObject_GetAttr(step, s_ref)) == NULL || (share = PyFloat_FromDouble(g_max_uncovered)) == NULL
               || (min_gap = PyLong_FromLongLong(g_min_gap)) == NULL;
@@ -652,14 +746,14 @@ coverage_close(PyObject *r, PyObject *s, PyObject *step, PyObject *t1)
 
 /* `s.<name> = t` where it is None or earlier than `t`. */
 static int
-move_up(PyObject *s, PyObject *name, PyObject *t)
+move_up(PyObject *s, Field *field, PyObject *t)
 {
-    PyObject *cur = PyObject_GetAttr(s, name);
+    PyObject *cur = sget(s, field);
     if (cur == NULL)
         return -1;
     int later = cur == Py_None ? 1 : PyObject_RichCompareBool(cur, t, Py_LT);
     Py_DECREF(cur);
-    return later < 0 ? -1 : later ? PyObject_SetAttr(s, name, t) : 0;
+    return later < 0 ? -1 : later ? sset(s, field, t) : 0;
 }
 
 PyDoc_STRVAR(close_doc,
@@ -679,7 +773,7 @@ close_(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *r = args[0], *s = args[1], *t1 = Py_NewRef(args[2]), *step = NULL, *open = NULL;
-    int v = attr_none(s, s_phase);
+    int v = sattr_none(s, &f_phase);
     if (v < 0)
         goto fail;
     if (!v) { /* the update's phase ends first */
@@ -688,8 +782,8 @@ close_(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             goto fail;
         Py_DECREF(res);
     }
-    if ((step = PyObject_GetAttr(s, s_step)) == NULL || PyObject_SetAttr(s, s_step, Py_None) < 0
-        || PyObject_SetAttr(s, s_opt_end, Py_None) < 0 || (open = PyObject_GetAttr(r, s_step)) == NULL)
+    if ((step = sget(s, &f_step)) == NULL || sset(s, &f_step, Py_None) < 0
+        || sset(s, &f_opt_end, Py_None) < 0 || (open = PyObject_GetAttr(r, s_step)) == NULL)
         goto fail;
     if (step != Py_None && open == step) {
         PyObject *t0 = PyObject_GetAttr(step, s_t0);
@@ -704,7 +798,7 @@ close_(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             goto fail;
         Py_DECREF(res);
         int disc = attr_true(g_close_roots, s_discovering), due = disc;
-        PyObject *n = disc < 0 ? NULL : PyObject_GetAttr(step, s_n_);
+        PyObject *n = disc < 0 ? NULL : PyObject_GetAttr(step, s_n);
         if (n == NULL)
             goto fail;
         if (!disc) { /* read each time: tests change it */
@@ -720,10 +814,10 @@ close_(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             due = res == NULL ? -1 : 1;
         }
         Py_DECREF(n);
-        if (due < 0 || move_up(s, s_after, t1) < 0) /* `coverage.sibling_end` */
+        if (due < 0 || move_up(s, &f_after, t1) < 0) /* `coverage.sibling_end` */
             goto fail;
     }
-    if (move_up(s, s_boundary, t1) < 0)
+    if (move_up(s, &f_boundary, t1) < 0)
         goto fail;
     Py_DECREF(t1);
     Py_DECREF(step);
@@ -741,7 +835,7 @@ fail:
 static int
 track_epoch(PyObject *s, PyObject *pending)
 {
-    PyObject *train_src = PyObject_GetAttr(s, s_train_src), *last = NULL;
+    PyObject *train_src = sget(s, &f_train_src), *last = NULL;
     if (train_src == NULL)
         return -1;
     int found = 0, err = 0;
@@ -760,14 +854,14 @@ track_epoch(PyObject *s, PyObject *pending)
     }
     if (!found) {
         Py_SETREF(train_src, Py_NewRef(PyList_GET_ITEM(last, 3)));
-        if (PyObject_SetAttr(s, s_train_src, train_src) < 0)
+        if (sset(s, &f_train_src, train_src) < 0)
             goto done;
     }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pending) && !err; i++) {
         PyObject *entry = PyList_GET_ITEM(pending, i), *it = PyList_GET_ITEM(entry, 4);
         if (it == Py_None || PyList_GET_ITEM(entry, 3) != train_src)
             continue;
-        PyObject *ref = PyObject_GetAttr(s, s_train_iter), *current = NULL;
+        PyObject *ref = sget(s, &f_train_iter), *current = NULL;
         if (ref == NULL) {
             err = 1;
             break;
@@ -783,12 +877,12 @@ track_epoch(PyObject *s, PyObject *pending)
         if (same)
             continue;
         Py_INCREF(it);
-        PyObject *epoch = PyObject_GetAttr(s, s_epoch), *next = NULL, *weak = NULL;
+        PyObject *epoch = sget(s, &f_epoch), *next = NULL, *weak = NULL;
         if (epoch != NULL)
             next = epoch == Py_None ? Py_NewRef(g_epoch_zero) : PyNumber_Add(epoch, g_one);
-        err = next == NULL || PyObject_SetAttr(s, s_epoch, next) < 0
+        err = next == NULL || sset(s, &f_epoch, next) < 0
               || (weak = PyWeakref_NewRef(it, NULL)) == NULL /* weak: a dead iterator must shut its workers down */
-              || PyObject_SetAttr(s, s_train_iter, weak) < 0;
+              || sset(s, &f_train_iter, weak) < 0;
         Py_XDECREF(epoch);
         Py_XDECREF(next);
         Py_XDECREF(weak);
@@ -808,7 +902,7 @@ begin(PyObject *r, PyObject *s, PyObject *t)
         PyErr_SetString(PyExc_RuntimeError, "_loops.bind_close() was not called");
         return NULL;
     }
-    PyObject *t0 = Py_NewRef(t), *pending = PyObject_GetAttr(s, s_pending), *step = NULL, *epoch = NULL;
+    PyObject *t0 = Py_NewRef(t), *pending = sget(s, &f_pending), *step = NULL, *epoch = NULL;
     PyObject *boundary = NULL, *rec = NULL, *zero = NULL, *stepped = NULL, *cover = NULL;
     if (pending == NULL || !PyList_Check(pending)) {
         if (pending != NULL)
@@ -828,11 +922,11 @@ begin(PyObject *r, PyObject *s, PyObject *t)
             if (earlier)
                 Py_SETREF(t0, Py_NewRef(PyList_GET_ITEM(entry, 1)));
         }
-        int fixed = attr_true(s, s_epoch_fixed);
+        int fixed = sattr_true(s, &f_epoch_fixed);
         if (fixed < 0 || (!fixed && track_epoch(s, pending) < 0))
             goto fail;
     }
-    if ((boundary = PyObject_GetAttr(s, s_boundary)) == NULL)
+    if ((boundary = sget(s, &f_boundary)) == NULL)
         goto fail;
     if (boundary != Py_None) {
         int earlier = PyObject_RichCompareBool(boundary, t0, Py_LT);
@@ -841,7 +935,7 @@ begin(PyObject *r, PyObject *s, PyObject *t)
         if (earlier)
             Py_SETREF(t0, Py_NewRef(boundary));
     }
-    if ((epoch = PyObject_GetAttr(s, s_epoch)) == NULL
+    if ((epoch = sget(s, &f_epoch)) == NULL
         || (step = PyObject_CallFunctionObjArgs(g_track_step_type, Py_None, epoch, Py_None, NULL)) == NULL)
         goto fail;
     PyObject *entered = PyObject_CallMethodNoArgs(step, s_enter);
@@ -854,12 +948,12 @@ begin(PyObject *r, PyObject *s, PyObject *t)
         Py_SETREF(step, Py_NewRef(Py_None));
     else if (PyObject_SetAttr(step, s_t0, t0) < 0)
         goto fail;
-    if (PyObject_SetAttr(s, s_step, step) < 0 || (zero = PyLong_FromLong(0)) == NULL || PyObject_SetAttr(s, s_mb, zero) < 0
-        || PyObject_SetAttr(s, s_mb_fwd, Py_False) < 0 || PyObject_SetAttr(s, s_mb_bwd, Py_False) < 0
-        || PyObject_SetAttr(s, s_opt_end, Py_None) < 0 || PyObject_SetAttr(s, s_last_end, Py_None) < 0
-        || (stepped = PyObject_GetAttr(s, s_stepped)) == NULL || !PyList_Check(stepped)
+    if (sset(s, &f_step, step) < 0 || (zero = PyLong_FromLong(0)) == NULL || sset(s, &f_mb, zero) < 0
+        || sset(s, &f_mb_fwd, Py_False) < 0 || sset(s, &f_mb_bwd, Py_False) < 0
+        || sset(s, &f_opt_end, Py_None) < 0 || sset(s, &f_last_end, Py_None) < 0
+        || (stepped = sget(s, &f_stepped)) == NULL || !PyList_Check(stepped)
         || PyList_SetSlice(stepped, 0, PyList_GET_SIZE(stepped), NULL) < 0 || (cover = PyList_New(0)) == NULL
-        || PyObject_SetAttr(s, s_cover, cover) < 0) {
+        || sset(s, &f_cover, cover) < 0) {
         if (stepped != NULL && !PyList_Check(stepped))
             PyErr_SetString(PyExc_TypeError, "State.stepped must be a list");
         goto fail;
@@ -917,8 +1011,6 @@ bind_close(PyObject *module, PyObject *args)
 static PyObject *g_state, *g_roots, *g_recorder_module, *g_loss_type, *g_grad_enabled, *g_region_type, *g_forward;
 static PyObject *g_begin_python, *g_end_python;
 static long g_fwd_train = -1, g_fwd_eval = -1;
-static PyObject *s_fwd_depth, *s_fetching, *s_copying, *s_rec_, *s_now, *s_training, *s_fwd_kind,
-    *s_opt_depth, *s_fwd_nested, *s_fwd_region, *s_exit, *s_micro_batches;
 
 PyDoc_STRVAR(forward_begin_doc,
 "forward_begin(module)\n--\n\n"
@@ -932,19 +1024,19 @@ forward_begin(PyObject *module_, PyObject *module)
         return NULL;
     }
     PyObject *s = g_state, *r = NULL, *t = NULL, *step = NULL, *live = NULL, *entered = NULL;
-    PyObject *depth = PyObject_GetAttr(s, s_fwd_depth);
+    PyObject *depth = sget(s, &f_fwd_depth);
     if (depth == NULL)
         return NULL;
     int nested = PyObject_IsTrue(depth);
     if (nested != 0) { /* inside the outermost forward: count it */
         PyObject *more = nested < 0 ? NULL : PyNumber_Add(depth, g_one);
         Py_DECREF(depth);
-        int err = more == NULL || PyObject_SetAttr(s, s_fwd_depth, more) < 0;
+        int err = more == NULL || sset(s, &f_fwd_depth, more) < 0;
         Py_XDECREF(more);
         return err ? NULL : Py_NewRef(Py_None);
     }
     Py_DECREF(depth);
-    int v = attr_true(s, s_fetching);
+    int v = sattr_true(s, &f_fetching);
     if (v != 0) /* a transform module inside a batch fetch */
         return v < 0 ? NULL : Py_NewRef(Py_None);
     /* The common case only: not discovering roots, recording, a training-mode module with
@@ -962,7 +1054,7 @@ forward_begin(PyObject *module_, PyObject *module)
         if (slow == 0)
             slow = (v = attr_true(module, s_training)) < 0 ? -1 : !v;
         if (slow == 0)
-            slow = attr_true(s, s_opt_depth); /* maybe a closure evaluation inside the update */
+            slow = sattr_true(s, &f_opt_depth); /* maybe a closure evaluation inside the update */
     }
     if (v < 0 || slow < 0)
         goto fail;
@@ -972,8 +1064,8 @@ forward_begin(PyObject *module_, PyObject *module)
     }
     PyObject *fwd_train = PyLong_FromLong(g_fwd_train);
     if (fwd_train == NULL || (t = PyObject_CallMethodNoArgs(r, s_now)) == NULL
-        || PyObject_SetAttr(s, s_copying, Py_False) < 0 || PyObject_SetAttr(s, s_fwd_kind, fwd_train) < 0
-        || PyObject_SetAttr(s, s_fwd_nested, Py_False) < 0) {
+        || sset(s, &f_copying, Py_False) < 0 || sset(s, &f_fwd_kind, fwd_train) < 0
+        || sset(s, &f_fwd_nested, Py_False) < 0) {
         Py_XDECREF(fwd_train);
         goto fail;
     }
@@ -986,7 +1078,7 @@ forward_begin(PyObject *module_, PyObject *module)
     Py_DECREF(ph_fwd);
     if (step == NULL || (live = PyObject_CallOneArg(g_region_type, g_forward)) == NULL)
         goto fail;
-    PyObject *mb = PyObject_GetAttr(s, s_mb);
+    PyObject *mb = sget(s, &f_mb);
     if (mb == NULL)
         goto fail;
     Py_ssize_t i = PyLong_AsSsize_t(mb);
@@ -995,10 +1087,10 @@ forward_begin(PyObject *module_, PyObject *module)
                                                                   : PyObject_CallOneArg(g_mb_attrs_fn, mb);
     int err = attrs == NULL || PyObject_SetAttr(live, s_attrs, attrs) < 0
               || (entered = PyObject_CallMethodNoArgs(live, s_enter)) == NULL
-              || PyObject_SetAttr(s, s_fwd_region, entered) < 0 || PyObject_SetAttr(s, s_mb_fwd, Py_True) < 0;
+              || sset(s, &f_fwd_region, entered) < 0 || sset(s, &f_mb_fwd, Py_True) < 0;
     Py_XDECREF(attrs);
     if (!err && step != Py_None) {
-        PyObject *ours = PyObject_GetAttr(s, s_step);
+        PyObject *ours = sget(s, &f_step);
         err = ours == NULL;
         if (ours == step) {
             PyObject *count = PyNumber_Add(mb, g_one);
@@ -1008,7 +1100,7 @@ forward_begin(PyObject *module_, PyObject *module)
         Py_XDECREF(ours);
     }
     Py_DECREF(mb);
-    if (err || PyObject_SetAttr(s, s_fwd_depth, g_one) < 0)
+    if (err || sset(s, &f_fwd_depth, g_one) < 0)
         goto fail;
     Py_DECREF(r);
     Py_DECREF(t);
@@ -1037,7 +1129,7 @@ forward_end(PyObject *module_, PyObject *module)
         return NULL;
     }
     PyObject *s = g_state;
-    PyObject *depth = PyObject_GetAttr(s, s_fwd_depth);
+    PyObject *depth = sget(s, &f_fwd_depth);
     if (depth == NULL)
         return NULL;
     long d = PyLong_AsLong(depth);
@@ -1048,11 +1140,11 @@ forward_end(PyObject *module_, PyObject *module)
         Py_RETURN_NONE;
     if (d > 1) { /* an inner forward of the outermost one */
         PyObject *less = PyLong_FromLong(d - 1);
-        int err = less == NULL || PyObject_SetAttr(s, s_fwd_depth, less) < 0;
+        int err = less == NULL || sset(s, &f_fwd_depth, less) < 0;
         Py_XDECREF(less);
         return err ? NULL : Py_NewRef(Py_None);
     }
-    PyObject *kind_obj = PyObject_GetAttr(s, s_fwd_kind);
+    PyObject *kind_obj = sget(s, &f_fwd_kind);
     if (kind_obj == NULL)
         return NULL;
     long kind = PyLong_AsLong(kind_obj);
@@ -1062,14 +1154,14 @@ forward_end(PyObject *module_, PyObject *module)
     if (kind == g_fwd_eval)
         return PyObject_CallOneArg(g_end_python, module);
     PyObject *zero = PyLong_FromLong(0);
-    int err = zero == NULL || PyObject_SetAttr(s, s_fwd_depth, zero) < 0;
+    int err = zero == NULL || sset(s, &f_fwd_depth, zero) < 0;
     Py_XDECREF(zero);
     if (err)
         return NULL;
     if (kind != g_fwd_train)
         Py_RETURN_NONE;
-    PyObject *live = PyObject_GetAttr(s, s_fwd_region);
-    if (live == NULL || PyObject_SetAttr(s, s_fwd_region, Py_None) < 0)
+    PyObject *live = sget(s, &f_fwd_region);
+    if (live == NULL || sset(s, &f_fwd_region, Py_None) < 0)
         goto fail;
     if (live == Py_None) {
         Py_DECREF(live);
@@ -1079,11 +1171,11 @@ forward_end(PyObject *module_, PyObject *module)
     if (res == NULL)
         goto fail;
     Py_DECREF(res);
-    int recorded = attr_none(live, s_rec), nested = recorded < 0 ? -1 : attr_true(s, s_fwd_nested);
+    int recorded = attr_none(live, s_rec), nested = recorded < 0 ? -1 : sattr_true(s, &f_fwd_nested);
     if (recorded < 0 || nested < 0)
         goto fail;
     if (!recorded && !nested) { /* recorded, and not a closure evaluation inside the update */
-        PyObject *step = PyObject_GetAttr(live, s_step), *ours = step == NULL ? NULL : PyObject_GetAttr(s, s_step);
+        PyObject *step = PyObject_GetAttr(live, s_step), *ours = step == NULL ? NULL : sget(s, &f_step);
         err = ours == NULL || phase_ended(s, live, step == ours) < 0;
         Py_XDECREF(step);
         Py_XDECREF(ours);
@@ -1123,7 +1215,6 @@ bind_forward(PyObject *module, PyObject *args)
 
 /* --- backward.backward, after its compile check ------------------------------------------ */
 static PyObject *g_backward, *g_backward_python, *g_part_begin, *g_part_step;
-static PyObject *s_bwd_depth, *s_part_token, *s_unseen, *s_n, *s_opt_closure;
 
 /* The backward region ends (its exception, if any, pending and kept) and the state moves on:
  * `backward.backward_python`'s finally block. 0, or -1 with a new error. */
@@ -1131,17 +1222,17 @@ static int
 backward_done(PyObject *s, PyObject *live, PyObject *step)
 {
     PyObject *zero = PyLong_FromLong(0);
-    int err = zero == NULL || PyObject_SetAttr(s, s_bwd_depth, zero) < 0 || PyObject_SetAttr(s, s_mb_bwd, Py_True) < 0;
+    int err = zero == NULL || sset(s, &f_bwd_depth, zero) < 0 || sset(s, &f_mb_bwd, Py_True) < 0;
     Py_XDECREF(zero);
     if (err)
         return -1;
-    PyObject *ours = PyObject_GetAttr(s, s_step);
+    PyObject *ours = sget(s, &f_step);
     if (ours == NULL)
         return -1;
     int is_ours = step != Py_None && step == ours;
     Py_DECREF(ours);
     if (is_ours) {
-        PyObject *mb = PyObject_GetAttr(s, s_mb);
+        PyObject *mb = sget(s, &f_mb);
         PyObject *count = mb == NULL ? NULL : PyNumber_Add(mb, g_one);
         Py_XDECREF(mb);
         err = count == NULL || PyObject_SetAttr(step, s_micro_batches, count) < 0;
@@ -1154,7 +1245,7 @@ backward_done(PyObject *s, PyObject *live, PyObject *step)
         return -1;
     if (!unrecorded && phase_ended(s, live, is_ours) < 0)
         return -1;
-    int opt = attr_true(s, s_opt_depth), closure = opt <= 0 ? opt : attr_true(s, s_opt_closure);
+    int opt = sattr_true(s, &f_opt_depth), closure = opt <= 0 ? opt : sattr_true(s, &f_opt_closure);
     if (closure < 0)
         return -1;
     if (closure) { /* the update after the closure's one evaluation */
@@ -1188,10 +1279,10 @@ backward_run(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     int slow = r == Py_None, v;
     if (!slow) { /* a closure evaluation nested under the update: the Python body */
-        if ((v = attr_true(s, s_opt_depth)) < 0)
+        if ((v = sattr_true(s, &f_opt_depth)) < 0)
             goto fail;
         if (v) {
-            if ((v = attr_none(s, s_part_token)) < 0)
+            if ((v = sattr_none(s, &f_part_token)) < 0)
                 goto fail;
             slow = !v;
         }
@@ -1211,7 +1302,7 @@ backward_run(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
     if (step == NULL)
         goto fail;
     if (step != Py_None) {
-        int fwd = attr_true(s, s_mb_fwd), disc = fwd != 0 ? fwd : attr_true(g_roots, s_discovering);
+        int fwd = sattr_true(s, &f_mb_fwd), disc = fwd != 0 ? fwd : attr_true(g_roots, s_discovering);
         if (disc < 0)
             goto fail;
         if (!fwd && !disc) { /* no forward seen: a model built after discovery settled */
@@ -1223,7 +1314,7 @@ backward_run(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(res);
         }
     }
-    if ((live = PyObject_CallOneArg(g_region_type, g_backward)) == NULL || (mb = PyObject_GetAttr(s, s_mb)) == NULL)
+    if ((live = PyObject_CallOneArg(g_region_type, g_backward)) == NULL || (mb = sget(s, &f_mb)) == NULL)
         goto fail;
     Py_ssize_t i = PyLong_AsSsize_t(mb);
     PyObject *attrs = i == -1 && PyErr_Occurred() ? NULL
@@ -1238,7 +1329,7 @@ backward_run(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
     if (entered == NULL)
         goto fail;
     Py_SETREF(live, entered);
-    if (PyObject_SetAttr(s, s_bwd_depth, g_one) < 0)
+    if (sset(s, &f_bwd_depth, g_one) < 0)
         goto fail;
     /* `try: out = original(...) except BaseException as err: live.__exit__(type(err), err, None);
      * raise else: live.__exit__(None, None, None) finally: backward_done`, as Python runs it. */
@@ -1316,7 +1407,6 @@ bind_backward(PyObject *module, PyObject *args)
 
 /* --- data.next_patch's `__next__`, after its checks --------------------------------------- */
 static PyObject *g_fetch_python, *g_close, *g_manual, *g_phase_end, *g_copy_edge;
-static PyObject *s_index_sampler, *s_needed, *s_decide;
 static PyObject *size_of(PyObject *module, PyObject *batch);
 
 /* After a fetch from the training loader: the step's updates are over, or (a loop with no
@@ -1324,22 +1414,22 @@ static PyObject *size_of(PyObject *module, PyObject *batch);
 static int
 fetch_closes(PyObject *r, PyObject *s, PyObject *t0)
 {
-    PyObject *ours = PyObject_GetAttr(s, s_step), *open = ours == NULL ? NULL : PyObject_GetAttr(r, s_step);
+    PyObject *ours = sget(s, &f_step), *open = ours == NULL ? NULL : PyObject_GetAttr(r, s_step);
     int err = open == NULL, mine = !err && ours != Py_None && open == ours;
     Py_XDECREF(ours);
     Py_XDECREF(open);
     if (err || !mine)
         return err ? -1 : 0;
-    PyObject *opt_end = PyObject_GetAttr(s, s_opt_end);
+    PyObject *opt_end = sget(s, &f_opt_end);
     if (opt_end == NULL)
         return -1;
-    int driven = attr_true(s, s_data_driven_), close = 0;
+    int driven = sattr_true(s, &f_data_driven), close = 0;
     PyObject *at = opt_end;
     if (driven > 0 && opt_end != Py_None) {
         close = 1; /* the next batch: the step's updates are over */
     } else if (driven > 0) {
-        int bwd = attr_true(s, s_mb_bwd);
-        PyObject *uses_opt = bwd > 0 ? PyObject_GetAttr(s, s_uses_opt) : NULL;
+        int bwd = sattr_true(s, &f_mb_bwd);
+        PyObject *uses_opt = bwd > 0 ? sget(s, &f_uses_opt) : NULL;
         if (bwd < 0 || (bwd > 0 && uses_opt == NULL))
             driven = -1;
         else if (bwd > 0 && uses_opt == Py_False)
@@ -1389,13 +1479,13 @@ fetch(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(r);
         return PyObject_CallFunctionObjArgs(g_fetch_python, original, it, NULL);
     }
-    if ((t0 = PyObject_CallMethodNoArgs(r, s_now)) == NULL || PyObject_SetAttr(s, s_fetching, Py_True) < 0)
+    if ((t0 = PyObject_CallMethodNoArgs(r, s_now)) == NULL || sset(s, &f_fetching, Py_True) < 0)
         goto fail;
     batch = PyObject_CallOneArg(original, it); /* StopIteration: not a batch, nothing recorded */
     if (batch == NULL) {
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
-        if (PyObject_SetAttr(s, s_fetching, Py_False) < 0) {
+        if (sset(s, &f_fetching, Py_False) < 0) {
             Py_XDECREF(type);
             Py_XDECREF(value);
             Py_XDECREF(tb);
@@ -1404,7 +1494,7 @@ fetch(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
         }
         goto fail;
     }
-    if (PyObject_SetAttr(s, s_fetching, Py_False) < 0 || (t1 = PyObject_CallMethodNoArgs(r, s_now)) == NULL)
+    if (sset(s, &f_fetching, Py_False) < 0 || (t1 = PyObject_CallMethodNoArgs(r, s_now)) == NULL)
         goto fail;
     /* The loader's own (batch) sampler tells loaders apart, even two over one dataset. */
     if ((src = PyObject_GetAttr(it, s_index_sampler)) == NULL) { /* getattr(it, "_index_sampler", None) */
@@ -1415,7 +1505,7 @@ fetch(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
     }
     if (src != Py_None && fetch_closes(r, s, t0) < 0)
         goto fail;
-    int v = attr_none(s, s_phase);
+    int v = sattr_none(s, &f_phase);
     if (v < 0)
         goto fail;
     if (!v) { /* the update is over */
@@ -1430,7 +1520,7 @@ fetch(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
         PyObject *fields[6] = {g_data, t0, t1, src, it, size};
         for (int i = 0; i < 6; i++)
             PyList_SET_ITEM(entry, i, Py_NewRef(fields[i]));
-        pending = PyObject_GetAttr(s, s_pending);
+        pending = sget(s, &f_pending);
         if (pending != NULL && !PyList_Check(pending)) {
             PyErr_SetString(PyExc_TypeError, "State.pending must be a list");
             Py_CLEAR(pending);
@@ -1451,7 +1541,7 @@ fetch(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
         Py_XDECREF(res);
     } else {
         int yes = PyObject_IsTrue(needed);
-        err = yes < 0 || (yes && PyObject_SetAttr(s, s_copying, Py_True) < 0);
+        err = yes < 0 || (yes && sset(s, &f_copying, Py_True) < 0);
     }
     Py_DECREF(needed);
     if (err)
@@ -1672,6 +1762,65 @@ done:
     return result;
 }
 
+/* --- state ---------------------------------------------------------------------------------- */
+static Field *const g_fields[] = {
+    &f_after,
+    &f_boundary,
+    &f_bwd_depth,
+    &f_copying,
+    &f_cover,
+    &f_data_driven,
+    &f_epoch,
+    &f_epoch_fixed,
+    &f_eval_explicit,
+    &f_eval_t0,
+    &f_fetching,
+    &f_fwd_depth,
+    &f_fwd_kind,
+    &f_fwd_nested,
+    &f_fwd_region,
+    &f_last_end,
+    &f_mb,
+    &f_mb_bwd,
+    &f_mb_fwd,
+    &f_opt_closure,
+    &f_opt_depth,
+    &f_opt_end,
+    &f_part_token,
+    &f_pending,
+    &f_phase,
+    &f_step,
+    &f_stepped,
+    &f_train_iter,
+    &f_train_src,
+    &f_uses_opt,
+};
+
+PyDoc_STRVAR(bind_state_doc,
+"bind_state(state_type)\n--\n\n"
+"`state.State`: where each field this module reads lies in an instance (`__slots__`).");
+
+static PyObject *
+bind_state(PyObject *module, PyObject *type)
+{
+    if (!PyType_Check(type)) {
+        PyErr_SetString(PyExc_TypeError, "bind_state() takes the State class");
+        return NULL;
+    }
+    for (size_t i = 0; i < sizeof g_fields / sizeof g_fields[0]; i++) {
+        PyObject *descr = PyObject_GetAttr(type, *g_fields[i]->name);
+        if (descr == NULL)
+            return NULL;
+        int slot = Py_IS_TYPE(descr, &PyMemberDescr_Type)
+                   && ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX
+                   && !(((PyMemberDescrObject *)descr)->d_member->flags & READONLY);
+        g_fields[i]->off = slot ? ((PyMemberDescrObject *)descr)->d_member->offset : -1;
+        Py_DECREF(descr);
+    }
+    Py_XSETREF(g_state_type, (PyTypeObject *)Py_NewRef(type));
+    Py_RETURN_NONE;
+}
+
 /* --- module --------------------------------------------------------------------------------- */
 PyDoc_STRVAR(bind_doc,
 "bind(own_prefixes, max_depth)\n--\n\n"
@@ -1728,6 +1877,7 @@ static PyMethodDef methods[] = {
     {"bind_backward", bind_backward, METH_VARARGS, bind_backward_doc},
     {"fetch", (PyCFunction)(void (*)(void))fetch, METH_FASTCALL, fetch_doc},
     {"bind_fetch", bind_fetch, METH_VARARGS, bind_fetch_doc},
+    {"bind_state", bind_state, METH_O, bind_state_doc},
     {"user_frames", user_frames, METH_O, user_frames_doc},
     {"size_of", size_of, METH_O, size_of_doc},
     {"bind", bind, METH_VARARGS, bind_doc},
@@ -1762,7 +1912,7 @@ PyInit__loops(void)
                  {&s_pending, "pending"}, {&s_data_driven, "data_driven"}, {&s_seq, "seq"}, {&s_rec, "rec"},
                  {&s_ref, "ref"}, {&s_append, "append"}, {&s_attrs, "attrs"}, {&s_phase, "phase"},
                  {&s_eval_t0, "eval_t0"}, {&s_eval_explicit, "eval_explicit"}, {&s_mb_fwd, "mb_fwd"},
-                 {&s_mb_bwd, "mb_bwd"}, {&s_opt_end, "opt_end"}, {&s_data_driven_, "data_driven"},
+                 {&s_mb_bwd, "mb_bwd"}, {&s_opt_end, "opt_end"},
                  {&s_uses_opt, "uses_opt"}, {&s_fwd_depth, "fwd_depth"}, {&s_fetching, "fetching"},
                  {&s_copying, "copying"}, {&s_discovering, "discovering"}, {&s_rec_, "_rec"}, {&s_now, "now"},
                  {&s_training, "training"}, {&s_fwd_kind, "fwd_kind"}, {&s_opt_depth, "opt_depth"},
@@ -1773,7 +1923,7 @@ PyInit__loops(void)
                  {&s_opt_closure, "opt_closure"}, {&s_index_sampler, "_index_sampler"}, {&s_needed, "needed"},
                  {&s_decide, "decide"}, {&s_boundary, "boundary"}, {&s_after, "after"}, {&s_stepped, "stepped"},
                  {&s_epoch, "epoch"}, {&s_epoch_fixed, "epoch_fixed"}, {&s_train_iter, "train_iter"},
-                 {&s_step_closed, "step_closed"}, {&s_n_, "n"},
+                 {&s_step_closed, "step_closed"},
                  {&s_rediscover_every, "REDISCOVER_EVERY"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL)

@@ -243,6 +243,7 @@ def resolve_python(pending: list[list[Any]], data: str, data_attrs: dict[str, An
 
 resolve = _loops.resolve if _loops is not None else resolve_python
 if _loops is not None:
+    _loops.bind_state(State)
     _loops.bind_machine(recorder.current_get, recorder.seq, KIND_SPAN, DATA, MB_ATTRS, mb_attrs, NO_STEP,
                         TRAIN_SAMPLES, TRAIN_TOKENS)
 resolve_pending = _loops.resolve_pending if _loops is not None else resolve_pending_python
