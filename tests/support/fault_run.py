@@ -53,7 +53,10 @@ LOOP = textwrap.dedent("""
         with otel_train.step():
             with otel_train.span("train.forward"):
                 print("HOLDING", flush=True)
-                time.sleep(120)
+                # In short sleeps: a signal the kernel hands to another thread (ours, gRPC's) is
+                # only seen by the main thread when it next runs bytecode, not mid-sleep.
+                for _ in range(1200):
+                    time.sleep(0.1)
     print("DONE " + json.dumps({"train_s": time.monotonic() - t0, "loop_end": time.time()}), flush=True)
 """)
 
