@@ -63,10 +63,10 @@ sset(PyObject *s, Field *f, PyObject *v)
     return PyObject_SetAttr(s, *f->name, v);
 }
 
+/* The truth of `v`, a new reference released here (NULL: an error already set): 1, 0 or -1. */
 static int
-sattr_true(PyObject *s, Field *f)
+true_of(PyObject *v)
 {
-    PyObject *v = sget(s, f);
     if (v == NULL)
         return -1;
     int truth = PyObject_IsTrue(v);
@@ -74,15 +74,27 @@ sattr_true(PyObject *s, Field *f)
     return truth;
 }
 
+/* Whether `v`, a new reference released here (NULL: an error already set), is None: 1, 0 or -1. */
 static int
-sattr_none(PyObject *s, Field *f)
+none_of(PyObject *v)
 {
-    PyObject *v = sget(s, f);
     if (v == NULL)
         return -1;
     int none = v == Py_None;
     Py_DECREF(v);
     return none;
+}
+
+static int
+sattr_true(PyObject *s, Field *f)
+{
+    return true_of(sget(s, f));
+}
+
+static int
+sattr_none(PyObject *s, Field *f)
+{
+    return none_of(sget(s, f));
 }
 
 /* The state's fields the functions here read and write; `bind_state` sets their offsets. */
@@ -195,6 +207,9 @@ PyDoc_STRVAR(gaps_doc,
 "([a, b, a, b, ...]) appended as `name` records until what stays uncovered is at most\n"
 "`max_uncovered` of the step; returns the uncovered nanoseconds left.");
 
+static int gaps_of(PyObject *cover, int64_t t0, int64_t t1, double share, int64_t min_gap, PyObject *append,
+                   PyObject *seq, PyObject *kind, PyObject *name, PyObject *ref, int64_t *total_out);
+
 static PyObject *
 gaps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -202,22 +217,30 @@ gaps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "gaps() takes 10 arguments");
         return NULL;
     }
-    PyObject *cover = args[0];
-    if (!PyList_Check(cover) || PyList_GET_SIZE(cover) % 2) {
-        PyErr_SetString(PyExc_TypeError, "cover must be a list of interval bounds");
-        return NULL;
-    }
-    int64_t t0, t1, min_gap;
+    int64_t t0, t1, min_gap, total;
     double share = PyFloat_AsDouble(args[3]);
     if (as_i64(args[1], &t0) < 0 || as_i64(args[2], &t1) < 0 || (share == -1.0 && PyErr_Occurred())
-        || as_i64(args[4], &min_gap) < 0)
+        || as_i64(args[4], &min_gap) < 0
+        || gaps_of(args[0], t0, t1, share, min_gap, args[5], args[6], args[7], args[8], args[9], &total) < 0)
         return NULL;
+    return PyLong_FromLongLong(total);
+}
+
+/* `gaps` on C values: the uncovered nanoseconds left in `*total`. 0, or -1 with an error. */
+static int
+gaps_of(PyObject *cover, int64_t t0, int64_t t1, double share, int64_t min_gap, PyObject *append, PyObject *seq,
+        PyObject *kind, PyObject *name, PyObject *ref, int64_t *total_out)
+{
+    if (!PyList_Check(cover) || PyList_GET_SIZE(cover) % 2) {
+        PyErr_SetString(PyExc_TypeError, "cover must be a list of interval bounds");
+        return -1;
+    }
     Py_ssize_t n = PyList_GET_SIZE(cover) / 2;
     Interval stack_iv[32];
     Gap stack_gap[33];
     Interval *iv = n <= 32 ? stack_iv : PyMem_Malloc(n * sizeof(Interval));
     Gap *gap = n <= 32 ? stack_gap : PyMem_Malloc((n + 1) * sizeof(Gap));
-    PyObject *result = NULL;
+    int result = -1;
     if (iv == NULL || gap == NULL) {
         PyErr_NoMemory();
         goto done;
@@ -254,12 +277,13 @@ gaps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         for (Py_ssize_t i = 0; i < ngaps; i++) {
             if ((double)total <= allowed || gap[i].length < min_gap)
                 break;
-            if (append_gap(args[5], args[6], args[7], args[8], args[9], &gap[i]) < 0)
+            if (append_gap(append, seq, kind, name, ref, &gap[i]) < 0)
                 goto done;
             total -= gap[i].length;
         }
     }
-    result = PyLong_FromLongLong(total);
+    *total_out = total;
+    result = 0;
 done:
     if (iv != stack_iv)
         PyMem_Free(iv);
@@ -362,6 +386,17 @@ resolve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *g_current_get, *g_seq, *g_kind, *g_data, *g_mb_attrs, *g_mb_attrs_fn, *g_no_step, *g_samples_key,
     *g_tokens_key;
 
+/* `state.mb_attrs(mb)`: the shared attribute dict of micro-batch `mb` (a new reference). */
+static PyObject *
+micro_batch_attrs(PyObject *mb)
+{
+    Py_ssize_t i = PyLong_AsSsize_t(mb);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    return i >= 0 && i < PyTuple_GET_SIZE(g_mb_attrs) ? Py_NewRef(PyTuple_GET_ITEM(g_mb_attrs, i))
+                                                      : PyObject_CallOneArg(g_mb_attrs_fn, mb);
+}
+
 /* `mapping[key] = mapping.get(key, 0) + value` */
 static int
 add_to(PyObject *mapping, PyObject *key, PyObject *value)
@@ -424,14 +459,8 @@ resolve_pending(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *ref = NULL, *append = NULL, *cover = NULL, *train_src = NULL, *pending = NULL, *result = NULL;
     PyObject *last = NULL, *samples = NULL, *tokens = NULL;
     int seen_train = 0, sized = 0;
-    if ((mb = sget(s, &f_mb)) == NULL)
-        goto done;
-    Py_ssize_t i = PyLong_AsSsize_t(mb);
-    if (i == -1 && PyErr_Occurred())
-        goto done;
-    data_attrs = i >= 0 && i < PyTuple_GET_SIZE(g_mb_attrs) ? Py_NewRef(PyTuple_GET_ITEM(g_mb_attrs, i))
-                                                            : PyObject_CallOneArg(g_mb_attrs_fn, mb);
-    if (data_attrs == NULL || (parent = PyObject_CallNoArgs(g_current_get)) == NULL)
+    if ((mb = sget(s, &f_mb)) == NULL || (data_attrs = micro_batch_attrs(mb)) == NULL
+        || (parent = PyObject_CallNoArgs(g_current_get)) == NULL)
         goto done;
     parent_seq = Py_NewRef(Py_None);
     if (parent != Py_None) {
@@ -530,24 +559,14 @@ static long g_ph_fwd = -1, g_ph_opt = -1, g_ph_bwd = -1;
 static int
 attr_true(PyObject *obj, PyObject *name)
 {
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL)
-        return -1;
-    int truth = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return truth;
+    return true_of(PyObject_GetAttr(obj, name));
 }
 
 /* Whether the attribute is None: 1, 0, or -1 with an error. */
 static int
 attr_none(PyObject *obj, PyObject *name)
 {
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL)
-        return -1;
-    int none = v == Py_None;
-    Py_DECREF(v);
-    return none;
+    return none_of(PyObject_GetAttr(obj, name));
 }
 
 PyDoc_STRVAR(train_activity_doc,
@@ -704,24 +723,20 @@ static PyObject *g_track_step_type, *g_epoch_zero;
 static double g_max_uncovered = 0.0;
 static int64_t g_min_gap = 0;
 
-static PyObject *gaps(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 /* `coverage.close`: the closing step's gaps as `train.other`, the rest on it as uncovered_s. */
 static int
 coverage_close(PyObject *r, PyObject *s, PyObject *step, PyObject *t1)
 {
     PyObject *cover = sget(s, &f_cover), *fresh = PyList_New(0), *t0 = NULL, *append = NULL, *ref = NULL;
-    PyObject *total = NULL, *attrs = NULL, *seconds = NULL, *share = NULL, *min_gap = NULL;
+    PyObject *attrs = NULL, *seconds = NULL;
+    int64_t start, end, total;
     int err = cover == NULL || fresh == NULL || sset(s, &f_cover, fresh) < 0
-              || (t0 = PyObject_GetAttr(step, s_t0)) == NULL || (append = PyObject_GetAttr(r, s_append)) == NULL
-              || (ref = PyObject_GetAttr(step, s_ref)) == NULL || (share = PyFloat_FromDouble(g_max_uncovered)) == NULL
-              || (min_gap = PyLong_FromLongLong(g_min_gap)) == NULL;
-    if (!err) {
-        PyObject *const call[10] = {cover, t0, t1, share, min_gap, append, g_seq, g_kind, g_other, ref};
-        total = gaps(NULL, call, 10);
-        err = total == NULL || (seconds = PyFloat_FromDouble(PyLong_AsDouble(total) / 1e9)) == NULL
+              || (t0 = PyObject_GetAttr(step, s_t0)) == NULL || as_i64(t0, &start) < 0 || as_i64(t1, &end) < 0
+              || (append = PyObject_GetAttr(r, s_append)) == NULL || (ref = PyObject_GetAttr(step, s_ref)) == NULL
+              || gaps_of(cover, start, end, g_max_uncovered, g_min_gap, append, g_seq, g_kind, g_other, ref, &total) < 0
+              || (seconds = PyFloat_FromDouble((double)total / 1e9)) == NULL
               || (attrs = PyObject_GetAttr(step, s_attrs)) == NULL;
-    }
     if (!err) {
         if (attrs == Py_None) {
             PyObject *d = PyDict_New();
@@ -736,11 +751,8 @@ coverage_close(PyObject *r, PyObject *s, PyObject *step, PyObject *t1)
     Py_XDECREF(t0);
     Py_XDECREF(append);
     Py_XDECREF(ref);
-    Py_XDECREF(total);
     Py_XDECREF(attrs);
     Py_XDECREF(seconds);
-    Py_XDECREF(share);
-    Py_XDECREF(min_gap);
     return err ? -1 : 0;
 }
 
@@ -1012,6 +1024,42 @@ static PyObject *g_state, *g_roots, *g_recorder_module, *g_loss_type, *g_grad_en
 static PyObject *g_begin_python, *g_end_python;
 static long g_fwd_train = -1, g_fwd_eval = -1;
 
+/* A training phase's region (`name`: forward or backward) of the current micro-batch, entered:
+ * `state.region(name, mb_attrs(s.mb))`. A new reference, NULL with an error. */
+static PyObject *
+enter_phase(PyObject *s, PyObject *name)
+{
+    PyObject *live = PyObject_CallOneArg(g_region_type, name), *mb = NULL, *attrs = NULL, *entered = NULL;
+    if (live != NULL && (mb = sget(s, &f_mb)) != NULL && (attrs = micro_batch_attrs(mb)) != NULL
+        && PyObject_SetAttr(live, s_attrs, attrs) == 0)
+        entered = PyObject_CallMethodNoArgs(live, s_enter);
+    Py_XDECREF(live);
+    Py_XDECREF(mb);
+    Py_XDECREF(attrs);
+    return entered;
+}
+
+/* A phase of micro-batch `s.mb` ran in `step`: if that is our open step, it has `s.mb + 1`
+ * micro-batches so far. 0, or -1 with an error. */
+static int
+count_micro_batches(PyObject *s, PyObject *step)
+{
+    if (step == Py_None)
+        return 0;
+    PyObject *ours = sget(s, &f_step);
+    if (ours == NULL)
+        return -1;
+    int is_ours = ours == step;
+    Py_DECREF(ours);
+    if (!is_ours)
+        return 0;
+    PyObject *mb = sget(s, &f_mb), *count = mb == NULL ? NULL : PyNumber_Add(mb, g_one);
+    int err = count == NULL || PyObject_SetAttr(step, s_micro_batches, count) < 0;
+    Py_XDECREF(mb);
+    Py_XDECREF(count);
+    return err ? -1 : 0;
+}
+
 PyDoc_STRVAR(forward_begin_doc,
 "forward_begin(module)\n--\n\n"
 "`forward.forward_begin_python`'s common path: a training forward of the open step begins.");
@@ -1023,7 +1071,7 @@ forward_begin(PyObject *module_, PyObject *module)
         PyErr_SetString(PyExc_RuntimeError, "_loops.bind_forward() was not called");
         return NULL;
     }
-    PyObject *s = g_state, *r = NULL, *t = NULL, *step = NULL, *live = NULL, *entered = NULL;
+    PyObject *s = g_state, *r = NULL, *t = NULL, *step = NULL, *entered = NULL;
     PyObject *depth = sget(s, &f_fwd_depth);
     if (depth == NULL)
         return NULL;
@@ -1076,43 +1124,18 @@ forward_begin(PyObject *module_, PyObject *module)
     PyObject *const call[5] = {r, s, t, ph_fwd, module};
     step = train_activity(NULL, call, 5);
     Py_DECREF(ph_fwd);
-    if (step == NULL || (live = PyObject_CallOneArg(g_region_type, g_forward)) == NULL)
-        goto fail;
-    PyObject *mb = sget(s, &f_mb);
-    if (mb == NULL)
-        goto fail;
-    Py_ssize_t i = PyLong_AsSsize_t(mb);
-    PyObject *attrs = i == -1 && PyErr_Occurred() ? NULL
-                      : i >= 0 && i < PyTuple_GET_SIZE(g_mb_attrs) ? Py_NewRef(PyTuple_GET_ITEM(g_mb_attrs, i))
-                                                                  : PyObject_CallOneArg(g_mb_attrs_fn, mb);
-    int err = attrs == NULL || PyObject_SetAttr(live, s_attrs, attrs) < 0
-              || (entered = PyObject_CallMethodNoArgs(live, s_enter)) == NULL
-              || sset(s, &f_fwd_region, entered) < 0 || sset(s, &f_mb_fwd, Py_True) < 0;
-    Py_XDECREF(attrs);
-    if (!err && step != Py_None) {
-        PyObject *ours = sget(s, &f_step);
-        err = ours == NULL;
-        if (ours == step) {
-            PyObject *count = PyNumber_Add(mb, g_one);
-            err = count == NULL || PyObject_SetAttr(step, s_micro_batches, count) < 0;
-            Py_XDECREF(count);
-        }
-        Py_XDECREF(ours);
-    }
-    Py_DECREF(mb);
-    if (err || sset(s, &f_fwd_depth, g_one) < 0)
+    if (step == NULL || (entered = enter_phase(s, g_forward)) == NULL || sset(s, &f_fwd_region, entered) < 0
+        || sset(s, &f_mb_fwd, Py_True) < 0 || count_micro_batches(s, step) < 0 || sset(s, &f_fwd_depth, g_one) < 0)
         goto fail;
     Py_DECREF(r);
     Py_DECREF(t);
     Py_DECREF(step);
-    Py_DECREF(live);
     Py_DECREF(entered);
     Py_RETURN_NONE;
 fail:
     Py_XDECREF(r);
     Py_XDECREF(t);
     Py_XDECREF(step);
-    Py_XDECREF(live);
     Py_XDECREF(entered);
     return NULL;
 }
@@ -1231,15 +1254,8 @@ backward_done(PyObject *s, PyObject *live, PyObject *step)
         return -1;
     int is_ours = step != Py_None && step == ours;
     Py_DECREF(ours);
-    if (is_ours) {
-        PyObject *mb = sget(s, &f_mb);
-        PyObject *count = mb == NULL ? NULL : PyNumber_Add(mb, g_one);
-        Py_XDECREF(mb);
-        err = count == NULL || PyObject_SetAttr(step, s_micro_batches, count) < 0;
-        Py_XDECREF(count);
-        if (err)
-            return -1;
-    }
+    if (count_micro_batches(s, step) < 0)
+        return -1;
     int unrecorded = attr_none(live, s_rec);
     if (unrecorded < 0)
         return -1;
@@ -1273,7 +1289,7 @@ backward_run(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_RuntimeError, "_loops.bind_backward() was not called");
         return NULL;
     }
-    PyObject *s = g_state, *original = args[0], *r = NULL, *t = NULL, *step = NULL, *live = NULL, *mb = NULL;
+    PyObject *s = g_state, *original = args[0], *r = NULL, *t = NULL, *step = NULL, *live = NULL;
     PyObject *kwargs = args[2] == Py_None ? NULL : args[2];
     if ((r = PyObject_GetAttr(g_recorder_module, s_rec_)) == NULL)
         return NULL;
@@ -1314,22 +1330,7 @@ backward_run(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(res);
         }
     }
-    if ((live = PyObject_CallOneArg(g_region_type, g_backward)) == NULL || (mb = sget(s, &f_mb)) == NULL)
-        goto fail;
-    Py_ssize_t i = PyLong_AsSsize_t(mb);
-    PyObject *attrs = i == -1 && PyErr_Occurred() ? NULL
-                      : i >= 0 && i < PyTuple_GET_SIZE(g_mb_attrs) ? Py_NewRef(PyTuple_GET_ITEM(g_mb_attrs, i))
-                                                                  : PyObject_CallOneArg(g_mb_attrs_fn, mb);
-    int err = attrs == NULL || PyObject_SetAttr(live, s_attrs, attrs) < 0;
-    Py_XDECREF(attrs);
-    Py_CLEAR(mb);
-    if (err)
-        goto fail;
-    PyObject *entered = PyObject_CallMethodNoArgs(live, s_enter);
-    if (entered == NULL)
-        goto fail;
-    Py_SETREF(live, entered);
-    if (sset(s, &f_bwd_depth, g_one) < 0)
+    if ((live = enter_phase(s, g_backward)) == NULL || sset(s, &f_bwd_depth, g_one) < 0)
         goto fail;
     /* `try: out = original(...) except BaseException as err: live.__exit__(type(err), err, None);
      * raise else: live.__exit__(None, None, None) finally: backward_done`, as Python runs it. */
@@ -1377,7 +1378,6 @@ fail:
     Py_XDECREF(t);
     Py_XDECREF(step);
     Py_XDECREF(live);
-    Py_XDECREF(mb);
     return NULL;
 }
 
