@@ -418,6 +418,10 @@ def test_the_detection_tests_pass_with_the_python_fallback() -> None:
             "assert machine.train_activity is machine.train_activity_python\n"
             "assert (coverage.gaps, sites.user_frames) == (coverage.gaps_python, sites.user_frames_python)\n"
             "assert batch_size.size_of is batch_size.size_of_python\n"
+            "from otel_train.detect import optimizer, phase\n"
+            "assert (optimizer.optimizer_begin, optimizer.zero_grad_run) == (optimizer.optimizer_begin_python,"
+            " optimizer._zero_grad)\n"
+            "assert (phase.part_begin, phase.end) == (phase.part_begin_python, phase.end_python)\n"
             "import pytest\n"
             "raise SystemExit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/test_detect_edges.py',"
             " 'tests/test_detect_phase.py', 'tests/test_detect_batch_size.py']))\n")
@@ -627,3 +631,211 @@ def test_fetch_matches_the_python_body() -> None:
         assert c == python, seed
         outcomes.add((python[0] is True, python[4]))
     assert outcomes == {(True, True), (True, False), (False, True), (False, False)}  # (a batch, step closed)
+
+
+@contextlib.contextmanager
+def _phase_python():
+    """The optimizer phase's Python functions where the Python bodies call them."""
+    from otel_train.detect import phase
+    saved = phase.part_begin, phase.part_end, phase.end
+    phase.part_begin, phase.part_end, phase.end = phase.part_begin_python, phase.part_end_python, phase.end_python
+    try:
+        yield
+    finally:
+        phase.part_begin, phase.part_end, phase.end = saved
+
+
+def _ours(source: str):
+    """A function of a module `sites` looks through (as the hooks and the patched zero_grad
+    are), from its source."""
+    namespace = {"__name__": "otel_train.tests_stand_in"}
+    exec(source, namespace)
+    return namespace[source.split()[1].split("(")[0]]
+
+
+#: The patched zero_grad (`optimizer.aux_patch`) past its checks: `run(r, s, original, args, kwargs)`.
+patched = _ours("def patched(run, r, s, original, a, k):\n    return run(r, s, original, a, k)\n")
+#: The optimizer's pre- or post-hook past its compile check: `run(optimizer, args, kwargs)`.
+opt_hook = _ours("def opt_hook(run, optimizer, a, k):\n    return run(optimizer, a, k)\n")
+
+
+def _update_moment(seed: int, begin, end, zero_grad, end_phase) -> tuple:
+    """A random update on the process's detection state (reset first): the optimizer's pre-hook
+    body (`begin`) called as torch's step wrapper calls the hook, maybe a nested update, the
+    post-hook's (`end`), maybe a zero_grad through `zero_grad` (r, s, original, args, kwargs)
+    from a call site decided or not, then the phase recorded (`end_phase`). Returns what changed."""
+    import torch
+    from otel_train.detect import phase, sites
+    from otel_train.detect.state import s
+    from otel_train.record import recorder as _recorder
+    from otel_train.record.clock import FakeClock
+    rng = random.Random(seed)
+    clock = FakeClock()
+    r = _recorder.Recorder(4096, clock) if rng.random() < 0.9 else None
+    _recorder.install(r)
+    s.reset()
+    sites.forget()
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    try:
+        s.mb, s.mb_fwd, s.mb_bwd = rng.choice([0, 1]), rng.random() < 0.8, rng.random() < 0.8
+        s.uses_opt, s.data_driven = rng.choice([True, False, None]), rng.choice([None, True, True, False])
+        s.site_probe = rng.random() < 0.2
+        if r is not None and rng.random() < 0.8:
+            s.step = _recorder.Step(None, None, None).__enter__()
+            s.opt_end = rng.choice([None, None, 5])
+            if rng.random() < 0.5:
+                s.stepped.append(id(opt))
+        closure = rng.choice([None, None, None, lambda: 1.0])
+        args = (opt, closure) if closure is not None and rng.random() < 0.5 else (opt,)
+        kwargs = {"closure": closure} if closure is not None and len(args) == 1 else {}
+
+        def hook(optimizer, a, k):
+            return opt_hook(begin if k is kwargs else end, optimizer, a, k)
+
+        wrapper_frames = []
+
+        def wrapper(nested: bool):  # torch's step wrapper
+            wrapper_frames.append(sys._getframe())
+            hook(opt, args, kwargs)
+            clock.advance(100)
+            if nested:
+                wrapper(False)
+            hook(opt, args, dict(kwargs))
+
+        first = next(_recorder.seq)
+        clock.advance(10)
+        wrapper(rng.random() < 0.1)
+        after_update = (s.opt_depth, s.opt_owner is None, s.opt_closure, s.nest, s.opt_t0, s.evaluations,
+                        s.opt_frame is None, s.phase is None, list(s.phase_parts), s.phase_end,
+                        s.part_token is None, s.opt_end, s.last_end, [i == id(opt) for i in s.stepped], s.uses_opt,
+                        s.data_driven, list(s.cover), s.site_probe,
+                        [(c.co_name, lasti) for c, lasti in s.step_site or ()],
+                        None if s.last_callers is None else (s.last_callers[0].f_code.co_name, s.last_callers[1],
+                                                              s.last_callers[2].f_code.co_name),
+                        _recorder.current_get() is None)
+        s.opt_frame = s.last_callers = s.step_site = None
+        raises = rng.random() < 0.2
+        out = None
+        if rng.random() < 0.8:
+            def original(*a, **k):
+                clock.advance(30)
+                if raises:
+                    raise ValueError("in zero_grad")
+                return (a, k)
+
+            def user(zero_grad, *a, **k):  # the user's code, calling the patched zero_grad
+                return patched(zero_grad, r, s, original, a, k)
+
+            lasti = user(lambda *x: sys._getframe(2).f_lasti)
+            if rng.random() < 0.7:
+                place = rng.choice([sites.END, sites.END, sites.TOP, sites.ELSEWHERE])
+                sites._decided[(id(user.__code__), lasti)] = (user.__code__, place)
+            clock.advance(5)
+            try:
+                out = user(zero_grad, 1, set_to_none=True) if r is not None else None
+            except ValueError as err:
+                out = ("raised", str(err))
+        in_zero_grad = (s.phase is None, list(s.phase_parts), s.phase_end, s.part_token is None, s.opt_end,
+                        s.last_end, list(s.cover), s.aux_depth, [e[:3] for e in s.pending], s.step is None,
+                        _recorder.current_get() is None)
+        clock.advance(7)
+        if r is not None:
+            end_phase(r, s)
+        records = _records(r, first)
+        decided = sorted(place for _, place in sites._decided.values())
+        return (after_update, out, in_zero_grad, s.phase is None, list(s.cover), decided, records)
+    finally:
+        phase.abandon(s)
+        s.reset()
+        sites.forget()
+        _recorder.install(None)
+
+
+def test_optimizer_phase_matches_the_python_bodies() -> None:
+    """The optimizer's hooks, zero_grad and the phase's functions in C, the rest by the Python
+    bodies: on random updates (nested, with a closure, while probing the call sites, in the open
+    step or not, a zero_grad decided at the end, the top or elsewhere, raising, not recording),
+    the same state, result, exception and records after."""
+    from otel_train.detect import optimizer, phase
+    paths = set()
+    for seed in range(600):
+        with _phase_python():
+            python = _update_moment(seed, optimizer.optimizer_begin_python, optimizer.optimizer_end_python,
+                                    optimizer._zero_grad, phase.end_python)
+        c = _update_moment(seed, _loops.optimizer_begin, _loops.optimizer_end, _loops.zero_grad_run,
+                           _loops.phase_end)
+        assert c == python, seed
+        joined = python[2][1] == ["step", "zero_grad"]
+        paths.add((bool(python[-1]), joined, python[1] is not None and python[1][0] == "raised"))
+    # (recorded, zero_grad joined the update, it raised): each way a zero_grad went
+    assert {(True, True, False), (True, True, True), (True, False, False), (True, False, True),
+            (False, False, False)} <= paths, paths
+
+
+def test_optimizer_phase_in_c_joins_zero_grad_at_the_end() -> None:
+    """The common path itself: an update of the open step, then a zero_grad whose call site was
+    decided as the end of it, make one train.optimizer span with both calls, all in C (no
+    Python body is called)."""
+    import torch
+    from otel_train import semconv
+    from otel_train.detect import optimizer, phase, sites
+    from otel_train.detect.state import s
+    from otel_train.record import recorder as _recorder
+    from otel_train.record.clock import FakeClock
+    clock = FakeClock()
+    r = _recorder.Recorder(64, clock)
+    _recorder.install(r)
+    s.reset()
+    sites.forget()
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    called: list[str] = []
+    try:
+        s.site_probe, s.uses_opt, s.mb_fwd, s.mb_bwd = False, True, True, True
+        s.step = _recorder.Step(None, None, None).__enter__()
+        _loops.bind_optimizer(s, _recorder, *(lambda *a, name=name: called.append(name)
+                                              for name in ("begin", "end", "zero_grad", "several")),
+                              sites._decided, sites.END)
+
+        def hook(fn):
+            return opt_hook(fn, opt, (opt,), {})
+
+        def user(run, *a, **k):  # the user's code, calling the patched zero_grad
+            return patched(run, r, s, lambda *x, **y: clock.advance(20), a, k)
+
+        t0 = clock.perf_ns()
+        hook(_loops.optimizer_begin)
+        clock.advance(100)
+        hook(_loops.optimizer_end)
+        assert s.opt_end == s.last_end == clock.perf_ns() and s.stepped == [id(opt)]
+        lasti = user(lambda *x: sys._getframe(2).f_lasti)  # where the user's code calls zero_grad
+        sites._decided[(id(user.__code__), lasti)] = (user.__code__, sites.END)
+        clock.advance(5)
+        user(_loops.zero_grad_run)
+        assert called == []
+        assert s.phase_parts == ["step", "zero_grad"] and s.opt_end == s.last_end == clock.perf_ns()
+        t1 = clock.perf_ns()
+        clock.advance(50)
+        phase.end(r, s)
+        spans = [(rec[1], rec[5], rec[6], rec[7]) for rec in r.buf if rec[0] == KIND]
+        assert spans == [(semconv.SPAN_OPTIMIZER, t0, t1, {semconv.TRAIN_OPTIMIZER_CALLS: ("step", "zero_grad")})]
+        assert s.cover == [t0, t1] and s.phase is None
+        # and again, many times: nothing of the update's objects is kept or lost on the way
+        args, kwargs = (opt,), {}
+        before = sys.getrefcount(opt), sys.getrefcount(args), sys.getrefcount(kwargs)
+        for _ in range(500):
+            s.opt_end, s.stepped = None, []
+            opt_hook(_loops.optimizer_begin, opt, args, kwargs)
+            opt_hook(_loops.optimizer_end, opt, args, kwargs)
+            user(_loops.zero_grad_run)
+            phase.end(r, s)
+            r.buf.clear()
+        s.opt_end, s.stepped, s.opt_owner, s.cover = None, [], None, []
+        assert (sys.getrefcount(opt), sys.getrefcount(args), sys.getrefcount(kwargs)) == before
+        assert called == []
+    finally:
+        _loops.bind_optimizer(s, _recorder, optimizer.optimizer_begin_python, optimizer.optimizer_end_python,
+                              optimizer._zero_grad, optimizer.several_updates, sites._decided, sites.END)
+        phase.abandon(s)
+        s.reset()
+        sites.forget()
+        _recorder.install(None)

@@ -1,13 +1,17 @@
-/* Detection's per-step loops in C: a closing step's gaps (`coverage.close`), the batch fetches a
- * training phase takes over (`machine.resolve_pending`), the frame walk that places a
- * `zero_grad()` (`sites.user_frames`) and a batch's size (`batch_size.size_of`).
+/* Detection's per-step work in C: the common paths of the hooks and patched functions that run
+ * every micro-batch (the forward hooks, `backward`, the DataLoader fetch, the optimizer's hooks
+ * and `zero_grad`, past their compile checks), of the step machine they call (a step's
+ * `train_activity`, `close` and `begin`, the optimizer phase's parts), and the loops they run (a
+ * closing step's gaps, the fetches a training phase takes over, the frame walk that places a
+ * `zero_grad()`, a batch's size).
  *
- * Same results as the Python functions they replace (`coverage.gaps_python`,
- * `machine.resolve_python`, `sites.user_frames_python`, `batch_size.size_of_python`: the
- * fallback where this module cannot be built; tests/test_detect_loops_c.py holds each pair to
- * the same results). Why: in automatic mode these were a third of the Python bytecode
- * detection ran a step (~1,100 of ~3,400 opcodes on issue 31's loop), and each opcode between
- * torch's operations runs with cold caches.
+ * Each has a Python function beside it (`*_python`, or the one named in its doc string): the
+ * fallback where this module cannot be built, and what anything uncommon calls from its start
+ * before the C code changed anything. tests/test_detect_loops_c.py holds each pair to the same
+ * records, state and errors on random states. Why: in automatic mode this was ~85 % of the
+ * Python bytecode detection ran a step (issue 31's loop: 3,395 opcodes a step, 508 left, 322 of
+ * them torch's own hook dispatch), and each opcode between torch's operations runs with cold
+ * caches.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -25,7 +29,8 @@ static PyObject *s_after, *s_append, *s_attrs, *s_boundary, *s_bwd_depth, *s_cop
     *s_mb, *s_mb_bwd, *s_mb_fwd, *s_micro_batches, *s_n, *s_needed, *s_now, *s_opt_closure, *s_opt_depth,
     *s_opt_end, *s_parent, *s_part_token, *s_pending, *s_phase, *s_rec, *s_rec_, *s_rediscover_every, *s_ref, *s_seq,
     *s_step, *s_step_closed, *s_stepped, *s_t0, *s_t1, *s_train_iter, *s_train_src, *s_training, *s_unseen,
-    *s_uses_opt;
+    *s_uses_opt, *s_aux_depth, *s_closure, *s_dev, *s_evaluations, *s_events, *s_last_callers, *s_nest, *s_opt_frame,
+    *s_opt_owner, *s_opt_t0, *s_phase_end, *s_phase_parts, *s_site_probe;
 
 /* --- detection's state, read where it lies -------------------------------------------------- */
 /* `state.State` keeps its fields in `__slots__`: each is an object pointer at a fixed offset of
@@ -128,6 +133,16 @@ static Field f_stepped = {&s_stepped, -1};
 static Field f_train_iter = {&s_train_iter, -1};
 static Field f_train_src = {&s_train_src, -1};
 static Field f_uses_opt = {&s_uses_opt, -1};
+static Field f_aux_depth = {&s_aux_depth, -1};
+static Field f_evaluations = {&s_evaluations, -1};
+static Field f_last_callers = {&s_last_callers, -1};
+static Field f_nest = {&s_nest, -1};
+static Field f_opt_frame = {&s_opt_frame, -1};
+static Field f_opt_owner = {&s_opt_owner, -1};
+static Field f_opt_t0 = {&s_opt_t0, -1};
+static Field f_phase_end = {&s_phase_end, -1};
+static Field f_phase_parts = {&s_phase_parts, -1};
+static Field f_site_probe = {&s_site_probe, -1};
 
 typedef struct {
     int64_t a, b;
@@ -1651,6 +1666,623 @@ user_frames(PyObject *module, PyObject *arg)
     return out;
 }
 
+/* --- the optimizer phase (`phase`), the optimizer's hooks and zero_grad (`optimizer`) -------- */
+/* Their common paths: an update of the open step with no closure, and a zero_grad placed at
+ * the end of the update; anything else calls the Python function from its start, before
+ * anything is changed here. What `bind_optimizer` gave: */
+static PyObject *g_opt_name;       /* OPTIMIZER, the phase's span name */
+static PyObject *g_leave;          /* `phase._leave` */
+static PyObject *g_current_var;    /* `recorder._current` */
+static PyObject *g_calls;          /* `phase._CALLS` */
+static PyObject *g_calls_key;      /* TRAIN_OPTIMIZER_CALLS */
+static PyObject *g_end_event;      /* `device.end_event` */
+static PyObject *g_finish;         /* `direct.finish` */
+static PyObject *g_opt_begin_python, *g_opt_end_python, *g_zero_grad_python, *g_several_updates;
+static PyObject *g_decided;        /* `sites._decided` */
+static PyObject *g_zero_grad_part; /* `phase.ZERO_GRAD` */
+static PyObject *g_ph_region_type, *g_ph_kind, *g_ph_no_step, *g_ph_step_part; /* `recorder.Region`, KIND_SPAN, NO_STEP, `phase.STEP` */
+static PyObject *g_opt_state, *g_opt_recorder_module; /* detection's state, `otel_train.record.recorder` */
+static PyObject *g_zero;
+static long g_site_end = -1;       /* `sites.END` */
+
+/* `getattr(obj, "dev", None) is not None`: 1, 0, or -1 with an error. */
+static int
+has_dev(PyObject *obj)
+{
+    PyObject *v;
+#if PY_VERSION_HEX >= 0x030D0000
+    int found = PyObject_GetOptionalAttr(obj, s_dev, &v);
+#else
+    int found = _PyObject_LookupAttr(obj, s_dev, &v);
+#endif
+    if (found <= 0)
+        return found;
+    int has = v != Py_None;
+    Py_DECREF(v);
+    return has;
+}
+
+/* `s.<field>` is `obj.<name>` (both not None): 1, 0, or -1 with an error. */
+static int
+same_step(PyObject *s, PyObject *r)
+{
+    PyObject *ours = sget(s, &f_step), *open = ours == NULL ? NULL : PyObject_GetAttr(r, s_step);
+    int same = open == NULL ? -1 : ours != Py_None && ours == open;
+    Py_XDECREF(ours);
+    Py_XDECREF(open);
+    return same;
+}
+
+PyDoc_STRVAR(part_begin_doc,
+"part_begin(s, name)\n--\n\n"
+"`phase.part_begin_python`: a call of the update starts; the phase opens (if it is not open)\n"
+"and is current while it runs.");
+
+static int
+part_begin_c(PyObject *s, PyObject *name)
+{
+    PyObject *phase = sget(s, &f_phase), *token;
+    if (phase == NULL)
+        return -1;
+    if (phase == Py_None) {
+        Py_DECREF(phase);
+        PyObject *fresh = PyObject_CallOneArg(g_ph_region_type, g_opt_name);
+        phase = fresh == NULL ? NULL : PyObject_CallMethodNoArgs(fresh, s_enter);
+        Py_XDECREF(fresh);
+        if (phase == NULL)
+            return -1;
+        int unrecorded = attr_none(phase, s_rec);
+        if (unrecorded) {
+            Py_DECREF(phase);
+            return unrecorded < 0 ? -1 : 0;
+        }
+        PyObject *res = PyObject_CallOneArg(g_leave, phase), *parts = res == NULL ? NULL : PyList_New(1);
+        if (parts != NULL)
+            PyList_SET_ITEM(parts, 0, Py_NewRef(name));
+        int err = parts == NULL || sset(s, &f_phase, phase) < 0 || sset(s, &f_phase_parts, parts) < 0;
+        Py_XDECREF(res);
+        Py_XDECREF(parts);
+        if (err) {
+            Py_DECREF(phase);
+            return -1;
+        }
+    } else {
+        PyObject *parts = sget(s, &f_phase_parts), *res = NULL;
+        int err = parts == NULL;
+        if (!err && PyList_CheckExact(parts))
+            err = PyList_Append(parts, name) < 0;
+        else if (!err)
+            err = (res = PyObject_CallMethodOneArg(parts, s_append, name)) == NULL;
+        Py_XDECREF(res);
+        Py_XDECREF(parts);
+        if (err) {
+            Py_DECREF(phase);
+            return -1;
+        }
+    }
+    token = PyContextVar_Set(g_current_var, phase);
+    Py_DECREF(phase);
+    if (token == NULL)
+        return -1;
+    int err = sset(s, &f_part_token, token);
+    Py_DECREF(token);
+    return err;
+}
+
+static PyObject *
+part_begin(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "part_begin(s, name)");
+        return NULL;
+    }
+    if (g_opt_name == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_optimizer() or bind_phase() was not called");
+        return NULL;
+    }
+    if (part_begin_c(args[0], args[1]) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(part_end_doc,
+"part_end(r, s)\n--\n\n"
+"`phase.part_end_python`: that call is over; the phase is current no more and, for now, ends\n"
+"here. Returns the time.");
+
+static PyObject *
+part_end_c(PyObject *r, PyObject *s)
+{
+    PyObject *token = sget(s, &f_part_token);
+    if (token == NULL || sset(s, &f_part_token, Py_None) < 0) {
+        Py_XDECREF(token);
+        return NULL;
+    }
+    if (token != Py_None && PyContextVar_Reset(g_current_var, token) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_ValueError)) { /* reset in another context: the parent is current there */
+            Py_DECREF(token);
+            return NULL;
+        }
+        PyErr_Clear();
+        PyObject *phase = sget(s, &f_phase), *parent = NULL, *again = NULL;
+        if (phase != NULL)
+            parent = phase == Py_None ? Py_NewRef(Py_None) : PyObject_GetAttr(phase, s_parent);
+        if (parent != NULL)
+            again = PyContextVar_Set(g_current_var, parent);
+        Py_XDECREF(phase);
+        Py_XDECREF(parent);
+        if (again == NULL) {
+            Py_DECREF(token);
+            return NULL;
+        }
+        Py_DECREF(again);
+    }
+    Py_DECREF(token);
+    PyObject *t = PyObject_CallMethodNoArgs(r, s_now), *phase = t == NULL ? NULL : sget(s, &f_phase);
+    if (phase == NULL) {
+        Py_XDECREF(t);
+        return NULL;
+    }
+    int err = 0;
+    if (phase != Py_None) {
+        int dev = sset(s, &f_phase_end, t) < 0 ? -1 : has_dev(phase);
+        err = dev < 0;
+        if (dev > 0) {
+            PyObject *res = PyObject_CallOneArg(g_end_event, phase);
+            err = res == NULL;
+            Py_XDECREF(res);
+        }
+    }
+    Py_DECREF(phase);
+    if (err) {
+        Py_DECREF(t);
+        return NULL;
+    }
+    return t;
+}
+
+static PyObject *
+part_end(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "part_end(r, s)");
+        return NULL;
+    }
+    if (g_opt_name == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_optimizer() or bind_phase() was not called");
+        return NULL;
+    }
+    return part_end_c(args[0], args[1]);
+}
+
+PyDoc_STRVAR(phase_end_doc,
+"phase_end(r, s)\n--\n\n"
+"`phase.end_python`: something else begins; the phase is recorded, from its first call's\n"
+"start to its last's end.");
+
+static int
+phase_end_c(PyObject *r, PyObject *s)
+{
+    PyObject *phase = sget(s, &f_phase), *parts = NULL, *key = NULL, *attrs = NULL, *t1 = NULL, *parent = NULL;
+    PyObject *step = NULL, *t0 = NULL, *seq = NULL, *pseq = NULL, *ref = NULL, *events = NULL, *record = NULL;
+    PyObject *res = NULL;
+    if (phase == NULL)
+        return -1;
+    if (phase == Py_None) {
+        Py_DECREF(phase);
+        return 0;
+    }
+    int err = -1, v = sattr_none(s, &f_part_token), dev;
+    if (v < 0)
+        goto done;
+    if (!v) { /* a call raised through its hook: it ends now */
+        PyObject *t = part_end_c(r, s);
+        if (t == NULL)
+            goto done;
+        Py_DECREF(t);
+    }
+    if (sset(s, &f_phase, Py_None) < 0 || (parts = sget(s, &f_phase_parts)) == NULL
+        || (key = PySequence_Tuple(parts)) == NULL)
+        goto done;
+    attrs = PyDict_GetItemWithError(g_calls, key);
+    if (attrs != NULL) {
+        Py_INCREF(attrs);
+    } else {
+        if (PyErr_Occurred() || (attrs = PyDict_New()) == NULL || PyDict_SetItem(attrs, g_calls_key, key) < 0
+            || PyDict_SetItem(g_calls, key, attrs) < 0)
+            goto done;
+    }
+    if ((t1 = sget(s, &f_phase_end)) == NULL || (parent = PyObject_GetAttr(phase, s_parent)) == NULL
+        || (step = PyObject_GetAttr(phase, s_step)) == NULL || (t0 = PyObject_GetAttr(phase, s_t0)) == NULL
+        || (dev = has_dev(phase)) < 0)
+        goto done;
+    if (dev) {
+        res = PyObject_CallFunctionObjArgs(g_finish, r, phase, t1, attrs, NULL);
+    } else { /* `direct.finish`, written out */
+        pseq = Py_NewRef(Py_None);
+        if (parent != Py_None) {
+            PyObject *prec = PyObject_GetAttr(parent, s_rec);
+            if (prec == NULL)
+                goto done;
+            int mine = prec == r;
+            Py_DECREF(prec);
+            if (mine)
+                Py_SETREF(pseq, PyObject_GetAttr(parent, s_seq));
+        }
+        ref = step == Py_None ? Py_NewRef(g_ph_no_step) : PyObject_GetAttr(step, s_ref);
+        if (pseq == NULL || ref == NULL || (seq = PyObject_GetAttr(phase, s_seq)) == NULL
+            || (events = PyObject_GetAttr(phase, s_events)) == NULL || (v = PyObject_IsTrue(events)) < 0)
+            goto done;
+        if (!v)
+            Py_SETREF(events, Py_NewRef(Py_None));
+        if ((record = PyTuple_Pack(10, g_ph_kind, g_opt_name, seq, pseq, ref, t0, t1, attrs, Py_None, events)) == NULL)
+            goto done;
+        res = PyObject_CallMethodOneArg(r, s_append, record);
+    }
+    if (res == NULL)
+        goto done;
+    if (parent == Py_None && step != Py_None) {
+        PyObject *ours = sget(s, &f_step);
+        if (ours == NULL)
+            goto done;
+        int mine = ours == step;
+        Py_DECREF(ours);
+        if (mine) { /* `coverage.cover` */
+            PyObject *cover = sget(s, &f_cover);
+            int bad = cover == NULL || !PyList_Check(cover);
+            if (cover != NULL && !PyList_Check(cover))
+                PyErr_SetString(PyExc_TypeError, "State.cover must be a list");
+            bad = bad || PyList_Append(cover, t0) < 0 || PyList_Append(cover, t1) < 0;
+            Py_XDECREF(cover);
+            if (bad)
+                goto done;
+        }
+    }
+    err = 0;
+done:
+    Py_DECREF(phase);
+    Py_XDECREF(parts);
+    Py_XDECREF(key);
+    Py_XDECREF(attrs);
+    Py_XDECREF(t1);
+    Py_XDECREF(parent);
+    Py_XDECREF(step);
+    Py_XDECREF(t0);
+    Py_XDECREF(seq);
+    Py_XDECREF(pseq);
+    Py_XDECREF(ref);
+    Py_XDECREF(events);
+    Py_XDECREF(record);
+    Py_XDECREF(res);
+    return err;
+}
+
+static PyObject *
+phase_end(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "phase_end(r, s)");
+        return NULL;
+    }
+    if (g_opt_name == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_optimizer() or bind_phase() was not called");
+        return NULL;
+    }
+    if (phase_end_c(args[0], args[1]) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* The closure `optimizer.step` was given: args[1], else kwargs["closure"] (borrowed; NULL: none
+ * found or an error, told apart by PyErr_Occurred). */
+static PyObject *
+closure_of(PyObject *args, PyObject *kwargs)
+{
+    if (PyTuple_Check(args) && PyTuple_GET_SIZE(args) > 1)
+        return PyTuple_GET_ITEM(args, 1);
+    if (kwargs != Py_None && PyDict_Check(kwargs))
+        return PyDict_GetItemWithError(kwargs, s_closure);
+    return NULL;
+}
+
+PyDoc_STRVAR(optimizer_begin_doc,
+"optimizer_begin(optimizer, args, kwargs)\n--\n\n"
+"`optimizer.optimizer_begin_python`'s common path (the update of a step, no closure): called\n"
+"by the optimizer's pre-hook after its compile check, straight from it (its caller's frame is\n"
+"torch's step wrapper).");
+
+static PyObject *
+optimizer_begin(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "optimizer_begin(optimizer, args, kwargs)");
+        return NULL;
+    }
+    if (g_opt_begin_python == NULL || g_opt_name == NULL || g_train_activity_python == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_optimizer() or bind_phase() was not called");
+        return NULL;
+    }
+    PyObject *s = g_opt_state, *r = NULL, *t = NULL, *step = NULL, *callers = NULL, *ph = NULL;
+    PyFrameObject *wrapper = NULL, *caller = NULL, *outer = NULL;
+    int slow = sattr_true(s, &f_opt_depth);
+    if (slow < 0)
+        return NULL;
+    if (!slow) {
+        if ((r = PyObject_GetAttr(g_opt_recorder_module, s_rec_)) == NULL)
+            return NULL;
+        slow = r == Py_None;
+    }
+    if (!slow && (slow = sattr_true(s, &f_site_probe)) < 0)
+        goto fail;
+    if (!slow) {
+        PyObject *closure = closure_of(args[1], args[2]);
+        if (closure == NULL && PyErr_Occurred())
+            goto fail;
+        slow = (closure != NULL && closure != Py_None) || !PyTuple_Check(args[1]);
+    }
+    if (slow) {
+        Py_XDECREF(r);
+        return PyObject_Vectorcall(g_opt_begin_python, args, nargs, NULL);
+    }
+    if ((t = PyObject_CallMethodNoArgs(r, s_now)) == NULL || (ph = PyLong_FromLong(g_ph_opt)) == NULL)
+        goto fail;
+    PyObject *const call[4] = {r, s, t, ph};
+    if ((step = train_activity(NULL, call, 4)) == NULL)
+        goto fail;
+    int driven = sattr_true(s, &f_data_driven), updated = driven <= 0 ? driven : !sattr_none(s, &f_opt_end);
+    if (driven < 0 || PyErr_Occurred())
+        goto fail;
+    if (updated) { /* data-driven, and this step had an update: maybe several updates per batch */
+        PyObject *res = PyObject_CallFunctionObjArgs(g_several_updates, s, args[0], NULL);
+        if (res == NULL)
+            goto fail;
+        Py_DECREF(res);
+    }
+    PyFrameObject *hook = PyEval_GetFrame(); /* borrowed: the pre-hook */
+    wrapper = hook == NULL ? NULL : PyFrame_GetBack(hook);
+    caller = wrapper == NULL ? NULL : PyFrame_GetBack(wrapper);
+    if (sset(s, &f_opt_frame, wrapper != NULL ? (PyObject *)wrapper : Py_None) < 0)
+        goto fail;
+    if (caller != NULL) { /* where the update was called from (`sites`) */
+        outer = PyFrame_GetBack(caller);
+        callers = Py_BuildValue("(OiOi)", caller, PyFrame_GetLasti(caller), outer != NULL ? (PyObject *)outer : Py_None,
+                                outer != NULL ? PyFrame_GetLasti(outer) : -1);
+        if (callers == NULL || sset(s, &f_last_callers, callers) < 0)
+            goto fail;
+    }
+    if (sset(s, &f_opt_owner, args[0]) < 0 || sset(s, &f_opt_closure, Py_False) < 0 || sset(s, &f_nest, Py_False) < 0
+        || sset(s, &f_opt_t0, t) < 0 || sset(s, &f_evaluations, g_zero) < 0 || sset(s, &f_opt_depth, g_one) < 0
+        || part_begin_c(s, g_ph_step_part) < 0)
+        goto fail;
+    Py_DECREF(r);
+    Py_DECREF(t);
+    Py_DECREF(ph);
+    Py_DECREF(step);
+    Py_XDECREF(wrapper);
+    Py_XDECREF(caller);
+    Py_XDECREF(outer);
+    Py_XDECREF(callers);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(r);
+    Py_XDECREF(t);
+    Py_XDECREF(ph);
+    Py_XDECREF(step);
+    Py_XDECREF(wrapper);
+    Py_XDECREF(caller);
+    Py_XDECREF(outer);
+    Py_XDECREF(callers);
+    return NULL;
+}
+
+PyDoc_STRVAR(optimizer_end_doc,
+"optimizer_end(optimizer, args, kwargs)\n--\n\n"
+"`optimizer.optimizer_end_python`'s common path (the outermost update with no closure ends).");
+
+static PyObject *
+optimizer_end(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "optimizer_end(optimizer, args, kwargs)");
+        return NULL;
+    }
+    if (g_opt_end_python == NULL || g_opt_name == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_optimizer() or bind_phase() was not called");
+        return NULL;
+    }
+    PyObject *s = g_opt_state, *r = NULL, *t = NULL, *depth = sget(s, &f_opt_depth);
+    if (depth == NULL)
+        return NULL;
+    int outermost = PyLong_CheckExact(depth) && PyLong_AsLong(depth) == 1, slow = !outermost, v;
+    Py_DECREF(depth);
+    if (!slow) {
+        if ((r = PyObject_GetAttr(g_opt_recorder_module, s_rec_)) == NULL)
+            return NULL;
+        slow = r == Py_None;
+    }
+    if (!slow && (slow = sattr_true(s, &f_opt_closure)) < 0)
+        goto fail;
+    if (slow) {
+        Py_XDECREF(r);
+        return PyObject_Vectorcall(g_opt_end_python, args, nargs, NULL);
+    }
+    if (sset(s, &f_opt_depth, g_zero) < 0 || (t = part_end_c(r, s)) == NULL || sset(s, &f_opt_frame, Py_None) < 0
+        || sset(s, &f_opt_owner, Py_None) < 0 || sset(s, &f_opt_closure, Py_False) < 0
+        || sset(s, &f_nest, Py_False) < 0 || sset(s, &f_uses_opt, Py_True) < 0 || (v = same_step(s, r)) < 0)
+        goto fail;
+    if (v) { /* `machine.ours` */
+        PyObject *stepped = sget(s, &f_stepped), *id = NULL;
+        int err = stepped == NULL || sset(s, &f_opt_end, t) < 0 || sset(s, &f_last_end, t) < 0
+                  || (id = PyLong_FromVoidPtr(args[0])) == NULL;
+        if (!err) {
+            PyObject *res = NULL;
+            if (PyList_CheckExact(stepped))
+                err = PyList_Append(stepped, id) < 0;
+            else
+                err = (res = PyObject_CallMethodOneArg(stepped, s_append, id)) == NULL;
+            Py_XDECREF(res);
+        }
+        Py_XDECREF(stepped);
+        Py_XDECREF(id);
+        if (err)
+            goto fail;
+    }
+    Py_DECREF(r);
+    Py_DECREF(t);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(r);
+    Py_XDECREF(t);
+    return NULL;
+}
+
+/* The innermost frame of the calling Python stack outside torch and otel_train, looking
+ * through `_MAX_DEPTH` (`user_frames(1)`): a new reference, NULL (none, or an error). */
+static PyFrameObject *
+first_user_frame(void)
+{
+    PyFrameObject *frame = PyEval_GetFrame();
+    Py_XINCREF(frame);
+    for (int depth = 0; depth < g_max_depth && frame != NULL; depth++) {
+        int ours = frame_is_ours(frame);
+        if (ours <= 0) {
+            if (ours < 0)
+                Py_CLEAR(frame);
+            return frame;
+        }
+        PyFrameObject *back = PyFrame_GetBack(frame);
+        Py_DECREF(frame);
+        frame = back;
+    }
+    Py_XDECREF(frame);
+    return NULL;
+}
+
+/* Where `sites` decided the calling zero_grad() belongs: TOP, END or ELSEWHERE, 0 where not
+ * decided yet (or called from nowhere of the user's), -1 with an error. */
+static long
+decided_place(void)
+{
+    PyFrameObject *frame = first_user_frame();
+    if (frame == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    PyCodeObject *code = PyFrame_GetCode(frame);
+    PyObject *key = Py_BuildValue("(Ni)", PyLong_FromVoidPtr(code), PyFrame_GetLasti(frame));
+    Py_DECREF(code);
+    Py_DECREF(frame);
+    if (key == NULL)
+        return -1;
+    PyObject *found = PyDict_GetItemWithError(g_decided, key); /* borrowed */
+    Py_DECREF(key);
+    if (found == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyTuple_Check(found) || PyTuple_GET_SIZE(found) != 2) {
+        PyErr_SetString(PyExc_TypeError, "sites._decided holds (code, place) pairs");
+        return -1;
+    }
+    return PyLong_AsLong(PyTuple_GET_ITEM(found, 1));
+}
+
+PyDoc_STRVAR(zero_grad_run_doc,
+"zero_grad_run(r, s, original, args, kwargs)\n--\n\n"
+"`optimizer._zero_grad`'s common path (a zero_grad placed at the end of the open step's\n"
+"update joins its `train.optimizer`): called by the patched zero_grad, straight from it.");
+
+static PyObject *
+zero_grad_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyTuple_Check(args[3]) || (args[4] != Py_None && !PyDict_Check(args[4]))) {
+        PyErr_SetString(PyExc_TypeError, "zero_grad_run(r, s, original, args, kwargs)");
+        return NULL;
+    }
+    if (g_zero_grad_python == NULL || g_opt_name == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_optimizer() or bind_phase() was not called");
+        return NULL;
+    }
+    PyObject *r = args[0], *s = args[1], *kwargs = args[4] == Py_None ? NULL : args[4];
+    int mine = same_step(s, r), v;
+    long place = 0;
+    if (mine < 0)
+        return NULL;
+    if (mine) { /* the update of our open step is over, its phase open: where was this zero_grad placed? */
+        if ((v = sattr_none(s, &f_opt_end)) < 0 || (!v && (v = sattr_none(s, &f_phase)) < 0))
+            return NULL;
+        if (!v && (place = decided_place()) < 0)
+            return NULL;
+    }
+    if (place != g_site_end) /* anything else: the Python function, from its start */
+        return PyObject_Vectorcall(g_zero_grad_python, args, nargs, NULL);
+    /* `_part`: the update's zero_grad part, `try: original(...) finally: ...` */
+    if (part_begin_c(s, g_zero_grad_part) < 0 || sset(s, &f_aux_depth, g_one) < 0)
+        return NULL;
+    PyObject *out = PyObject_Call(args[2], args[3], kwargs), *type = NULL, *value = NULL, *tb = NULL, *t = NULL;
+    if (out == NULL)
+        PyErr_Fetch(&type, &value, &tb);
+    int err = sset(s, &f_aux_depth, g_zero) < 0 || (t = part_end_c(r, s)) == NULL || (mine = same_step(s, r)) < 0;
+    if (!err && mine) {
+        err = sset(s, &f_last_end, t) < 0 || (v = sattr_none(s, &f_opt_end)) < 0 || (!v && sset(s, &f_opt_end, t) < 0);
+    }
+    Py_XDECREF(t);
+    if (err) { /* an error in the finally block replaces the call's, as in Python */
+        if (type != NULL)
+            _PyErr_ChainExceptions(type, value, tb);
+        Py_XDECREF(out);
+        return NULL;
+    }
+    if (out == NULL)
+        PyErr_Restore(type, value, tb);
+    return out;
+}
+
+PyDoc_STRVAR(bind_phase_doc,
+"bind_phase(optimizer_name, region_type, kind_span, no_step, leave, current, calls, calls_key, end_event,\n"
+"           finish, step_part, zero_grad_part)\n--\n\n"
+"What the phase's functions read: its span name, `recorder.Region`, KIND_SPAN, NO_STEP,\n"
+"`phase._leave`, `recorder._current`, `phase._CALLS` and TRAIN_OPTIMIZER_CALLS,\n"
+"`device.end_event`, `direct.finish`, `phase.STEP` and `phase.ZERO_GRAD`.");
+
+static PyObject *
+bind_phase(PyObject *module, PyObject *args)
+{
+    PyObject *o[12];
+    if (!PyArg_ParseTuple(args, "OOOOOOO!OOOOO:bind_phase", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &PyDict_Type,
+                          &o[6], &o[7], &o[8], &o[9], &o[10], &o[11]))
+        return NULL;
+    if (!PyObject_TypeCheck(o[5], &PyContextVar_Type)) {
+        PyErr_SetString(PyExc_TypeError, "current must be a ContextVar");
+        return NULL;
+    }
+    PyObject **slots[12] = {&g_opt_name, &g_ph_region_type, &g_ph_kind, &g_ph_no_step, &g_leave, &g_current_var,
+                            &g_calls, &g_calls_key, &g_end_event, &g_finish, &g_ph_step_part, &g_zero_grad_part};
+    for (int i = 0; i < 12; i++)
+        Py_XSETREF(*slots[i], Py_NewRef(o[i]));
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(bind_optimizer_doc,
+"bind_optimizer(state, recorder_module, begin_python, end_python, zero_grad_python, several_updates,\n"
+"               decided, site_end)\n--\n\n"
+"What the optimizer's hooks and zero_grad read: detection's state, the recorder module, the\n"
+"Python functions `optimizer.optimizer_begin_python`, `optimizer_end_python`, `_zero_grad` and\n"
+"`several_updates`, `sites._decided` and `sites.END`. With `bind_phase` and\n"
+"`bind_train_activity`.");
+
+static PyObject *
+bind_optimizer(PyObject *module, PyObject *args)
+{
+    PyObject *o[7];
+    long end;
+    if (!PyArg_ParseTuple(args, "OOOOOOO!l:bind_optimizer", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &PyDict_Type,
+                          &o[6], &end))
+        return NULL;
+    PyObject **slots[7] = {&g_opt_state, &g_opt_recorder_module, &g_opt_begin_python, &g_opt_end_python,
+                           &g_zero_grad_python, &g_several_updates, &g_decided};
+    for (int i = 0; i < 7; i++)
+        Py_XSETREF(*slots[i], Py_NewRef(o[i]));
+    g_site_end = end;
+    Py_RETURN_NONE;
+}
+
 /* --- batch_size.size_of -------------------------------------------------------------------- */
 static PyObject *g_tensor;        /* torch.Tensor */
 static PyObject *g_mapping;       /* collections.abc.Mapping */
@@ -1794,6 +2426,16 @@ static Field *const g_fields[] = {
     &f_train_iter,
     &f_train_src,
     &f_uses_opt,
+    &f_aux_depth,
+    &f_evaluations,
+    &f_last_callers,
+    &f_nest,
+    &f_opt_frame,
+    &f_opt_owner,
+    &f_opt_t0,
+    &f_phase_end,
+    &f_phase_parts,
+    &f_site_probe,
 };
 
 PyDoc_STRVAR(bind_state_doc,
@@ -1882,12 +2524,20 @@ static PyMethodDef methods[] = {
     {"size_of", size_of, METH_O, size_of_doc},
     {"bind", bind, METH_VARARGS, bind_doc},
     {"bind_sizes", bind_sizes, METH_VARARGS, bind_sizes_doc},
+    {"part_begin", (PyCFunction)(void (*)(void))part_begin, METH_FASTCALL, part_begin_doc},
+    {"part_end", (PyCFunction)(void (*)(void))part_end, METH_FASTCALL, part_end_doc},
+    {"phase_end", (PyCFunction)(void (*)(void))phase_end, METH_FASTCALL, phase_end_doc},
+    {"optimizer_begin", (PyCFunction)(void (*)(void))optimizer_begin, METH_FASTCALL, optimizer_begin_doc},
+    {"optimizer_end", (PyCFunction)(void (*)(void))optimizer_end, METH_FASTCALL, optimizer_end_doc},
+    {"zero_grad_run", (PyCFunction)(void (*)(void))zero_grad_run, METH_FASTCALL, zero_grad_run_doc},
+    {"bind_phase", bind_phase, METH_VARARGS, bind_phase_doc},
+    {"bind_optimizer", bind_optimizer, METH_VARARGS, bind_optimizer_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT, "otel_train.detect._loops",
-    "Detection's per-step loops in C (`coverage.gaps`, `machine.resolve`, `sites.user_frames`, `batch_size.size_of`).",
+    "Detection's per-step work in C: the hooks' and the step machine's common paths, and their loops.",
     -1, methods,
     NULL, NULL, NULL, NULL,
 };
@@ -1902,7 +2552,8 @@ PyInit__loops(void)
     g_dtype = PyUnicode_InternFromString("dtype");
     g_one = PyLong_FromLong(1);
     g_epoch_zero = PyLong_FromLong(0);
-    if (g_name_key == NULL || g_torch == NULL || g_input_ids == NULL || g_shape == NULL || g_dtype == NULL
+    g_zero = PyLong_FromLong(0);
+    if (g_zero == NULL || g_name_key == NULL || g_torch == NULL || g_input_ids == NULL || g_shape == NULL || g_dtype == NULL
         || g_one == NULL)
         return NULL;
     struct {
@@ -1924,7 +2575,11 @@ PyInit__loops(void)
                  {&s_decide, "decide"}, {&s_boundary, "boundary"}, {&s_after, "after"}, {&s_stepped, "stepped"},
                  {&s_epoch, "epoch"}, {&s_epoch_fixed, "epoch_fixed"}, {&s_train_iter, "train_iter"},
                  {&s_step_closed, "step_closed"},
-                 {&s_rediscover_every, "REDISCOVER_EVERY"}};
+                 {&s_rediscover_every, "REDISCOVER_EVERY"}, {&s_aux_depth, "aux_depth"}, {&s_closure, "closure"},
+                 {&s_dev, "dev"}, {&s_evaluations, "evaluations"}, {&s_events, "events"},
+                 {&s_last_callers, "last_callers"}, {&s_nest, "nest"}, {&s_opt_frame, "opt_frame"},
+                 {&s_opt_owner, "opt_owner"}, {&s_opt_t0, "opt_t0"}, {&s_phase_end, "phase_end"},
+                 {&s_phase_parts, "phase_parts"}, {&s_site_probe, "site_probe"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL)
             return NULL;

@@ -36,6 +36,11 @@ from otel_train.detect.state import s as _s
 from otel_train.record import direct, recorder
 from otel_train.record.recorder import Recorder, Step
 
+try:  # the hooks' and zero_grad's common paths in C (`_loops.c`); the `_python` bodies are the fallback
+    from otel_train.detect import _loops
+except ImportError:
+    _loops = None  # type: ignore[assignment]
+
 _log = logging.getLogger("otel_train")
 patches = Patches()
 #: The global optimizer hooks' entries, while installed.
@@ -52,6 +57,19 @@ def nests(optimizer: Any) -> bool:
 def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     if _c.seen and dynamo_compiling() or tc._is_compiling_flag:
         return None
+    return optimizer_begin(optimizer, args, kwargs)
+
+
+def optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+    if _c.seen and dynamo_compiling() or tc._is_compiling_flag:
+        return None
+    return optimizer_end(optimizer, args, kwargs)
+
+
+def optimizer_begin_python(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """The pre-hook past its compile check, called by it (`sys._getframe(2)` is torch's step
+    wrapper, or ours for GradScaler). `optimizer_begin`: its common path in C
+    (`_loops.optimizer_begin`), which calls this for the rest."""
     s = _s
     if s.opt_depth:
         if not _stale(s, optimizer):
@@ -70,12 +88,9 @@ def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
         # Its forwards and backwards nest under its update: each step(closure) is a step.
         close(r, s, s.opt_end)
     train_activity(r, s, t, PH_OPT)
-    if s.data_driven and s.opt_end is not None and id(optimizer) in s.stepped:
-        # The same optimizer twice for one fetched batch: several updates per batch, so a
-        # batch fetch no longer marks a step; the next forward after an update does.
-        s.data_driven = False
-        _log.debug("otel_train: several optimizer steps per batch; steps now end at the next forward")
-    s.opt_frame = frame = sys._getframe(1)  # torch's step wrapper (or ours for GradScaler): on the stack until step() ends
+    if s.data_driven and s.opt_end is not None:
+        several_updates(s, optimizer)
+    s.opt_frame = frame = sys._getframe(2)  # torch's step wrapper (or ours for GradScaler): on the stack until step() ends
     caller = frame.f_back
     if caller is not None:  # where the update was called from, for a zero_grad site not placed yet (`sites`)
         outer = caller.f_back
@@ -91,9 +106,18 @@ def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     return None
 
 
-def optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-    if _c.seen and dynamo_compiling() or tc._is_compiling_flag:
-        return None
+def several_updates(s: State, optimizer: Any) -> None:
+    """An update in a data-driven step that had one: the same optimizer twice for one fetched
+    batch is several updates per batch, so a batch fetch no longer marks a step; the next
+    forward after an update does."""
+    if id(optimizer) in s.stepped:
+        s.data_driven = False
+        _log.debug("otel_train: several optimizer steps per batch; steps now end at the next forward")
+
+
+def optimizer_end_python(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """The post-hook past its compile check. `optimizer_end`: its common path in C
+    (`_loops.optimizer_end`), which calls this for the rest."""
     s = _s
     if not s.opt_depth:
         return None
@@ -195,7 +219,7 @@ def aux_patch(clip: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
             r = recorder._rec
             if r is None:
                 return original(*args, **kwargs)
-            return (_clip if clip else _zero_grad)(r, s, original, args, kwargs)
+            return (_clip if clip else zero_grad_run)(r, s, original, args, kwargs)
         return aux
     return make
 
@@ -244,6 +268,15 @@ def _zero_grad(r: Recorder, s: State, original: Callable[..., Any], args: Any, k
     if s.eval_explicit:  # inside a framework's evaluation pass (Lightning zeroes gradients there)
         return original(*args, **kwargs)
     return _pending(r, s, r.now(), original, args, kwargs)
+
+
+if _loops is not None:
+    _loops.bind_optimizer(_s, recorder, optimizer_begin_python, optimizer_end_python, _zero_grad, several_updates,
+                          sites._decided, sites.END)
+optimizer_begin = _loops.optimizer_begin if _loops is not None else optimizer_begin_python
+optimizer_end = _loops.optimizer_end if _loops is not None else optimizer_end_python
+#: `_zero_grad(r, s, original, args, kwargs)`: its common path in C, called straight from the patched zero_grad.
+zero_grad_run = _loops.zero_grad_run if _loops is not None else _zero_grad
 
 
 def _own(r: Recorder, s: State, original: Callable[..., Any], args: Any, kwargs: Any) -> Any:

@@ -25,6 +25,11 @@ from otel_train.record import device, direct, recorder
 from otel_train.record.recorder import Recorder, Region
 from otel_train.wire.schema import KIND_SPAN, NO_STEP
 
+try:  # the phase's functions in C (`_loops.c`); the `_python` ones are the fallback
+    from otel_train.detect import _loops
+except ImportError:
+    _loops = None  # type: ignore[assignment]
+
 #: `direct.leave` for a region just entered here: the C one's own call where the C hot path is built.
 _leave = recorder._hotpath.leave if recorder._hotpath is not None else direct.leave
 
@@ -33,8 +38,9 @@ _CALLS: dict[tuple[str, ...], dict[str, Any]] = {}
 CLIP, STEP, ZERO_GRAD = "clip_grad_norm_", "step", "zero_grad"
 
 
-def part_begin(s: State, name: str) -> None:
-    """A call of the update starts: the phase opens (if it is not open) and is current while it runs."""
+def part_begin_python(s: State, name: str) -> None:
+    """A call of the update starts: the phase opens (if it is not open) and is current while it
+    runs. `part_begin`: `_loops.part_begin` where built."""
     phase = s.phase
     if phase is None:
         phase = Region(OPTIMIZER).__enter__()  # `state.region`, written out: every update
@@ -48,8 +54,9 @@ def part_begin(s: State, name: str) -> None:
     s.part_token = recorder._current.set(phase)
 
 
-def part_end(r: Recorder, s: State) -> int:
-    """That call is over: the phase is current no more and, for now, ends here. Returns the time."""
+def part_end_python(r: Recorder, s: State) -> int:
+    """That call is over: the phase is current no more and, for now, ends here. Returns the
+    time. `part_end`: `_loops.part_end` where built."""
     token = s.part_token
     s.part_token = None
     if token is not None:
@@ -67,13 +74,14 @@ def part_end(r: Recorder, s: State) -> int:
     return t
 
 
-def end(r: Recorder, s: State) -> None:
-    """Something else begins: record the phase, from its first call's start to its last's end."""
+def end_python(r: Recorder, s: State) -> None:
+    """Something else begins: record the phase, from its first call's start to its last's end.
+    `end`: `_loops.phase_end` where built."""
     phase = s.phase
     if phase is None:
         return
     if s.part_token is not None:  # a call raised through its hook: it ends now
-        part_end(r, s)
+        part_end_python(r, s)
     s.phase = None
     parts = tuple(s.phase_parts)
     attrs = _CALLS.get(parts)
@@ -88,6 +96,14 @@ def end(r: Recorder, s: State) -> None:
                   step.ref if step is not None else NO_STEP, phase.t0, t1, attrs, None, phase.events or None))
     if parent is None and s.step is not None and step is s.step:
         s.cover += (phase.t0, t1)  # `coverage.cover`, written out: every update
+
+
+if _loops is not None:
+    _loops.bind_phase(OPTIMIZER, Region, KIND_SPAN, NO_STEP, _leave, recorder._current, _CALLS,
+                      semconv.TRAIN_OPTIMIZER_CALLS, device.end_event, direct.finish, STEP, ZERO_GRAD)
+part_begin = _loops.part_begin if _loops is not None else part_begin_python
+part_end = _loops.part_end if _loops is not None else part_end_python
+end = _loops.phase_end if _loops is not None else end_python
 
 
 def abandon(s: State) -> None:
