@@ -121,6 +121,8 @@ def test_bad_arguments_raise_instead_of_crashing() -> None:
         _loops.gaps([1, "x"], 0, 10, 0.0, 1, [].append, count, KIND, OTHER, REF)
     with pytest.raises(TypeError):
         _loops.gaps([], 0, 10)
+    with pytest.raises(OverflowError):  # no time is that late: said, not wrapped round
+        _loops.gaps([0, 2**70], 0, 10, 0.0, 1, [].append, count, KIND, OTHER, REF)
     with pytest.raises(RuntimeError):  # the span numbers ran out
         _loops.gaps([], 0, 10_000, 0.0, 1, [].append, iter(()), KIND, OTHER, REF)
     with pytest.raises(TypeError):
