@@ -130,6 +130,14 @@ def test_bad_arguments_raise_instead_of_crashing() -> None:
     with pytest.raises(TypeError):
         _loops.resolve([[DATA, 1, 2, None, None, (1, 2, 3)]], DATA, {}, None, REF, count, [].append, KIND,
                          None, None)
+    with pytest.raises(TypeError):
+        _loops.part_begin(None)
+    with pytest.raises(TypeError):
+        _loops.phase_end(None, None, None)
+    with pytest.raises(TypeError):  # args not a tuple
+        _loops.zero_grad_run(None, None, print, [1], {})
+    with pytest.raises(TypeError):
+        _loops.optimizer_begin(None, ())
     with pytest.raises(ZeroDivisionError):  # an append that raises: its error, nothing swallowed
         _loops.resolve([[DATA, 1, 2, None, None, None]], DATA, {}, None, REF, count, lambda r: 1 / 0, KIND,
                          None, None)

@@ -68,6 +68,22 @@ sset(PyObject *s, Field *f, PyObject *v)
     return PyObject_SetAttr(s, *f->name, v);
 }
 
+/* A Python-callable function's entry: its arguments as it takes them (`ok`) and what its
+ * `bind_*` function sets (`bound`); 0, or -1 with TypeError(`usage`) or RuntimeError. */
+static int
+call_ok(int ok, const char *usage, int bound, const char *binder)
+{
+    if (!ok) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    if (!bound) {
+        PyErr_Format(PyExc_RuntimeError, "_loops.%s() was not called", binder);
+        return -1;
+    }
+    return 0;
+}
+
 /* The truth of `v`, a new reference released here (NULL: an error already set): 1, 0 or -1. */
 static int
 true_of(PyObject *v)
@@ -468,14 +484,8 @@ PyDoc_STRVAR(resolve_pending_doc,
 static PyObject *
 resolve_pending(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "resolve_pending() takes 2 arguments");
+    if (call_ok(nargs == 2, "resolve_pending() takes 2 arguments", g_current_get != NULL, "bind_machine") < 0)
         return NULL;
-    }
-    if (g_current_get == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_machine() was not called");
-        return NULL;
-    }
     PyObject *r = args[0], *s = args[1];
     PyObject *mb = NULL, *data_attrs = NULL, *parent = NULL, *parent_seq = NULL, *step = NULL, *s_step_obj = NULL;
     PyObject *ref = NULL, *append = NULL, *cover = NULL, *train_src = NULL, *pending = NULL, *result = NULL;
@@ -798,14 +808,8 @@ PyDoc_STRVAR(close_doc,
 static PyObject *
 close_(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "close(r, s, t1)");
+    if (call_ok(nargs == 3, "close(r, s, t1)", g_close_step != NULL, "bind_close") < 0)
         return NULL;
-    }
-    if (g_close_step == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_close() was not called");
-        return NULL;
-    }
     PyObject *r = args[0], *s = args[1], *t1 = Py_NewRef(args[2]), *step = NULL, *open = NULL;
     int v = sattr_none(s, &f_phase);
     if (v < 0)
@@ -1303,14 +1307,9 @@ PyDoc_STRVAR(backward_run_doc,
 static PyObject *
 backward_run(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 || !PyTuple_Check(args[1]) || (args[2] != Py_None && !PyDict_Check(args[2]))) {
-        PyErr_SetString(PyExc_TypeError, "backward_run(original, args, kwargs)");
+    if (call_ok(nargs == 3 && PyTuple_Check(args[1]) && (args[2] == Py_None || PyDict_Check(args[2])),
+                "backward_run(original, args, kwargs)", g_backward_python != NULL, "bind_backward") < 0)
         return NULL;
-    }
-    if (g_backward_python == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_backward() was not called");
-        return NULL;
-    }
     PyObject *s = g_state, *original = args[0], *r = NULL, *t = NULL, *step = NULL, *live = NULL;
     PyObject *kwargs = args[2] == Py_None ? NULL : args[2];
     if ((r = PyObject_GetAttr(g_recorder_module, s_rec_)) == NULL)
@@ -1485,14 +1484,8 @@ PyDoc_STRVAR(fetch_doc,
 static PyObject *
 fetch(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "fetch(original, iterator)");
+    if (call_ok(nargs == 2, "fetch(original, iterator)", g_fetch_python != NULL && g_state != NULL, "bind_fetch") < 0)
         return NULL;
-    }
-    if (g_fetch_python == NULL || g_state == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_fetch() was not called");
-        return NULL;
-    }
     PyObject *s = g_state, *original = args[0], *it = args[1], *batch = NULL, *t0 = NULL, *t1 = NULL, *src = NULL;
     PyObject *r = PyObject_GetAttr(g_recorder_module, s_rec_);
     if (r == NULL)
@@ -1687,7 +1680,8 @@ static PyObject *g_finish;         /* `direct.finish` */
 static PyObject *g_opt_begin_python, *g_opt_end_python, *g_zero_grad_python, *g_several_updates;
 static PyObject *g_decided;        /* `sites._decided` */
 static PyObject *g_zero_grad_part; /* `phase.ZERO_GRAD` */
-static PyObject *g_ph_region_type, *g_ph_kind, *g_ph_no_step, *g_ph_step_part; /* `recorder.Region`, KIND_SPAN, NO_STEP, `phase.STEP` */
+/* `recorder.Region`, KIND_SPAN, NO_STEP, `phase.STEP` */
+static PyObject *g_ph_region_type, *g_ph_kind, *g_ph_no_step, *g_ph_step_part;
 static PyObject *g_opt_state, *g_opt_recorder_module; /* detection's state, `otel_train.record.recorder` */
 static PyObject *g_zero;
 static long g_site_end = -1;       /* `sites.END` */
@@ -1779,14 +1773,8 @@ part_begin_c(PyObject *s, PyObject *name)
 static PyObject *
 part_begin(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "part_begin(s, name)");
+    if (call_ok(nargs == 2, "part_begin(s, name)", g_opt_name != NULL, "bind_phase") < 0)
         return NULL;
-    }
-    if (g_opt_name == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_optimizer() or bind_phase() was not called");
-        return NULL;
-    }
     if (part_begin_c(args[0], args[1]) < 0)
         return NULL;
     Py_RETURN_NONE;
@@ -1851,14 +1839,8 @@ part_end_c(PyObject *r, PyObject *s)
 static PyObject *
 part_end(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "part_end(r, s)");
+    if (call_ok(nargs == 2, "part_end(r, s)", g_opt_name != NULL, "bind_phase") < 0)
         return NULL;
-    }
-    if (g_opt_name == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_optimizer() or bind_phase() was not called");
-        return NULL;
-    }
     return part_end_c(args[0], args[1]);
 }
 
@@ -1967,14 +1949,8 @@ done:
 static PyObject *
 phase_end(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "phase_end(r, s)");
+    if (call_ok(nargs == 2, "phase_end(r, s)", g_opt_name != NULL, "bind_phase") < 0)
         return NULL;
-    }
-    if (g_opt_name == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_optimizer() or bind_phase() was not called");
-        return NULL;
-    }
     if (phase_end_c(args[0], args[1]) < 0)
         return NULL;
     Py_RETURN_NONE;
@@ -2001,14 +1977,10 @@ PyDoc_STRVAR(optimizer_begin_doc,
 static PyObject *
 optimizer_begin(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "optimizer_begin(optimizer, args, kwargs)");
+    if (call_ok(nargs == 3, "optimizer_begin(optimizer, args, kwargs)",
+                g_opt_begin_python != NULL && g_opt_name != NULL && g_train_activity_python != NULL,
+                "bind_optimizer() or bind_phase") < 0)
         return NULL;
-    }
-    if (g_opt_begin_python == NULL || g_opt_name == NULL || g_train_activity_python == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_optimizer() or bind_phase() was not called");
-        return NULL;
-    }
     PyObject *s = g_opt_state, *r = NULL, *t = NULL, *step = NULL, *callers = NULL, *ph = NULL;
     PyFrameObject *wrapper = NULL, *caller = NULL, *outer = NULL;
     int slow = sattr_true(s, &f_opt_depth);
@@ -2089,14 +2061,9 @@ PyDoc_STRVAR(optimizer_end_doc,
 static PyObject *
 optimizer_end(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "optimizer_end(optimizer, args, kwargs)");
+    if (call_ok(nargs == 3, "optimizer_end(optimizer, args, kwargs)", g_opt_end_python != NULL && g_opt_name != NULL,
+                "bind_optimizer() or bind_phase") < 0)
         return NULL;
-    }
-    if (g_opt_end_python == NULL || g_opt_name == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_optimizer() or bind_phase() was not called");
-        return NULL;
-    }
     PyObject *s = g_opt_state, *r = NULL, *t = NULL, *depth = sget(s, &f_opt_depth);
     if (depth == NULL)
         return NULL;
@@ -2198,14 +2165,10 @@ PyDoc_STRVAR(zero_grad_run_doc,
 static PyObject *
 zero_grad_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5 || !PyTuple_Check(args[3]) || (args[4] != Py_None && !PyDict_Check(args[4]))) {
-        PyErr_SetString(PyExc_TypeError, "zero_grad_run(r, s, original, args, kwargs)");
+    if (call_ok(nargs == 5 && PyTuple_Check(args[3]) && (args[4] == Py_None || PyDict_Check(args[4])),
+                "zero_grad_run(r, s, original, args, kwargs)", g_zero_grad_python != NULL && g_opt_name != NULL,
+                "bind_optimizer() or bind_phase") < 0)
         return NULL;
-    }
-    if (g_zero_grad_python == NULL || g_opt_name == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_loops.bind_optimizer() or bind_phase() was not called");
-        return NULL;
-    }
     PyObject *r = args[0], *s = args[1], *kwargs = args[4] == Py_None ? NULL : args[4];
     int mine = same_step(s, r), v;
     long place = 0;
@@ -2560,8 +2523,8 @@ PyInit__loops(void)
     g_one = PyLong_FromLong(1);
     g_epoch_zero = PyLong_FromLong(0);
     g_zero = PyLong_FromLong(0);
-    if (g_zero == NULL || g_name_key == NULL || g_torch == NULL || g_input_ids == NULL || g_shape == NULL || g_dtype == NULL
-        || g_one == NULL)
+    if (g_name_key == NULL || g_torch == NULL || g_input_ids == NULL || g_shape == NULL || g_dtype == NULL
+        || g_one == NULL || g_epoch_zero == NULL || g_zero == NULL)
         return NULL;
     struct {
         PyObject **slot;
