@@ -720,8 +720,9 @@ def _update_moment(seed: int, begin, end, zero_grad, end_phase) -> tuple:
                         s.part_token is None, s.opt_end, s.last_end, [i == id(opt) for i in s.stepped], s.uses_opt,
                         s.data_driven, list(s.cover), s.site_probe,
                         [(c.co_name, lasti) for c, lasti in s.step_site or ()],
-                        None if s.last_callers is None else (s.last_callers[0].f_code.co_name, s.last_callers[1],
-                                                              s.last_callers[2].f_code.co_name),
+                        None if s.last_callers is None else (s.last_callers[0] == id(wrapper_frames[0].f_back),
+                                                              s.last_callers[1].co_name, s.last_callers[2],
+                                                              s.last_callers[4].co_name),
                         _recorder.current_get() is None)
         s.opt_frame = s.last_callers = s.step_site = None
         raises = rng.random() < 0.2

@@ -117,6 +117,31 @@ def test_zero_grad_at_the_top_of_a_helper_called_each_iteration_goes_to_the_next
     assert [v.shape() for v in t.steps.values()] == [[(ZG, None), (FWD, 0), (BWD, 0), (OPT, None)]] * 3
 
 
+def test_a_step_function_s_locals_go_when_it_returns(run: Run) -> None:
+    """Where the update was called from is remembered, to place a later zero_grad (`sites`),
+    without holding the caller's frame: the locals of a function run once a step (its batch,
+    the model's output) are freed when it returns, not one step later."""
+    import weakref
+    clock = run.clock
+    model = Net(clock)
+    opt = ticking_sgd(model, clock)
+    outputs: list[Any] = []
+
+    def train_step() -> None:
+        x, y = torch.randn(4, 4), torch.randn(4, 1)
+        out = model(x)
+        outputs.append(weakref.ref(out))
+        nn.functional.mse_loss(out, y).backward()
+        opt.step()
+        opt.zero_grad()
+
+    for _ in range(4):
+        train_step()
+        assert outputs[-1]() is None
+    t = run.finish()
+    assert [_calls(v) for v in t.steps.values()] == [[["step", "zero_grad"]]] * 4
+
+
 def test_zero_grad_between_forward_and_backward_is_its_own_span_in_the_step(run: Run) -> None:
     """PPO's order: forward, zero_grad, backward, clip, step."""
     clock = run.clock

@@ -2022,10 +2022,15 @@ optimizer_begin(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     caller = wrapper == NULL ? NULL : PyFrame_GetBack(wrapper);
     if (sset(s, &f_opt_frame, wrapper != NULL ? (PyObject *)wrapper : Py_None) < 0)
         goto fail;
-    if (caller != NULL) { /* where the update was called from (`sites`) */
+    if (caller != NULL) { /* where the update was called from: `sites.callers`, never the frames themselves */
         outer = PyFrame_GetBack(caller);
-        callers = Py_BuildValue("(OiOi)", caller, PyFrame_GetLasti(caller), outer != NULL ? (PyObject *)outer : Py_None,
+        PyCodeObject *caller_code = PyFrame_GetCode(caller), *outer_code = outer ? PyFrame_GetCode(outer) : NULL;
+        callers = Py_BuildValue("(NOiNOi)", PyLong_FromVoidPtr(caller), (PyObject *)caller_code,
+                                PyFrame_GetLasti(caller), outer != NULL ? PyLong_FromVoidPtr(outer) : Py_NewRef(Py_None),
+                                outer_code != NULL ? (PyObject *)outer_code : Py_None,
                                 outer != NULL ? PyFrame_GetLasti(outer) : -1);
+        Py_DECREF(caller_code);
+        Py_XDECREF(outer_code);
         if (callers == NULL || sset(s, &f_last_callers, callers) < 0)
             goto fail;
     }

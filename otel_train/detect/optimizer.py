@@ -94,7 +94,7 @@ def optimizer_begin_python(optimizer: Any, args: Any, kwargs: Any) -> None:
     caller = frame.f_back
     if caller is not None:  # where the update was called from, for a zero_grad site not placed yet (`sites`)
         outer = caller.f_back
-        s.last_callers = (caller, caller.f_lasti, outer, outer.f_lasti if outer is not None else -1)
+        s.last_callers = sites.callers(caller, outer)
     s.opt_owner = optimizer
     s.opt_closure = closure is not None
     s.nest = nest

@@ -10,8 +10,8 @@ of the next iteration: it belongs to the next step), a later one that it follows
 framework's hook), it is neither: a `train.zero_grad` of its own in the step.
 
 A zero_grad at a call site not yet decided while not probing (a second loop) is placed from
-the two live frames that called the last update (`State.last_callers`, two attribute reads per
-update), when it is called from one of them. The update's full call site is read while probing only (`State.site_probe`): once a zero_grad's call
+the two live frames that called the last update (`State.last_callers`: their ids, codes and
+offsets, not the frames), when it is called from one of them. The update's full call site is read while probing only (`State.site_probe`): once a zero_grad's call
 site is decided, the decision is remembered by that site and the update's hook stops looking.
 """
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 from types import CodeType, FrameType
+from typing import Any
 
 from otel_train.detect.state import State
 
@@ -96,18 +97,28 @@ def zero_grad_place(s: State) -> int:
     return place
 
 
+def callers(caller: FrameType, outer: FrameType | None) -> tuple[Any, ...]:
+    """What the optimizer's pre-hook keeps of the two frames that called the update
+    (`State.last_callers`): each one's id, code and instruction offset, never the frame itself,
+    which would keep a per-step function's locals (its batch, the model's output) alive until
+    the next update. `_loops.optimizer_begin` builds the same tuple."""
+    return (id(caller), caller.f_code, caller.f_lasti, id(outer) if outer is not None else None,
+            outer.f_code if outer is not None else None, outer.f_lasti if outer is not None else -1)
+
+
 def _by_callers(frames: list[FrameType], last: tuple | None) -> int | None:
-    """From the two frames that called the last update (kept by the optimizer's pre-hook, with
-    their instruction offsets then): a zero_grad called from one of them, still running, at an
-    offset before (or at: the same call made again, the loop came round) the update's is at the
-    top of the next iteration, after it at the end of this one."""
+    """From the two frames that called the last update (`callers`): a zero_grad called from one
+    of them, still running, at an offset before (or at: the same call made again, the loop came
+    round) the update's is at the top of the next iteration, after it at the end of this one.
+    A frame is told by its id and code: a live frame keeps its id; one that ended may leave its
+    id to a new frame of the same code, whose offsets the same comparison places as probing would."""
     if last is None:
         return None
     for frame in frames:
-        if frame is last[0]:
-            return TOP if frame.f_lasti <= last[1] else END
-        if frame is last[2]:
-            return TOP if frame.f_lasti <= last[3] else END
+        if id(frame) == last[0] and frame.f_code is last[1]:
+            return TOP if frame.f_lasti <= last[2] else END
+        if id(frame) == last[3] and frame.f_code is last[4]:
+            return TOP if frame.f_lasti <= last[5] else END
     return None
 
 

@@ -104,7 +104,7 @@ class State:
         self.part_token: Any = None  # while a part runs: the token that made the phase current
         self.step_site: Any = None  # where the update was called from (`sites`), while probing
         self.site_probe = True
-        self.last_callers: Any = None  # (frame, f_lasti) x 2 that called the last update (`sites`)
+        self.last_callers: Any = None  # (id, code, f_lasti) of the 2 frames that called the last update (`sites.callers`)
         # Coverage (`coverage`): the open step's top-level intervals [t0, t1, t0, t1, ...], and
         # the end of what covers the time between steps (the last step or sibling).
         self.cover: list[int] = []
