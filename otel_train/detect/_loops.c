@@ -1430,17 +1430,26 @@ bind_backward(PyObject *module, PyObject *args)
 static PyObject *g_fetch_python, *g_close, *g_manual, *g_phase_end, *g_copy_edge;
 static PyObject *size_of(PyObject *module, PyObject *batch);
 
+/* `machine.ours`: the step detection opened (`s.step`) is the recorder's open step: 1, 0, or
+ * -1 with an error. */
+static int
+same_step(PyObject *s, PyObject *r)
+{
+    PyObject *ours = sget(s, &f_step), *open = ours == NULL ? NULL : PyObject_GetAttr(r, s_step);
+    int same = open == NULL ? -1 : ours != Py_None && ours == open;
+    Py_XDECREF(ours);
+    Py_XDECREF(open);
+    return same;
+}
+
 /* After a fetch from the training loader: the step's updates are over, or (a loop with no
  * optimizer) its backward was. `data.fetch_python`'s close rules; 0, or -1 with an error. */
 static int
 fetch_closes(PyObject *r, PyObject *s, PyObject *t0)
 {
-    PyObject *ours = sget(s, &f_step), *open = ours == NULL ? NULL : PyObject_GetAttr(r, s_step);
-    int err = open == NULL, mine = !err && ours != Py_None && open == ours;
-    Py_XDECREF(ours);
-    Py_XDECREF(open);
-    if (err || !mine)
-        return err ? -1 : 0;
+    int mine = same_step(s, r);
+    if (mine <= 0)
+        return mine;
     PyObject *opt_end = sget(s, &f_opt_end);
     if (opt_end == NULL)
         return -1;
@@ -1467,6 +1476,7 @@ fetch_closes(PyObject *r, PyObject *s, PyObject *t0)
         Py_DECREF(opt_end);
         return -1;
     }
+    int err = 0;
     if (close) {
         PyObject *res = PyObject_CallFunctionObjArgs(g_close, r, s, at, NULL);
         Py_XDECREF(res);
@@ -1669,7 +1679,9 @@ user_frames(PyObject *module, PyObject *arg)
 /* --- the optimizer phase (`phase`), the optimizer's hooks and zero_grad (`optimizer`) -------- */
 /* Their common paths: an update of the open step with no closure, and a zero_grad placed at
  * the end of the update; anything else calls the Python function from its start, before
- * anything is changed here. What `bind_optimizer` gave: */
+ * anything is changed here. What `bind_phase` and `bind_optimizer` gave (`phase` binds its own
+ * `Region`, KIND_SPAN and NO_STEP: it may be imported, and called, before the modules whose
+ * `bind_*` set the others): */
 static PyObject *g_opt_name;       /* OPTIMIZER, the phase's span name */
 static PyObject *g_leave;          /* `phase._leave` */
 static PyObject *g_current_var;    /* `recorder._current` */
@@ -1701,17 +1713,6 @@ has_dev(PyObject *obj)
     int has = v != Py_None;
     Py_DECREF(v);
     return has;
-}
-
-/* `s.<field>` is `obj.<name>` (both not None): 1, 0, or -1 with an error. */
-static int
-same_step(PyObject *s, PyObject *r)
-{
-    PyObject *ours = sget(s, &f_step), *open = ours == NULL ? NULL : PyObject_GetAttr(r, s_step);
-    int same = open == NULL ? -1 : ours != Py_None && ours == open;
-    Py_XDECREF(ours);
-    Py_XDECREF(open);
-    return same;
 }
 
 PyDoc_STRVAR(part_begin_doc,
