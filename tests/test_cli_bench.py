@@ -18,7 +18,7 @@ REQUIRED = ["region_ns_floor", "region_ns_otel_train", "region_ns_otel_sdk", "re
             "region_ns_cold_floor", "region_ns_cold_otel_train", "region_ns_cold_otel_sdk",
             "region_ns_cold_disabled", "sdk_over_otel_train_cold", "step_overhead_pct_small_hot_path",
             "step_overhead_pct_small_hot_path_ci95_lo", "step_overhead_pct_small_hot_path_ci95_hi", "hot_path_in_c",
-            "export_fast_path_in_c"]
+            "export_fast_path_in_c", "export_json_line_in_c", "export_json_line_us_per_span"]
 
 #: With the C hot path built, its pure-Python fallback beside it.
 PYTHON_FALLBACK = ["region_ns_otel_train_python", "region_ns_cold_otel_train_python",
@@ -27,6 +27,9 @@ PYTHON_FALLBACK = ["region_ns_otel_train_python", "region_ns_cold_otel_train_pyt
 
 #: Where the exporter's fast path is C (`_encode`), its Python loop beside it.
 EXPORT_PYTHON_FALLBACK = ["export_assemble_us_per_span_fast_python", "export_total_us_per_span_fast_python"]
+
+#: Where the JSON line is C (`_otlp_json`), Python's beside it.
+JSON_LINE_PYTHON_FALLBACK = ["export_json_line_us_per_span_python"]
 
 #: With two intra-op threads or more, the small step again with one thread fewer.
 SPARE_CORE = ["torch_threads_spare_core", "step_overhead_pct_small_spare_core",
@@ -43,7 +46,8 @@ def test_bench_overhead_prints_every_figure_as_name_value() -> None:
         figures[match[1]] = float(match[2])
     required = (REQUIRED + (SPARE_CORE if figures["torch_threads"] >= 2 else [])
                 + (PYTHON_FALLBACK if figures["hot_path_in_c"] else [])
-                + (EXPORT_PYTHON_FALLBACK if figures["export_fast_path_in_c"] else []))
+                + (EXPORT_PYTHON_FALLBACK if figures["export_fast_path_in_c"] else [])
+                + (JSON_LINE_PYTHON_FALLBACK if figures["export_json_line_in_c"] else []))
     missing = [name for name in required if name not in figures]
     assert not missing, missing
     assert figures["receiver_spans"] > 0  # the instrumented steps really reached the live receiver

@@ -39,7 +39,8 @@ def bench_export_cpu(steps: int, rounds: int) -> dict[str, float]:
     unpickling, span assembly with metrics, and OTLP encoding, on the fast path (its region
     loop in C where `_encode` was built, and then its Python fallback too: `*_fast_python`)
     and on the general path (what a record with an exception, an event or device time takes,
-    and what every record took before the fast path). Inside a real run the exporter shares cores
+    and what every record took before the fast path); then the embedded default's JSON line
+    (`export_json_line_us_per_span`: C, and `_python` beside it where C was built). Inside a real run the exporter shares cores
     with training and pays about twice this (`exporter_cpu_us_per_step*`)."""
     import gc
 
@@ -69,6 +70,8 @@ def _export_cpu(records: list[Any], offset: int, rounds: int) -> dict[str, float
     from otel_train.export.otlp import LeanEncoder
     from otel_train.export.pipe import dumps, loads
     from otel_train.export.spans import SpanAssembler
+    from otel_train.export import otlp_json
+    from otel_train.export.otlp_json import trace_request_json_python, trace_request_line
     from otel_train.export.worker import _SLICE
 
     resource = {"service.name": "bench", "ml.run.id": "bench", "ml.rank": 0}
@@ -101,10 +104,19 @@ def _export_cpu(records: list[Any], offset: int, rounds: int) -> dict[str, float
                 assembler.feed_raw(message[1][0][1], offset)
             assembler.flush()
             t2 = cpu()
-            encoder.batches(out, 2048, 1 << 20)
+            batches = encoder.batches(out, 2048, 1 << 20)
             t3 = cpu()
             keep("export_unpickle_us_per_span", t1 - t0, len(records))
             keep(f"export_assemble_us_per_span_{label}", t2 - t1, len(records))
             keep(f"export_encode_us_per_span_{label}", t3 - t2, len(records))
             keep(f"export_total_us_per_span_{label}", t3 - t0, len(records))
+        # The embedded default's extra stage: the encoded requests as OTLP JSON lines
+        # (`otlp_json.trace_request_line`: C where `_otlp_json` was built, and Python beside it).
+        converters = [("", trace_request_line)] + ([("_python", trace_request_json_python)]
+                                                  if otlp_json._otlp_json is not None else [])
+        for label, convert in converters:
+            t0 = cpu()
+            for batch in batches:
+                convert(batch.payload)
+            keep(f"export_json_line_us_per_span{label}", cpu() - t0, len(records))
     return best

@@ -57,7 +57,7 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
 
     import otel_train
     from otel_train import _runtime
-    from otel_train.export import fast_path
+    from otel_train.export import fast_path, otlp_json
     from otel_train.record import recorder as _recorder
 
     # Blocks of about two and a half seconds (large step) and two (small), at the default drain
@@ -72,6 +72,7 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
         print_figure("torch_threads", torch.get_num_threads())
         print_figure("hot_path_in_c", int(_recorder.Region is not _recorder._PyRegion))  # else the Python fallback
         print_figure("export_fast_path_in_c", int(fast_path._encode is not None))  # else its Python loop
+        print_figure("export_json_line_in_c", int(otlp_json._otlp_json is not None))  # else Python's
         print_figure("load_avg_1m", os.getloadavg()[0])
         print_figure("block_steps", block)
         print_figure("block_steps_small", block * 6)

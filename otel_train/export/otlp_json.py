@@ -4,7 +4,8 @@ One export request per line (`ExportTraceServiceRequest` / `ExportMetricsService
 OTLP/JSON: ids in hex, 64-bit integers as strings), the format of the OpenTelemetry
 Collector's file exporter. What is written is the same encoded request an OTLP exporter
 sends (`otlp.LeanEncoder`), turned into JSON here (`FileTransport`), so files and collectors
-get one encoding. `read_spans` reads ours and the Collector's alike, and skips (and counts) a
+get one encoding: read straight off the protobuf wire in C (`_otlp_json.c`), or where that was
+not built (or declines a request), parsed and dumped in Python (`trace_request_json_python`). `read_spans` reads ours and the Collector's alike, and skips (and counts) a
 line cut short by a crash or a full disk instead of failing on it.
 """
 
@@ -19,6 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from otel_train.export.transport import OK, Outcome
+
+try:  # the trace requests' conversion in C; `trace_request_json_python` is the fallback
+    from otel_train.export import _otlp_json
+except ImportError:
+    _otlp_json = None  # type: ignore[assignment]
 
 _log = logging.getLogger("otel_train")
 
@@ -40,9 +46,12 @@ class JsonLinesFile:
         self._broken_line = False
 
     def write(self, doc: Any) -> Outcome:
-        """Append `doc` (a dict, or JSON text already) as one line."""
-        text = doc if isinstance(doc, str) else json.dumps(doc, separators=(",", ":"))
-        data = (text + "\n").encode("utf-8")
+        """Append `doc` (a dict, or JSON text already, as str or UTF-8 bytes) as one line."""
+        if isinstance(doc, bytes):
+            data = doc + b"\n"
+        else:
+            text = doc if isinstance(doc, str) else json.dumps(doc, separators=(",", ":"))
+            data = (text + "\n").encode("utf-8")
         with self._lock:
             if self._stream is not None:
                 try:
@@ -104,8 +113,8 @@ class FileTransport:
         self.signal = signal
 
     def send(self, payload: bytes, timeout_s: float) -> Outcome:
-        text = trace_request_json(payload) if self.signal == "traces" else metrics_request_json(payload)
-        return self.out.write(text)
+        line = trace_request_line(payload) if self.signal == "traces" else metrics_request_json(payload)
+        return self.out.write(line)
 
     def close(self) -> None:
         self.out.close()
@@ -154,9 +163,25 @@ def _json_span(span: Any) -> dict[str, Any]:
     return out
 
 
-def trace_request_json(payload: bytes) -> str:
+def trace_request_line(payload: bytes) -> bytes:
     """An encoded `ExportTraceServiceRequest` as one line of OTLP JSON (ids in hex, 64-bit
-    integers as strings), the OpenTelemetry Collector file exporter's format."""
+    integers as strings, ASCII), the OpenTelemetry Collector file exporter's format."""
+    if _otlp_json is not None:
+        try:
+            return _otlp_json.trace_request(payload)
+        except ValueError:
+            pass  # a request the C reader does not render exactly: Python does
+    return trace_request_json_python(payload).encode("ascii")
+
+
+def trace_request_json(payload: bytes) -> str:
+    """`trace_request_line` as text."""
+    return trace_request_line(payload).decode("ascii")
+
+
+def trace_request_json_python(payload: bytes) -> str:
+    """`trace_request_line` in Python: parsed with protobuf, dumped with `json` (the C reader's
+    reference, and its fallback)."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     request = ExportTraceServiceRequest.FromString(payload)
