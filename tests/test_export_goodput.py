@@ -94,6 +94,27 @@ def test_the_shutdown_line_is_one_line_with_the_badput_shares() -> None:
     assert line == "otel_train: goodput 44.4% of 5.4 s on rank 0: startup 55.6%; 1 of 21 steps slow (tagged 'slow')"
 
 
+def test_the_run_time_bound_is_slow_bound_to_the_bit() -> None:
+    """`RecentSteps.bound` selects the MAD from its sorted window instead of sorting the
+    deviations: the same float as `slow_bound` for windows of every size, with ties, plateaus
+    and outliers."""
+    import random
+    from collections import deque
+
+    from otel_train.analyze.slow import slow_bound
+    from otel_train.export.goodput import RecentSteps
+
+    rng = random.Random(11)
+    shapes = [lambda: rng.random(), lambda: rng.choice([0.1, 0.2, 0.2, 0.3]),
+              lambda: 0.1 * (1 + rng.gauss(0, 0.05)), lambda: rng.choice([1.0, 1.0, 1.0, 5.0, 0.5])]
+    for _ in range(3000):
+        shape = rng.choice(shapes)
+        window = [shape() for _ in range(rng.randrange(10, 101))]
+        rule = RecentSteps()
+        rule.recent, rule.ordered = deque(window, maxlen=100), sorted(window)
+        assert rule.bound() == slow_bound(window), window
+
+
 def test_the_run_time_rule_says_exactly_what_diagnose_says() -> None:
     """`RecentSteps` skips the MAD for steps under median + 5 %: the verdicts must not change."""
     import random

@@ -131,12 +131,27 @@ class RunAccount:
 class RecentSteps(SlowStepRule):
     """`SlowStepRule` with the same verdicts at a fraction of the cost a step: the bound is at
     least the median plus `floor` of it, so a step under that is not slow whatever the MAD is,
-    and only a step over it pays for the MAD (two sorts of the window, ~10 µs); the median comes
-    from a sorted copy of the window kept up to date (`bisect`)."""
+    and only a step over it pays for the MAD; the median comes from a sorted copy of the window
+    kept up to date (`bisect`), and so does the MAD (`bound`: a selection in the two sorted runs
+    of deviations either side of the median, ~7 probes, not a list and a sort of 100, ~25 µs)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.ordered: list[float] = []
+
+    def bound(self) -> float | None:
+        """`slow_bound` of the window, to the bit: the same median, and the MAD is the median of
+        the same deviations (`m - x` is `abs(x - m)` exactly: IEEE subtraction is symmetric)."""
+        ordered = self.ordered
+        n = len(ordered)
+        if n < self.min_history:
+            return None
+        half = n // 2
+        m = ordered[half] if n % 2 else (ordered[half - 1] + ordered[half]) / 2.0
+        split = bisect.bisect_right(ordered, m)
+        mad = _kth_deviation(ordered, m, split, half) if n % 2 else \
+            (_kth_deviation(ordered, m, split, half - 1) + _kth_deviation(ordered, m, split, half)) / 2.0
+        return m + max(self.k * mad, self.floor * m)
 
     def observe(self, step_time: float) -> bool:
         recent, ordered = self.recent, self.ordered
@@ -152,6 +167,25 @@ class RecentSteps(SlowStepRule):
         recent.append(step_time)
         bisect.insort(ordered, step_time)
         return slow
+
+
+def _kth_deviation(ordered: list[float], m: float, split: int, k: int) -> float:
+    """The `k`-th smallest (from 0) of `abs(x - m)` over `ordered` (sorted; `ordered[:split]` at
+    most `m`): the k-th of two sorted runs, `m - x` walking down from `split` and `x - m` up
+    from it, found by bisecting how many come from the first."""
+    a, b = split, len(ordered) - split  # lengths of the run below (walked down) and above
+    lo, hi = max(0, k + 1 - b), min(a, k + 1)
+    while True:
+        i = (lo + hi) // 2  # taken from below; k + 1 - i from above
+        j = k + 1 - i
+        if i < a and j > 0 and ordered[split + j - 1] - m > m - ordered[split - 1 - i]:
+            lo = i + 1
+        elif i > 0 and j < b and m - ordered[split - i] > ordered[split + j] - m:
+            hi = i - 1
+        else:
+            below = m - ordered[split - i] if i > 0 else -1.0
+            above = ordered[split + j - 1] - m if j > 0 else -1.0
+            return below if below > above else above
 
 
 def summary_line(summary: Mapping[str, Any], rank: int) -> str:
