@@ -248,6 +248,19 @@ def test_a_groups_catch_up_is_charged_beyond_the_plain_rate_around_it_for_its_ti
     assert group_charge_ns(14_000_000, 10, 1.2, 75, 25) == pytest.approx(1_500_000)
 
 
+def test_bench_auto_cost_orders_its_blocks_independently_of_the_epoch() -> None:
+    """An epoch of the auto-cost loop is two rounds: in alternating order, its first step (a new
+    DataLoader iterator) always fell in the same variant's block. Drawn at random, each variant
+    comes first about as often in even rounds as in odd ones."""
+    from otel_train.bench.auto_cost import round_orders
+
+    orders = round_orders(400)
+    assert set(orders) == {("plain", "auto"), ("auto", "plain")}
+    for parity in (0, 1):
+        firsts = [order[0] for order in orders[parity::2]]
+        assert 0.4 < firsts.count("auto") / len(firsts) < 0.6, parity
+
+
 def test_bench_auto_cost_prints_its_figures_and_counts_calls() -> None:
     """`bench auto-cost`: the µs A/B with its interval and the per-step call counts, the
     automatic steps making more Python calls than the plain ones (the hooks are really on)."""

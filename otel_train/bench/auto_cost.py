@@ -7,6 +7,13 @@ installed once; plain steps run with every hook and patch removed
 steps in one process, the worker held (the records wait in the buffer; they are written out
 between rounds, untimed). So the figure is the training thread's own cost, not export.
 
+Each round runs its two blocks in an order drawn at random (seeded: `round_orders`), not in
+alternating order: an epoch is 32 steps, two rounds of two 8-step blocks, so alternating put
+every epoch's first step (a new `DataLoader` iterator and its shuffle) in the same variant's
+block each time. An A/A run (both blocks automatic) read +31 and +55 µs a step alternating,
++61 and -19 in random order: the coupling is within this host's noise, but it is systematic
+where the noise is not.
+
 Figures (`name: value` lines):
 - `auto_us_per_step`: median over rounds of (automatic − plain) µs a step, with the
   distribution-free 95 % interval (`_ci95_lo` / `_ci95_hi`); wall clock, so noisy on a busy host.
@@ -30,6 +37,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -87,6 +95,14 @@ def step(self):
 _script: dict[str, Any] = {"__name__": "auto_cost_loop", "ACCUM": ACCUM}
 exec(compile(_LOOP, "<otel-train bench auto-cost loop>", "exec"), _script)  # noqa: S102 - our own constant
 AutoCostLoop.step = _script["step"]  # type: ignore[method-assign]
+
+
+def round_orders(rounds: int, seed: int = 0) -> list[tuple[str, str]]:
+    """The order of the plain and automatic blocks in each round: drawn at random, so that no
+    period of the loop (an epoch's first step, which falls in every other round) lines up with
+    one variant."""
+    rng = random.Random(seed)
+    return [("plain", "auto") if rng.random() < 0.5 else ("auto", "plain") for _ in range(rounds)]
 
 
 def _timed(step: Callable[[], None], steps: int) -> tuple[int, int]:
@@ -212,10 +228,10 @@ def run_auto_cost(rounds: int = 20, block_steps: int = 8, callgrind_steps: int =
         plain_us: list[float] = []
         added_us: list[float] = []
         added_cpu_us: list[float] = []
-        for r in range(rounds):
+        for order in round_orders(rounds):
             with held(worker):
                 ns = {}
-                for kind in ("plain", "auto") if r % 2 == 0 else ("auto", "plain"):
+                for kind in order:
                     if kind == "plain":
                         with paused_detection():
                             ns[kind] = _timed(loop.step, block_steps)
