@@ -280,7 +280,30 @@ static int put_slice_string(Out *o, const Slice *s) {
     return rc == -2 ? NOT_OURS : rc;
 }
 
-static int key_values(Out *o, const uint8_t *p, size_t n, uint32_t field);
+typedef int (*Render)(Out *o, const uint8_t *p, size_t n);
+
+/* Every field `field` of a message, each rendered by `render`, as a JSON list. */
+static int put_list(Out *o, const uint8_t *p, size_t n, uint32_t field, Render render) {
+    Rd r = {p, p + n};
+    Field f;
+    int rc, first = 1;
+    TRY(PUT_LIT(o, "["));
+    while ((rc = next_field(&r, &f)) == 1) {
+        if (f.num != field) {
+            continue;
+        }
+        WANT(f, WT_LEN);
+        TRY(first ? 0 : PUT_LIT(o, ","));
+        first = 0;
+        TRY(render(o, f.data, f.len));
+    }
+    if (rc < 0) {
+        return NOT_OURS;
+    }
+    return PUT_LIT(o, "]");
+}
+
+static int key_value(Out *o, const uint8_t *p, size_t n);
 
 /* `_json_value`: an AnyValue. */
 static int any_value(Out *o, const uint8_t *p, size_t n) {
@@ -336,29 +359,14 @@ static int any_value(Out *o, const uint8_t *p, size_t n) {
     }
     case 5: {
         WANT(which, WT_LEN);
-        TRY(PUT_LIT(o, "{\"arrayValue\":{\"values\":["));
-        Rd a = {which.data, which.data + which.len};
-        int first = 1;
-        while ((rc = next_field(&a, &f)) == 1) {
-            if (f.num != 1) {
-                continue;
-            }
-            WANT(f, WT_LEN);
-            if (!first) {
-                TRY(PUT_LIT(o, ","));
-            }
-            first = 0;
-            TRY(any_value(o, f.data, f.len));
-        }
-        if (rc < 0) {
-            return NOT_OURS;
-        }
-        return PUT_LIT(o, "]}}");
+        TRY(PUT_LIT(o, "{\"arrayValue\":{\"values\":"));
+        TRY(put_list(o, which.data, which.len, 1, any_value));
+        return PUT_LIT(o, "}}");
     }
     case 6:
         WANT(which, WT_LEN);
         TRY(PUT_LIT(o, "{\"kvlistValue\":{\"values\":"));
-        TRY(key_values(o, which.data, which.len, 1));
+        TRY(put_list(o, which.data, which.len, 1, key_value));
         return PUT_LIT(o, "}}");
     case 7: {
         WANT(which, WT_LEN);
@@ -396,49 +404,32 @@ static int any_value(Out *o, const uint8_t *p, size_t n) {
     return NOT_OURS;
 }
 
-/* `_json_kvs`: the KeyValues in field `field` of a message, as a JSON list. */
-static int key_values(Out *o, const uint8_t *p, size_t n, uint32_t field) {
-    Rd r = {p, p + n};
-    Field f;
-    int rc, first = 1;
-    TRY(PUT_LIT(o, "["));
-    while ((rc = next_field(&r, &f)) == 1) {
-        if (f.num != field) {
-            continue;
-        }
-        WANT(f, WT_LEN);
-        Rd kv = {f.data, f.data + f.len};
-        Field g;
-        Slice key = {(const uint8_t *)"", 0, 0}, value = {NULL, 0, 0};
-        while ((rc = next_field(&kv, &g)) == 1) {
-            if (g.num == 1) {
-                WANT(g, WT_LEN);
-                key = (Slice){g.data, g.len, 1};
-            } else if (g.num == 2) {
-                WANT(g, WT_LEN);
-                if (value.seen) {
-                    return NOT_OURS;  /* protobuf would merge the two */
-                }
-                value = (Slice){g.data, g.len, 1};
+/* One KeyValue (`_json_kvs` renders a list of them: `put_list(..., key_value)`). */
+static int key_value(Out *o, const uint8_t *p, size_t n) {
+    Rd kv = {p, p + n};
+    Field g;
+    int rc;
+    Slice key = {(const uint8_t *)"", 0, 0}, value = {NULL, 0, 0};
+    while ((rc = next_field(&kv, &g)) == 1) {
+        if (g.num == 1) {
+            WANT(g, WT_LEN);
+            key = (Slice){g.data, g.len, 1};
+        } else if (g.num == 2) {
+            WANT(g, WT_LEN);
+            if (value.seen) {
+                return NOT_OURS;  /* protobuf would merge the two */
             }
+            value = (Slice){g.data, g.len, 1};
         }
-        if (rc < 0) {
-            return NOT_OURS;
-        }
-        if (!first) {
-            TRY(PUT_LIT(o, ","));
-        }
-        first = 0;
-        TRY(PUT_LIT(o, "{\"key\":"));
-        TRY(put_slice_string(o, &key));
-        TRY(PUT_LIT(o, ",\"value\":"));
-        TRY(value.seen ? any_value(o, value.data, value.len) : PUT_LIT(o, "{}"));
-        TRY(PUT_LIT(o, "}"));
     }
     if (rc < 0) {
         return NOT_OURS;
     }
-    return PUT_LIT(o, "]");
+    TRY(PUT_LIT(o, "{\"key\":"));
+    TRY(put_slice_string(o, &key));
+    TRY(PUT_LIT(o, ",\"value\":"));
+    TRY(value.seen ? any_value(o, value.data, value.len) : PUT_LIT(o, "{}"));
+    return PUT_LIT(o, "}");
 }
 
 /* A singular message field (at most once: protobuf would merge repeats). */
@@ -460,6 +451,62 @@ static int take_bytes(const Field *f, Slice *s) {
 }
 
 static const Slice EMPTY = {(const uint8_t *)"", 0, 0};
+
+/* A span's Event: {"timeUnixNano", "name", "attributes"}. */
+static int span_event(Out *o, const uint8_t *p, size_t n) {
+    Rd e = {p, p + n};
+    Field g;
+    int rc;
+    Slice name = EMPTY;
+    uint64_t time = 0;
+    while ((rc = next_field(&e, &g)) == 1) {
+        if (g.num == 1) {
+            WANT(g, WT_I64);
+            time = g.v;
+        } else if (g.num == 2) {
+            TRY(take_bytes(&g, &name));
+        } else if (g.num == 3) {
+            WANT(g, WT_LEN);
+        }
+    }
+    if (rc < 0) {
+        return NOT_OURS;
+    }
+    TRY(PUT_LIT(o, "{\"timeUnixNano\":"));
+    TRY(put_u64_str(o, time));
+    TRY(PUT_LIT(o, ",\"name\":"));
+    TRY(put_slice_string(o, &name));
+    TRY(PUT_LIT(o, ",\"attributes\":"));
+    TRY(put_list(o, p, n, 3, key_value));
+    return PUT_LIT(o, "}");
+}
+
+/* A span's Link: {"traceId", "spanId", "attributes"}. */
+static int span_link(Out *o, const uint8_t *p, size_t n) {
+    Rd l = {p, p + n};
+    Field g;
+    int rc;
+    Slice trace = EMPTY, id = EMPTY;
+    while ((rc = next_field(&l, &g)) == 1) {
+        if (g.num == 1) {
+            TRY(take_bytes(&g, &trace));
+        } else if (g.num == 2) {
+            TRY(take_bytes(&g, &id));
+        } else if (g.num == 4) {
+            WANT(g, WT_LEN);
+        }
+    }
+    if (rc < 0) {
+        return NOT_OURS;
+    }
+    TRY(PUT_LIT(o, "{\"traceId\":"));
+    TRY(put_hex(o, trace.data, trace.len));
+    TRY(PUT_LIT(o, ",\"spanId\":"));
+    TRY(put_hex(o, id.data, id.len));
+    TRY(PUT_LIT(o, ",\"attributes\":"));
+    TRY(put_list(o, p, n, 4, key_value));
+    return PUT_LIT(o, "}");
+}
 
 /* `_json_span`. */
 static int span(Out *o, const uint8_t *p, size_t n) {
@@ -503,7 +550,7 @@ static int span(Out *o, const uint8_t *p, size_t n) {
     TRY(PUT_LIT(o, ",\"endTimeUnixNano\":"));
     TRY(put_u64_str(o, end));
     TRY(PUT_LIT(o, ",\"attributes\":"));
-    TRY(key_values(o, p, n, 9));
+    TRY(put_list(o, p, n, 9, key_value));
     /* Status: message 2, code 3. */
     Slice message = EMPTY;
     uint64_t code = 0;
@@ -538,76 +585,12 @@ static int span(Out *o, const uint8_t *p, size_t n) {
         TRY(put_hex(o, parent.data, parent.len));
     }
     if (events) {
-        TRY(PUT_LIT(o, ",\"events\":["));
-        r = (Rd){p, p + n};
-        int first = 1;
-        while (next_field(&r, &f) == 1) {
-            if (f.num != 11) {
-                continue;
-            }
-            Rd e = {f.data, f.data + f.len};
-            Field g;
-            Slice ename = EMPTY;
-            uint64_t time = 0;
-            while ((rc = next_field(&e, &g)) == 1) {
-                if (g.num == 1) {
-                    WANT(g, WT_I64);
-                    time = g.v;
-                } else if (g.num == 2) {
-                    TRY(take_bytes(&g, &ename));
-                } else if (g.num == 3) {
-                    WANT(g, WT_LEN);
-                }
-            }
-            if (rc < 0) {
-                return NOT_OURS;
-            }
-            TRY(first ? 0 : PUT_LIT(o, ","));
-            first = 0;
-            TRY(PUT_LIT(o, "{\"timeUnixNano\":"));
-            TRY(put_u64_str(o, time));
-            TRY(PUT_LIT(o, ",\"name\":"));
-            TRY(put_slice_string(o, &ename));
-            TRY(PUT_LIT(o, ",\"attributes\":"));
-            TRY(key_values(o, f.data, f.len, 3));
-            TRY(PUT_LIT(o, "}"));
-        }
-        TRY(PUT_LIT(o, "]"));
+        TRY(PUT_LIT(o, ",\"events\":"));
+        TRY(put_list(o, p, n, 11, span_event));
     }
     if (links) {
-        TRY(PUT_LIT(o, ",\"links\":["));
-        r = (Rd){p, p + n};
-        int first = 1;
-        while (next_field(&r, &f) == 1) {
-            if (f.num != 13) {
-                continue;
-            }
-            Rd l = {f.data, f.data + f.len};
-            Field g;
-            Slice ltrace = EMPTY, lid = EMPTY;
-            while ((rc = next_field(&l, &g)) == 1) {
-                if (g.num == 1) {
-                    TRY(take_bytes(&g, &ltrace));
-                } else if (g.num == 2) {
-                    TRY(take_bytes(&g, &lid));
-                } else if (g.num == 4) {
-                    WANT(g, WT_LEN);
-                }
-            }
-            if (rc < 0) {
-                return NOT_OURS;
-            }
-            TRY(first ? 0 : PUT_LIT(o, ","));
-            first = 0;
-            TRY(PUT_LIT(o, "{\"traceId\":"));
-            TRY(put_hex(o, ltrace.data, ltrace.len));
-            TRY(PUT_LIT(o, ",\"spanId\":"));
-            TRY(put_hex(o, lid.data, lid.len));
-            TRY(PUT_LIT(o, ",\"attributes\":"));
-            TRY(key_values(o, f.data, f.len, 4));
-            TRY(PUT_LIT(o, "}"));
-        }
-        TRY(PUT_LIT(o, "]"));
+        TRY(PUT_LIT(o, ",\"links\":"));
+        TRY(put_list(o, p, n, 13, span_link));
     }
     return PUT_LIT(o, "}");
 }
@@ -646,18 +629,9 @@ static int scope_spans(Out *o, const uint8_t *p, size_t n) {
     TRY(put_slice_string(o, &name));
     TRY(PUT_LIT(o, ",\"version\":"));
     TRY(put_slice_string(o, &version));
-    TRY(PUT_LIT(o, "},\"spans\":["));
-    r = (Rd){p, p + n};
-    int first = 1;
-    while (next_field(&r, &f) == 1) {
-        if (f.num != 2) {
-            continue;
-        }
-        TRY(first ? 0 : PUT_LIT(o, ","));
-        first = 0;
-        TRY(span(o, f.data, f.len));
-    }
-    return PUT_LIT(o, "]}");
+    TRY(PUT_LIT(o, "},\"spans\":"));
+    TRY(put_list(o, p, n, 2, span));
+    return PUT_LIT(o, "}");
 }
 
 /* A ResourceSpans: {"resource": {"attributes": [...]}, "scopeSpans": [...]}. */
@@ -678,42 +652,19 @@ static int resource_spans(Out *o, const uint8_t *p, size_t n) {
     }
     TRY(PUT_LIT(o, "{\"resource\":{\"attributes\":"));
     if (resource.seen) {
-        TRY(key_values(o, resource.data, resource.len, 1));
+        TRY(put_list(o, resource.data, resource.len, 1, key_value));
     } else {
         TRY(PUT_LIT(o, "[]"));
     }
-    TRY(PUT_LIT(o, "},\"scopeSpans\":["));
-    r = (Rd){p, p + n};
-    int first = 1;
-    while (next_field(&r, &f) == 1) {
-        if (f.num != 2) {
-            continue;
-        }
-        TRY(first ? 0 : PUT_LIT(o, ","));
-        first = 0;
-        TRY(scope_spans(o, f.data, f.len));
-    }
-    return PUT_LIT(o, "]}");
+    TRY(PUT_LIT(o, "},\"scopeSpans\":"));
+    TRY(put_list(o, p, n, 2, scope_spans));
+    return PUT_LIT(o, "}");
 }
 
 static int request(Out *o, const uint8_t *p, size_t n) {
-    Rd r = {p, p + n};
-    Field f;
-    int rc, first = 1;
-    TRY(PUT_LIT(o, "{\"resourceSpans\":["));
-    while ((rc = next_field(&r, &f)) == 1) {
-        if (f.num != 1) {
-            continue;
-        }
-        WANT(f, WT_LEN);
-        TRY(first ? 0 : PUT_LIT(o, ","));
-        first = 0;
-        TRY(resource_spans(o, f.data, f.len));
-    }
-    if (rc < 0) {
-        return NOT_OURS;
-    }
-    return PUT_LIT(o, "]}");
+    TRY(PUT_LIT(o, "{\"resourceSpans\":"));
+    TRY(put_list(o, p, n, 1, resource_spans));
+    return PUT_LIT(o, "}");
 }
 
 PyDoc_STRVAR(trace_request_doc,
