@@ -421,22 +421,17 @@ def test_train_activity_in_c_takes_the_next_micro_batch() -> None:
 
 def test_the_detection_tests_pass_with_the_python_fallback() -> None:
     """No compiler at install time means no `_loops`: detection must work the same without it."""
-    import subprocess
-    from pathlib import Path
-    code = ("import sys; sys.modules['otel_train.detect._loops'] = None\n"
-            "from otel_train.detect import batch_size, coverage, machine, sites\n"
-            "assert machine.train_activity is machine.train_activity_python\n"
-            "assert (coverage.gaps, sites.user_frames) == (coverage.gaps_python, sites.user_frames_python)\n"
-            "assert batch_size.size_of is batch_size.size_of_python\n"
-            "from otel_train.detect import optimizer, phase\n"
-            "assert (optimizer.optimizer_begin, optimizer.zero_grad_run) == (optimizer.optimizer_begin_python,"
-            " optimizer._zero_grad)\n"
-            "assert (phase.part_begin, phase.end) == (phase.part_begin_python, phase.end_python)\n"
-            "import pytest\n"
-            "raise SystemExit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/test_detect_edges.py',"
-            " 'tests/test_detect_phase.py', 'tests/test_detect_batch_size.py']))\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent, capture_output=True,
-                          text=True, timeout=600)
+    from support.procs import pytest_without
+    check = ("from otel_train.detect import batch_size, coverage, machine, sites\n"
+             "assert machine.train_activity is machine.train_activity_python\n"
+             "assert (coverage.gaps, sites.user_frames) == (coverage.gaps_python, sites.user_frames_python)\n"
+             "assert batch_size.size_of is batch_size.size_of_python\n"
+             "from otel_train.detect import optimizer, phase\n"
+             "assert (optimizer.optimizer_begin, optimizer.zero_grad_run) == (optimizer.optimizer_begin_python,"
+             " optimizer._zero_grad)\n"
+             "assert (phase.part_begin, phase.end) == (phase.part_begin_python, phase.end_python)")
+    proc = pytest_without("otel_train.detect._loops", check, ["tests/test_detect_edges.py",
+                          "tests/test_detect_phase.py", "tests/test_detect_batch_size.py"], timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.procs import pytest_without
 
 from otel_train.record import direct
 from otel_train.record import recorder as _recorder
@@ -529,12 +530,10 @@ def test_the_c_module_is_built_where_a_compiler_is(name: str) -> None:
 
 def test_the_recorder_tests_pass_with_the_python_fallback() -> None:
     """No compiler at install time means no `_hotpath`: the package must work the same without it."""
-    code = ("import sys; sys.modules['otel_train.record._hotpath'] = None\n"
-            "from otel_train.record import recorder as _recorder\n"
-            "assert _recorder.Region is _recorder._PyRegion, _recorder.Region\n"
-            "import pytest\n"
-            "raise SystemExit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/test_recorder.py',"
-            " 'tests/test_api.py', 'tests/test_hotpath.py', '-k', 'not python_fallback and not compiler']))\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=_REPO, capture_output=True, text=True, timeout=240)
+    proc = pytest_without("otel_train.record._hotpath",
+                          "from otel_train.record import recorder as _recorder\n"
+                          "assert _recorder.Region is _recorder._PyRegion, _recorder.Region",
+                          ["tests/test_recorder.py", "tests/test_api.py", "tests/test_hotpath.py",
+                           "-k", "not python_fallback and not compiler"])
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "skipped" in proc.stdout  # the C-only tests skip there

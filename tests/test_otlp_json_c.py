@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 import math
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.procs import pytest_without
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
@@ -20,7 +19,6 @@ from otel_train.export import otlp_json
 from otel_train.export.otlp_json import FileTransport, trace_request_json_python, trace_request_line
 
 _otlp_json = pytest.importorskip("otel_train.export._otlp_json", reason="the C converter was not built")
-_REPO = Path(__file__).resolve().parents[1]
 
 #: Characters a string is drawn from: every JSON escape, DEL, Latin-1, the BMP's edges, non-BMP.
 _CHARS = ["a", "Z", "0", " ", "~", '"', "\\", "/", "\b", "\f", "\n", "\r", "\t", "\x00", "\x1f", "\x7f", "\x80",
@@ -242,11 +240,8 @@ def test_the_file_transport_writes_the_same_line_without_the_c_module(tmp_path: 
 
 
 def test_the_exporter_tests_pass_without_the_c_module() -> None:
-    code = ("import sys; sys.modules['otel_train.export._otlp_json'] = None\n"
-            "from otel_train.export import otlp_json\n"
-            "assert otlp_json._otlp_json is None\n"
-            "import pytest\n"
-            "raise SystemExit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/test_exporters.py']))\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=_REPO, capture_output=True, text=True, timeout=240)
+    proc = pytest_without("otel_train.export._otlp_json",
+                          "from otel_train.export import otlp_json\nassert otlp_json._otlp_json is None",
+                          ["tests/test_exporters.py"])
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout

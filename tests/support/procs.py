@@ -33,6 +33,16 @@ def run_python(code: str | None = None, *, script: str | os.PathLike[str] | None
     return proc
 
 
+def pytest_without(module: str, check: str, pytest_args: Sequence[str],
+                   timeout: float = 240.0) -> subprocess.CompletedProcess[str]:
+    """Run pytest on `pytest_args` (from the repository) in a subprocess where C extension
+    `module` cannot be imported, as where no compiler was at install, after `check` (code that
+    asserts the Python fallbacks are the ones in use). Returns the process, never raises."""
+    code = (f"import sys; sys.modules[{module!r}] = None\n{textwrap.dedent(check)}\nimport pytest\n"
+            f"raise SystemExit(pytest.main(['-q', '-p', 'no:cacheprovider', *{list(pytest_args)!r}]))\n")
+    return run_python(code, cwd=REPO, timeout=timeout, check=False)
+
+
 #: torch's own abort at interpreter exit, with or without otel_train: a gloo worker thread drops
 #: the last collective issued inside `backward()` (DDP's gradient all-reduce), whose thread-local
 #: state holds the autograd context torch stashes there (`torch.autograd.graph._engine_run_backward`),
