@@ -17,7 +17,7 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_train.export.otlp import LeanEncoder
-from otel_train.export.otlp_json import FileTransport, read_spans, trace_request_json
+from otel_train.export.otlp_json import FileTransport, read_spans, trace_request_line
 
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
 RESOURCE = {"service.name": "svc", "ml.rank": 1}
@@ -45,7 +45,7 @@ def _hex_to_b64(node: object) -> object:
 
 def test_the_json_line_parses_into_the_request_it_was_made_from() -> None:
     payload = _payload()
-    parsed = json_format.ParseDict(_hex_to_b64(json.loads(trace_request_json(payload))), ExportTraceServiceRequest())
+    parsed = json_format.ParseDict(_hex_to_b64(json.loads(trace_request_line(payload))), ExportTraceServiceRequest())
     original = ExportTraceServiceRequest.FromString(payload)
     for span in [s for rs in original.resource_spans for ss in rs.scope_spans for s in ss.spans]:
         span.ClearField("flags")  # the JSON line leaves out the W3C flag bits
@@ -107,7 +107,7 @@ def test_a_full_disk_leaves_whole_lines_and_exact_counts(tmp_path) -> None:
 
 def test_reading_skips_a_line_cut_short(tmp_path, caplog) -> None:
     path = tmp_path / "traces.jsonl"
-    line = trace_request_json(_payload())
+    line = trace_request_line(_payload()).decode("ascii")
     path.write_text(line + "\n" + line[: len(line) // 2] + "\n" + line + "\n")
     assert len(list(read_spans(path))) == 4
     assert "1 line(s)" in caplog.text

@@ -222,7 +222,8 @@ def test_fields_written_out_with_their_default_values_render_as_absent_ones() ->
     """protobuf's serializer leaves out a default scalar; another encoder may write it: an empty
     parent span id, name or status message, a zero kind or time."""
     span = (_field(1, 2, b"\x01" * 16) + _field(2, 2, b"\x02" * 8) + _field(4, 2, b"") + _field(5, 2, b"")
-            + _field(6, 0, b"\x00") + _field(7, 1, b"\x00" * 8) + _field(15, 2, _field(2, 2, b"") + _field(3, 0, b"\x00")))
+            + _field(6, 0, b"\x00") + _field(7, 1, b"\x00" * 8)
+            + _field(15, 2, _field(2, 2, b"") + _field(3, 0, b"\x00")))
     payload = _wrap_span(span)
     line = _otlp_json.trace_request(payload)
     assert line == trace_request_json_python(payload).encode("ascii")

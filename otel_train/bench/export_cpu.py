@@ -40,8 +40,9 @@ def bench_export_cpu(steps: int, rounds: int) -> dict[str, float]:
     loop in C where `_encode` was built, and then its Python fallback too: `*_fast_python`)
     and on the general path (what a record with an exception, an event or device time takes,
     and what every record took before the fast path); then the embedded default's JSON line
-    (`export_json_line_us_per_span`: C, and `_python` beside it where C was built). Inside a real run the exporter shares cores
-    with training and pays about twice this (`exporter_cpu_us_per_step*`)."""
+    (`export_json_line_us_per_span`: C, and `_python` beside it where C was built). Inside a
+    real run the exporter shares cores with training and pays about twice this
+    (`exporter_cpu_us_per_step*`)."""
     import gc
 
     from otel_train.record.clock import SystemClock, wall_offset

@@ -5,8 +5,9 @@ OTLP/JSON: ids in hex, 64-bit integers as strings), the format of the OpenTeleme
 Collector's file exporter. What is written is the same encoded request an OTLP exporter
 sends (`otlp.LeanEncoder`), turned into JSON here (`FileTransport`), so files and collectors
 get one encoding: read straight off the protobuf wire in C (`_otlp_json.c`), or where that was
-not built (or declines a request), parsed and dumped in Python (`trace_request_json_python`). `read_spans` reads ours and the Collector's alike, and skips (and counts) a
-line cut short by a crash or a full disk instead of failing on it.
+not built (or declines a request), parsed and dumped in Python (`trace_request_json_python`).
+`read_spans` reads ours and the Collector's alike, and skips (and counts) a line cut short by a
+crash or a full disk instead of failing on it.
 """
 
 from __future__ import annotations
@@ -172,11 +173,6 @@ def trace_request_line(payload: bytes) -> bytes:
         except ValueError:
             pass  # a request the C reader does not render exactly: Python does
     return trace_request_json_python(payload).encode("ascii")
-
-
-def trace_request_json(payload: bytes) -> str:
-    """`trace_request_line` as text."""
-    return trace_request_line(payload).decode("ascii")
 
 
 def trace_request_json_python(payload: bytes) -> str:
