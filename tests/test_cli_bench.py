@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from support.procs import run_python
@@ -282,3 +283,100 @@ def test_bench_auto_cost_prints_its_figures_and_counts_calls() -> None:
     assert float(figures["python_calls_per_step_added"]) > 0
     assert float(figures["torch_threads"]) == 1
     assert "none dropped" in proc.stderr
+
+
+def test_bench_auto_cost_floor_hooks_in_without_otel_train() -> None:
+    """`bench auto-cost --floor`: no-op hooks where automatic mode hooks in, timed against plain
+    steps with no otel_train installed. The hooks are really on (more Python and C calls a
+    step), its figures are named `floor_`, and nothing is exported."""
+    proc = run_python("from otel_train.cli import main; raise SystemExit(main())",
+                      args=["bench", "auto-cost", "--rounds", "3", "--block-steps", "1", "--floor"], timeout=300)
+    figures = dict(line.split(": ") for line in proc.stdout.splitlines())
+    for name in ("step_us_plain", "floor_us_per_step", "floor_us_per_step_ci95_lo", "floor_pct_per_step",
+                 "floor_cpu_us_per_step", "python_calls_per_step_floor", "c_calls_per_step_floor"):
+        assert name in figures, name
+    assert not any(name.startswith("auto_") for name in figures)
+    assert float(figures["python_calls_per_step_added"]) > 0
+    assert float(figures["c_calls_per_step_added"]) > 0
+    assert "otel_train" not in proc.stderr
+
+
+def test_bench_auto_cost_noop_hooks_are_all_removed_after() -> None:
+    """`noop_hooks` puts back every function it wrapped and removes every hook it added, even
+    when its block raises."""
+    import torch
+    from torch.optim import optimizer
+    from torch.utils.data import dataloader
+
+    from otel_train.bench.auto_cost import AutoCostLoop, noop_hooks
+
+    loop = AutoCostLoop()
+    before = (torch.autograd.backward, vars(dataloader._BaseDataLoaderIter)["__next__"],
+              vars(torch.optim.Optimizer)["zero_grad"], len(optimizer._global_optimizer_pre_hooks),
+              len(optimizer._global_optimizer_post_hooks))
+    with pytest.raises(RuntimeError, match="inside"):
+        with noop_hooks(loop):
+            assert torch.autograd.backward is not before[0]
+            assert len(loop.model._forward_pre_hooks) == len(loop.model._forward_hooks) == 1
+            loop.step()
+            raise RuntimeError("inside")
+    after = (torch.autograd.backward, vars(dataloader._BaseDataLoaderIter)["__next__"],
+             vars(torch.optim.Optimizer)["zero_grad"], len(optimizer._global_optimizer_pre_hooks),
+             len(optimizer._global_optimizer_post_hooks))
+    assert after == before
+    assert not loop.model._forward_pre_hooks and not loop.model._forward_hooks
+
+
+def _callgrind_dump(path: Path, events: str, summary: str, totals: str) -> None:
+    """A callgrind dump as valgrind 3.19 writes one (its header, one function, its totals)."""
+    path.write_text("# callgrind format\nversion: 1\ncreator: callgrind-3.19.0\npid: 7\npart: 3\n\n\n"
+                    "desc: LL cache: 2097152 B, 64 B, 16-way associative\n\n"
+                    "desc: Trigger: Client Request: auto\n\npositions: line\n"
+                    f"events: {events}\nsummary: {summary}\n\n\nob=(1) /x.so\nfl=(2) ???\nfn=(3) f\n"
+                    f"0 {summary}\n\n{totals}\n")
+
+
+def test_bench_auto_cost_reads_every_event_of_a_callgrind_dump(tmp_path: Path) -> None:
+    """`--callgrind` reads the dump's summary under its event names (not the `totals:` line,
+    which callgrind writes too and which can differ), with or without the simulated caches."""
+    from otel_train.bench.auto_cost import callgrind_events
+
+    full = tmp_path / "callgrind.out.7.3"
+    _callgrind_dump(full, "Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw Bc Bcm Bi Bim",
+                    "100 20 10 9 8 7 6 5 4 30 3 12 2", "totals: 999 0 0 0 0 0 0 0 0 0 0 0 0")
+    assert callgrind_events(str(full)) == {"Ir": 100, "Dr": 20, "Dw": 10, "I1mr": 9, "D1mr": 8, "D1mw": 7,
+                                           "ILmr": 6, "DLmr": 5, "DLmw": 4, "Bc": 30, "Bcm": 3, "Bi": 12, "Bim": 2}
+    plain = tmp_path / "callgrind.out.7.4"
+    _callgrind_dump(plain, "Ir", "1234", "totals: 1234")
+    assert callgrind_events(str(plain)) == {"Ir": 1234}
+    empty = tmp_path / "callgrind.out.7.5"
+    empty.write_text("# callgrind format\nversion: 1\n")
+    with pytest.raises(RuntimeError, match="no events"):
+        callgrind_events(str(empty))
+
+
+def test_bench_auto_cost_prints_the_misses_callgrind_simulated() -> None:
+    """The figures are the sums of their events a step, per variant and added; a figure whose
+    events callgrind did not simulate (no `--cache-sim` / `--branch-sim`) is left out."""
+    from otel_train.bench.auto_cost import callgrind_figures
+
+    plain = {"Ir": 1000.0, "I1mr": 10.0, "D1mr": 20.0, "D1mw": 5.0, "ILmr": 3.0, "DLmr": 4.0, "DLmw": 1.0,
+             "Bcm": 7.0, "Bim": 2.0}
+    auto = {"Ir": 1100.4, "I1mr": 30.0, "D1mr": 25.0, "D1mw": 5.0, "ILmr": 13.0, "DLmr": 9.0, "DLmw": 2.0,
+            "Bcm": 17.0, "Bim": 6.0}
+    figures = callgrind_figures({"plain": plain, "auto": auto})
+    assert figures == {
+        "instructions_per_step_plain": 1000, "instructions_per_step_auto": 1100, "instructions_per_step_added": 100,
+        "l1_misses_per_step_plain": 35, "l1_misses_per_step_auto": 60, "l1_misses_per_step_added": 25,
+        "ll_misses_per_step_plain": 8, "ll_misses_per_step_auto": 24, "ll_misses_per_step_added": 16,
+        "ll_instruction_misses_per_step_plain": 3, "ll_instruction_misses_per_step_auto": 13,
+        "ll_instruction_misses_per_step_added": 10,
+        "branch_mispredicts_per_step_plain": 9, "branch_mispredicts_per_step_auto": 23,
+        "branch_mispredicts_per_step_added": 14,
+    }
+    only_ir = callgrind_figures({"plain": {"Ir": 10.0}, "auto": {"Ir": 12.0}})
+    assert only_ir == {"instructions_per_step_plain": 10, "instructions_per_step_auto": 12,
+                       "instructions_per_step_added": 2}
+    floor = callgrind_figures({"plain": {"Ir": 10.0}, "floor": {"Ir": 11.0}}, "floor")
+    assert floor == {"instructions_per_step_plain": 10, "instructions_per_step_floor": 11,
+                     "instructions_per_step_added": 1}

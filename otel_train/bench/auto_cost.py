@@ -30,11 +30,24 @@ Figures (`name: value` lines):
   new iterator of the loader, whose shuffle otherwise moves a block's count by ~200k a step.
   The first block counted runs one-off work; the dumps (`callgrind.out.PID.K`, one a block)
   give the steady blocks apart.
+- the same with `--cache-sim=yes --branch-sim=yes --LL=<the host's L2: size,ways,line>` on
+  valgrind's command line: `l1_misses_`, `ll_misses_`, `ll_instruction_misses_` and
+  `branch_mispredicts_per_step_*` too. Instructions do not predict this loop's wall clock:
+  its step touches more code and data than a core's L2 holds, so whatever automatic mode
+  runs is cold every step, and each line it touches (and each line of torch's it displaces)
+  costs a trip past L2. The misses, with L2 simulated as the last level, are the
+  load-independent figure that tracks the wall-clock cost
+  (`docs/benchmarks/2026-11-26-auto-path-l2.md`).
+- with `--floor`: the same figures, `floor` in their names where the others say `auto`, of
+  `noop_hooks` against plain steps, no otel_train installed: the part of the cost any hook
+  at those places pays.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
 import glob
 import os
 import random
@@ -43,7 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from otel_train.bench.harness import print_ci, print_figure
@@ -146,58 +159,133 @@ def _marker_lib(tmp: str) -> Any:
     return ctypes.CDLL(lib)
 
 
-def _callgrind_total(before: set[str]) -> int:
-    """The instructions of the newest dump callgrind wrote for this process."""
-    new = sorted(set(glob.glob(f"callgrind.out.{os.getpid()}*")) - before, key=os.path.getmtime)
-    with open(new[-1]) as f:
+#: The figures `--callgrind` prints, each the sum of these callgrind events. Only `Ir` is always
+#: there; the misses come with `--cache-sim=yes`, the mispredictions with `--branch-sim=yes`.
+CALLGRIND_FIGURES: dict[str, tuple[str, ...]] = {
+    "instructions": ("Ir",),
+    "l1_misses": ("I1mr", "D1mr", "D1mw"),
+    "ll_misses": ("ILmr", "DLmr", "DLmw"),
+    "ll_instruction_misses": ("ILmr",),
+    "branch_mispredicts": ("Bcm", "Bim"),
+}
+
+
+def callgrind_events(path: str) -> dict[str, int]:
+    """The event totals of one callgrind dump (its `summary:` line, named by its `events:` line)."""
+    events: list[str] = []
+    with open(path) as f:
         for line in f:
-            if line.startswith(("summary:", "totals:")):
-                return int(line.split()[1])
-    raise RuntimeError(f"no totals in {new[-1]}")
+            if line.startswith("events:"):
+                events = line.split()[1:]
+            elif line.startswith(("summary:", "totals:")) and events:
+                return dict(zip(events, (int(v) for v in line.split()[1:])))
+    raise RuntimeError(f"no events or totals in {path}")
 
 
-def _callgrind(loop: AutoCostLoop, steps: int, rounds: int, paused: Callable[[], Any]) -> dict[str, float]:
-    """Instructions a step of each variant: `rounds` rounds of a plain and an automatic block of
-    `steps` steps, in alternating order, each block counted between a zero and a dump."""
+def callgrind_figures(per_step: dict[str, dict[str, float]], label: str = "auto") -> dict[str, float]:
+    """`{figure}_per_step_plain` / `_{label}` / `_added` for each of `CALLGRIND_FIGURES` whose
+    events both variants counted, from each variant's events a step (`per_step["plain"]`,
+    `per_step[label]`)."""
+    out: dict[str, float] = {}
+    for figure, events in CALLGRIND_FIGURES.items():
+        if not all(e in per_step[v] for e in events for v in ("plain", label)):
+            continue
+        plain, other = (sum(per_step[v][e] for e in events) for v in ("plain", label))
+        out[f"{figure}_per_step_plain"] = round(plain)
+        out[f"{figure}_per_step_{label}"] = round(other)
+        out[f"{figure}_per_step_added"] = round(other - plain)
+    return out
+
+
+def _newest_dump(before: set[str]) -> str:
+    """The dump callgrind wrote for this process since `before` was listed."""
+    new = sorted(set(glob.glob(f"callgrind.out.{os.getpid()}*")) - before, key=os.path.getmtime)
+    return new[-1]
+
+
+def _callgrind(loop: AutoCostLoop, steps: int, rounds: int, plain: Callable[[], Any],
+               variant: Callable[[], Any]) -> dict[str, dict[str, float]]:
+    """Events a step of each kind ("plain", "variant"): `rounds` rounds of a `plain()` and a
+    `variant()` block of `steps` steps, in alternating order, each block counted between a zero
+    and a dump."""
     with tempfile.TemporaryDirectory() as tmp:
         marker = _marker_lib(tmp)
         if not marker.otel_train_bench_on_valgrind():
             raise SystemExit("otel-train bench auto-cost --callgrind: run it under valgrind --tool=callgrind "
                              "(the interpreter itself, not a shim script: valgrind does not follow children)")
-        totals = {"plain": 0, "auto": 0}
+        totals: dict[str, dict[str, int]] = {"plain": {}, "variant": {}}
         for r in range(rounds):
-            for variant in ("plain", "auto") if r % 2 == 0 else ("auto", "plain"):
+            for kind in ("plain", "variant") if r % 2 == 0 else ("variant", "plain"):
                 before = set(glob.glob(f"callgrind.out.{os.getpid()}*"))
-                if variant == "plain":
-                    with paused():
-                        marker.otel_train_bench_zero()
-                        for _ in range(steps):
-                            loop.step()
-                        marker.otel_train_bench_dump(variant.encode())
-                else:
+                with plain() if kind == "plain" else variant():
                     marker.otel_train_bench_zero()
                     for _ in range(steps):
                         loop.step()
-                    marker.otel_train_bench_dump(variant.encode())
-                totals[variant] += _callgrind_total(before)
-        return {variant: total / (steps * rounds) for variant, total in totals.items()}
+                    marker.otel_train_bench_dump(kind.encode())
+                for event, n in callgrind_events(_newest_dump(before)).items():
+                    totals[kind][event] = totals[kind].get(event, 0) + n
+        return {kind: {e: n / (steps * rounds) for e, n in events.items()} for kind, events in totals.items()}
 
 
-def run_auto_cost(rounds: int = 20, block_steps: int = 8, callgrind_steps: int = 0) -> int:
+@contextlib.contextmanager
+def noop_hooks(loop: AutoCostLoop) -> Iterator[None]:
+    """`--floor`'s variant: a no-op hook or wrapper at each place automatic mode hooks into this
+    loop (the root module's forward pre-hook and always-called forward hook, the global
+    optimizer step pre/post hooks, and Python wrappers of `torch.autograd.backward`, the
+    `DataLoader` iterator's `__next__` and `Optimizer.zero_grad`), with no otel_train: what
+    hooking in costs before anything is done there."""
     import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    from torch.utils.data import dataloader
+
+    def wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            return original(*args, **kwargs)
+        return wrapped
+
+    handles = [loop.model.register_forward_pre_hook(lambda module, args: None),
+               loop.model.register_forward_hook(lambda module, args, out: None, always_call=True),
+               register_optimizer_step_pre_hook(lambda opt, args, kwargs: None),
+               register_optimizer_step_post_hook(lambda opt, args, kwargs: None)]
+    owners = [(torch.autograd, "backward"), (dataloader._BaseDataLoaderIter, "__next__"),
+              (torch.optim.Optimizer, "zero_grad")]
+    originals = [vars(owner)[name] for owner, name in owners]
+    for (owner, name), original in zip(owners, originals):
+        setattr(owner, name, wrapper(original))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for (owner, name), original in zip(owners, originals):
+            setattr(owner, name, original)
+
+
+def run_auto_cost(rounds: int = 20, block_steps: int = 8, callgrind_steps: int = 0, floor: bool = False) -> int:
+    """Automatic mode against plain steps; with `floor`, `noop_hooks` against plain steps (no
+    otel_train installed), `floor` in its figures' names where automatic mode's say `auto`."""
+    import torch
+
+    torch.set_num_threads(1)
+    loop = AutoCostLoop()
+    for _ in range(5):
+        loop.step()
+    if floor:
+        print_figure("torch_threads", torch.get_num_threads())
+        print_figure("load_avg_1m", os.getloadavg()[0])
+        _measure(loop, "floor", rounds, block_steps, callgrind_steps, plain=contextlib.nullcontext,
+                 variant=lambda: noop_hooks(loop), between=contextlib.nullcontext, after=lambda: None)
+        return 0
 
     import otel_train
     from otel_train import _runtime
     from otel_train.instrumentation import TorchTrainingInstrumentor
     from otel_train.testing import held, paused_detection
 
-    torch.set_num_threads(1)
     out_dir = tempfile.mkdtemp(prefix="otel-train-auto-cost-")
     otel_train.init(run_id=f"auto-cost-{os.getpid()}", output_dir=out_dir, metric_interval_ms=60000)
     worker = _runtime.state().worker  # type: ignore[union-attr]
-    loop = AutoCostLoop()
-    for _ in range(5):
-        loop.step()
     instrumentor = TorchTrainingInstrumentor()
     instrumentor.instrument()
     try:
@@ -206,50 +294,57 @@ def run_auto_cost(rounds: int = 20, block_steps: int = 8, callgrind_steps: int =
         worker.flush()
         print_figure("torch_threads", torch.get_num_threads())
         print_figure("load_avg_1m", os.getloadavg()[0])
-        if callgrind_steps:
-            with held(worker):
-                counted = _callgrind(loop, callgrind_steps, rounds, paused_detection)
-            print_figure("callgrind_steps", callgrind_steps)
-            print_figure("callgrind_rounds", rounds)
-            print_figure("instructions_per_step_plain", round(counted["plain"]))
-            print_figure("instructions_per_step_auto", round(counted["auto"]))
-            print_figure("instructions_per_step_added", round(counted["auto"] - counted["plain"]))
-            return 0
-        epoch = loop.steps_per_epoch
-        with held(worker):
-            with paused_detection():
-                plain_calls = _count_calls(loop.step, epoch)
-            auto_calls = _count_calls(loop.step, epoch)
-        worker.flush()
-        for i, name in enumerate(("python", "c")):
-            print_figure(f"{name}_calls_per_step_plain", plain_calls[i] / epoch)
-            print_figure(f"{name}_calls_per_step_auto", auto_calls[i] / epoch)
-            print_figure(f"{name}_calls_per_step_added", (auto_calls[i] - plain_calls[i]) / epoch)
-        plain_us: list[float] = []
-        added_us: list[float] = []
-        added_cpu_us: list[float] = []
-        for order in round_orders(rounds):
-            with held(worker):
-                ns = {}
-                for kind in order:
-                    if kind == "plain":
-                        with paused_detection():
-                            ns[kind] = _timed(loop.step, block_steps)
-                    else:
-                        ns[kind] = _timed(loop.step, block_steps)
-            worker.flush()
-            plain_us.append(ns["plain"][0] / block_steps / 1e3)
-            added_us.append((ns["auto"][0] - ns["plain"][0]) / block_steps / 1e3)
-            added_cpu_us.append((ns["auto"][1] - ns["plain"][1]) / block_steps / 1e3)
-        print_figure("rounds", rounds)
-        print_figure("block_steps", block_steps)
-        print_figure("step_us_plain", statistics.median(plain_us))
-        print_figure("auto_us_per_step", statistics.median(added_us))
-        print_ci("auto_us_per_step", ci95_of(added_us))
-        print_figure("auto_pct_per_step", 100 * statistics.median(added_us) / statistics.median(plain_us))
-        print_figure("auto_cpu_us_per_step", statistics.median(added_cpu_us))
-        print_ci("auto_cpu_us_per_step", ci95_of(added_cpu_us))
+        _measure(loop, "auto", rounds, block_steps, callgrind_steps, plain=paused_detection,
+                 variant=contextlib.nullcontext, between=lambda: held(worker), after=worker.flush)
     finally:
         instrumentor.uninstrument()
         otel_train.shutdown()
     return 0
+
+
+def _measure(loop: AutoCostLoop, label: str, rounds: int, block_steps: int, callgrind_steps: int,
+             plain: Callable[[], Any], variant: Callable[[], Any], between: Callable[[], Any],
+             after: Callable[[], None]) -> None:
+    """Print the figures of `variant()` blocks (named by `label`) against `plain()` ones, each
+    round inside `between()` and followed by `after()` (automatic mode: the worker held, then
+    flushed)."""
+    if callgrind_steps:
+        with between():
+            counted = _callgrind(loop, callgrind_steps, rounds, plain, variant)
+        print_figure("callgrind_steps", callgrind_steps)
+        print_figure("callgrind_rounds", rounds)
+        for name, value in callgrind_figures({"plain": counted["plain"], label: counted["variant"]}, label).items():
+            print_figure(name, value)
+        return
+    epoch = loop.steps_per_epoch
+    with between():
+        with plain():
+            plain_calls = _count_calls(loop.step, epoch)
+        with variant():
+            variant_calls = _count_calls(loop.step, epoch)
+    after()
+    for i, name in enumerate(("python", "c")):
+        print_figure(f"{name}_calls_per_step_plain", plain_calls[i] / epoch)
+        print_figure(f"{name}_calls_per_step_{label}", variant_calls[i] / epoch)
+        print_figure(f"{name}_calls_per_step_added", (variant_calls[i] - plain_calls[i]) / epoch)
+    plain_us: list[float] = []
+    added_us: list[float] = []
+    added_cpu_us: list[float] = []
+    for order in round_orders(rounds):
+        with between():
+            ns = {}
+            for kind in order:
+                with plain() if kind == "plain" else variant():
+                    ns[kind] = _timed(loop.step, block_steps)
+        after()
+        plain_us.append(ns["plain"][0] / block_steps / 1e3)
+        added_us.append((ns["auto"][0] - ns["plain"][0]) / block_steps / 1e3)
+        added_cpu_us.append((ns["auto"][1] - ns["plain"][1]) / block_steps / 1e3)
+    print_figure("rounds", rounds)
+    print_figure("block_steps", block_steps)
+    print_figure("step_us_plain", statistics.median(plain_us))
+    print_figure(f"{label}_us_per_step", statistics.median(added_us))
+    print_ci(f"{label}_us_per_step", ci95_of(added_us))
+    print_figure(f"{label}_pct_per_step", 100 * statistics.median(added_us) / statistics.median(plain_us))
+    print_figure(f"{label}_cpu_us_per_step", statistics.median(added_cpu_us))
+    print_ci(f"{label}_cpu_us_per_step", ci95_of(added_cpu_us))

@@ -64,8 +64,11 @@ def add_parser(sub: Any) -> None:
     auto.add_argument("--rounds", type=int, default=40, help="rounds of a plain and an automatic block (default 40)")
     auto.add_argument("--block-steps", type=int, default=8, help="steps per timed block (default 8)")
     auto.add_argument("--callgrind", type=int, default=0, metavar="N",
-                      help="under valgrind --tool=callgrind: count instructions over N plain and N "
-                           "automatic steps instead of timing")
+                      help="under valgrind --tool=callgrind: count instructions (and, with its --cache-sim "
+                           "and --branch-sim, misses) over N plain and N automatic steps instead of timing")
+    auto.add_argument("--floor", action="store_true",
+                      help="no-op hooks at the places automatic mode hooks in (no otel_train) against plain "
+                           "steps: what hooking in costs before anything is done there")
     device = bench_sub.add_parser("device", help="device timing: synchronisations and device durations")
     device.add_argument("--steps", type=int, default=50, help="training steps per variant (default 50)")
     bench_latency.add_parser(bench_sub)
@@ -122,7 +125,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if args.rounds < 3 or args.block_steps < 1 or args.callgrind < 0:
             parser.error("--rounds must be >= 3, --block-steps >= 1 and --callgrind >= 0")
         from otel_train.bench.auto_cost import run_auto_cost
-        return run_auto_cost(rounds=args.rounds, block_steps=args.block_steps, callgrind_steps=args.callgrind)
+        return run_auto_cost(rounds=args.rounds, block_steps=args.block_steps, callgrind_steps=args.callgrind,
+                             floor=args.floor)
     if args.bench == "device":
         if args.steps < 1:
             parser.error("--steps must be a positive integer")
