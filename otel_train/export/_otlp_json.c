@@ -595,22 +595,29 @@ static int span(Out *o, const uint8_t *p, size_t n) {
     return PUT_LIT(o, "}");
 }
 
-/* A ScopeSpans: {"scope": {"name", "version"}, "spans": [...]}. */
-static int scope_spans(Out *o, const uint8_t *p, size_t n) {
+/* A ResourceSpans' or ScopeSpans' head: its singular message in field 1 (the resource, the
+ * scope), field 2 (the repeated list `put_list` renders) checked for its wire type. */
+static int take_head(const uint8_t *p, size_t n, Slice *head) {
     Rd r = {p, p + n};
     Field f;
     int rc;
-    Slice scope = {NULL, 0, 0};
+    *head = (Slice){NULL, 0, 0};
     while ((rc = next_field(&r, &f)) == 1) {
         if (f.num == 1) {
-            TRY(take_message(&f, &scope));
+            TRY(take_message(&f, head));
         } else if (f.num == 2) {
             WANT(f, WT_LEN);
         }
     }
-    if (rc < 0) {
-        return NOT_OURS;
-    }
+    return rc < 0 ? NOT_OURS : 0;
+}
+
+/* A ScopeSpans: {"scope": {"name", "version"}, "spans": [...]}. */
+static int scope_spans(Out *o, const uint8_t *p, size_t n) {
+    Field f;
+    int rc;
+    Slice scope;
+    TRY(take_head(p, n, &scope));
     Slice name = EMPTY, version = EMPTY;
     if (scope.seen) {
         Rd s = {scope.data, scope.data + scope.len};
@@ -636,20 +643,8 @@ static int scope_spans(Out *o, const uint8_t *p, size_t n) {
 
 /* A ResourceSpans: {"resource": {"attributes": [...]}, "scopeSpans": [...]}. */
 static int resource_spans(Out *o, const uint8_t *p, size_t n) {
-    Rd r = {p, p + n};
-    Field f;
-    int rc;
-    Slice resource = {NULL, 0, 0};
-    while ((rc = next_field(&r, &f)) == 1) {
-        if (f.num == 1) {
-            TRY(take_message(&f, &resource));
-        } else if (f.num == 2) {
-            WANT(f, WT_LEN);
-        }
-    }
-    if (rc < 0) {
-        return NOT_OURS;
-    }
+    Slice resource;
+    TRY(take_head(p, n, &resource));
     TRY(PUT_LIT(o, "{\"resource\":{\"attributes\":"));
     if (resource.seen) {
         TRY(put_list(o, resource.data, resource.len, 1, key_value));
