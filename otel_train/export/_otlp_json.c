@@ -308,7 +308,7 @@ static int key_value(Out *o, const uint8_t *p, size_t n);
 /* `_json_value`: an AnyValue. */
 static int any_value(Out *o, const uint8_t *p, size_t n) {
     Rd r = {p, p + n};
-    Field f, which = {0};
+    Field f = {0}, which = {0};
     int rc, members = 0;
     while ((rc = next_field(&r, &f)) == 1) {
         if (f.num >= 1 && f.num <= 7) {
