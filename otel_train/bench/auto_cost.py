@@ -272,8 +272,6 @@ def run_auto_cost(rounds: int = 20, block_steps: int = 8, callgrind_steps: int =
     for _ in range(5):
         loop.step()
     if floor:
-        print_figure("torch_threads", torch.get_num_threads())
-        print_figure("load_avg_1m", os.getloadavg()[0])
         _measure(loop, "floor", rounds, block_steps, callgrind_steps, plain=contextlib.nullcontext,
                  variant=lambda: noop_hooks(loop), between=contextlib.nullcontext, after=lambda: None)
         return 0
@@ -292,8 +290,6 @@ def run_auto_cost(rounds: int = 20, block_steps: int = 8, callgrind_steps: int =
         for _ in range(6):  # discovery, then the settle onto the root modules
             loop.step()
         worker.flush()
-        print_figure("torch_threads", torch.get_num_threads())
-        print_figure("load_avg_1m", os.getloadavg()[0])
         _measure(loop, "auto", rounds, block_steps, callgrind_steps, plain=paused_detection,
                  variant=contextlib.nullcontext, between=lambda: held(worker), after=worker.flush)
     finally:
@@ -308,6 +304,10 @@ def _measure(loop: AutoCostLoop, label: str, rounds: int, block_steps: int, call
     """Print the figures of `variant()` blocks (named by `label`) against `plain()` ones, each
     round inside `between()` and followed by `after()` (automatic mode: the worker held, then
     flushed)."""
+    import torch
+
+    print_figure("torch_threads", torch.get_num_threads())
+    print_figure("load_avg_1m", os.getloadavg()[0])
     if callgrind_steps:
         with between():
             counted = _callgrind(loop, callgrind_steps, rounds, plain, variant)
