@@ -339,7 +339,7 @@ def _callgrind_dump(path: Path, events: str, summary: str, totals: str) -> None:
 def test_bench_auto_cost_reads_every_event_of_a_callgrind_dump(tmp_path: Path) -> None:
     """`--callgrind` reads the dump's summary under its event names (not the `totals:` line,
     which callgrind writes too and which can differ), with or without the simulated caches."""
-    from otel_train.bench.auto_cost import callgrind_events
+    from otel_train.bench.callgrind import events as callgrind_events
 
     full = tmp_path / "callgrind.out.7.3"
     _callgrind_dump(full, "Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw Bc Bcm Bi Bim",
@@ -358,7 +358,7 @@ def test_bench_auto_cost_reads_every_event_of_a_callgrind_dump(tmp_path: Path) -
 def test_bench_auto_cost_prints_the_misses_callgrind_simulated() -> None:
     """The figures are the sums of their events a step, per variant and added; a figure whose
     events callgrind did not simulate (no `--cache-sim` / `--branch-sim`) is left out."""
-    from otel_train.bench.auto_cost import callgrind_figures
+    from otel_train.bench.callgrind import figures as callgrind_figures
 
     plain = {"Ir": 1000.0, "I1mr": 10.0, "D1mr": 20.0, "D1mw": 5.0, "ILmr": 3.0, "DLmr": 4.0, "DLmw": 1.0,
              "Bcm": 7.0, "Bim": 2.0}
@@ -380,3 +380,97 @@ def test_bench_auto_cost_prints_the_misses_callgrind_simulated() -> None:
     floor = callgrind_figures({"plain": {"Ir": 10.0}, "floor": {"Ir": 11.0}}, "floor")
     assert floor == {"instructions_per_step_plain": 10, "instructions_per_step_floor": 11,
                      "instructions_per_step_added": 1}
+
+
+# Two functions in libpython (one calling into libc, whose inclusive cost must not count again),
+# one in an otel_train extension named first on a `cob=` line, one in libtorch_cpu, and one in
+# the main executable; names compressed after their first use, a `fi=` line inside a function.
+_GROUPED_DUMP = """# callgrind format
+version: 1
+creator: callgrind-3.19.0
+positions: line
+events: Ir ILmr DLmr Bcm Bim
+summary: 0
+
+ob=(1) /root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0
+fl=(1) Objects/dictobject.c
+fn=(1) dict_get
+10 100 2 3 4 1
++2 50 1
+cob=(2) /usr/lib/x86_64-linux-gnu/libc.so.6
+cfi=(2) ???
+cfn=(2) memcpy
+calls=4 0
+* 999 99 99 99 99
+fi=(3) Include/object.h
+5 10 0 1
+fn=(4) PyObject_GetAttr
+1 20
+cob=(5) /work/main/otel_train/detect/_loops.cpython-311-x86_64-linux-gnu.so
+cfn=(6) fetch
+calls=1 0
+* 777 7 7 7 7
+
+ob=(2)
+fl=(4) ???
+fn=(2)
+0 40 0 2
+
+ob=(5)
+fl=(5) otel_train/detect/_loops.c
+fn=(6)
+100 300 30 6 5 2
+ob=(7) /venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so
+fl=(6) ???
+fn=(8) mkl_blas_avx2_sgemm_scopy_right24_ea
+0 1000 0 60
+ob=(8) /root/.pyenv/versions/3.11.7/bin/python3.11
+fl=(7) ???
+fn=(9) main
+0 5
+ob=(1)
+fn=(1)
+12 1 0 0 0 0
+"""
+
+
+def test_bench_callgrind_gives_each_cost_to_its_object_group(tmp_path: Path) -> None:
+    """A function's own cost goes to the group of the object it is in (names compressed after
+    their first use, `cob=` naming an object first); a call's inclusive cost is not counted
+    again; the main executable and libpython are Python, MKL's kernels torch's."""
+    from otel_train.bench.callgrind import events_by_group, group_of
+
+    dump = tmp_path / "callgrind.out.7.1"
+    dump.write_text(_GROUPED_DUMP)
+    assert events_by_group(str(dump)) == {
+        "python": {"Ir": 100 + 50 + 10 + 20 + 5 + 1, "ILmr": 2 + 1, "DLmr": 3 + 1, "Bcm": 4, "Bim": 1},
+        "other": {"Ir": 40, "ILmr": 0, "DLmr": 2, "Bcm": 0, "Bim": 0},
+        "otel_train": {"Ir": 300, "ILmr": 30, "DLmr": 6, "Bcm": 5, "Bim": 2},
+        "torch": {"Ir": 1000, "ILmr": 0, "DLmr": 60, "Bcm": 0, "Bim": 0},
+    }
+    assert group_of("/usr/lib/python3.11/lib-dynload/_contextvars.cpython-311-x86_64-linux-gnu.so") == "python"
+    assert group_of("/x/torch/lib/libc10.so") == "torch"
+    assert group_of("/usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.30") == "other"
+    assert group_of("???") == "other"
+
+
+def test_bench_callgrind_says_where_the_added_cost_lies() -> None:
+    """`_added_{group}` is the variant's cost in that group less plain's, for each figure whose
+    events were counted; a group only one variant touched still counts."""
+    from otel_train.bench.callgrind import added_by_group
+
+    plain = {"python": {"Ir": 100.0, "ILmr": 1.0, "DLmr": 2.0, "DLmw": 0.0, "Bcm": 5.0, "Bim": 1.0},
+             "torch": {"Ir": 1000.0, "ILmr": 10.0, "DLmr": 50.0, "DLmw": 5.0, "Bcm": 9.0, "Bim": 0.0}}
+    auto = {"python": {"Ir": 160.4, "ILmr": 4.0, "DLmr": 3.0, "DLmw": 1.0, "Bcm": 8.0, "Bim": 3.0},
+            "torch": {"Ir": 990.0, "ILmr": 11.0, "DLmr": 70.0, "DLmw": 5.0, "Bcm": 9.0, "Bim": 0.0},
+            "otel_train": {"Ir": 30.0, "ILmr": 6.0, "DLmr": 1.0, "DLmw": 0.0, "Bcm": 2.0, "Bim": 1.0}}
+    assert added_by_group({"plain": plain, "auto": auto}) == {
+        "instructions_per_step_added_otel_train": 30, "ll_misses_per_step_added_otel_train": 7,
+        "branch_mispredicts_per_step_added_otel_train": 3,
+        "instructions_per_step_added_python": 60, "ll_misses_per_step_added_python": 5,
+        "branch_mispredicts_per_step_added_python": 5,
+        "instructions_per_step_added_torch": -10, "ll_misses_per_step_added_torch": 21,
+        "branch_mispredicts_per_step_added_torch": 0,
+    }
+    only_ir = added_by_group({"plain": {"python": {"Ir": 1.0}}, "floor": {"python": {"Ir": 3.0}}}, "floor")
+    assert only_ir == {"instructions_per_step_added_python": 2}

@@ -59,6 +59,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from otel_train.bench import callgrind
 from otel_train.bench.harness import print_ci, print_figure
 from otel_train.bench.stats import ci95_of
 
@@ -159,61 +160,19 @@ def _marker_lib(tmp: str) -> Any:
     return ctypes.CDLL(lib)
 
 
-#: The figures `--callgrind` prints, each the sum of these callgrind events. Only `Ir` is always
-#: there; the misses come with `--cache-sim=yes`, the mispredictions with `--branch-sim=yes`.
-CALLGRIND_FIGURES: dict[str, tuple[str, ...]] = {
-    "instructions": ("Ir",),
-    "l1_misses": ("I1mr", "D1mr", "D1mw"),
-    "ll_misses": ("ILmr", "DLmr", "DLmw"),
-    "ll_instruction_misses": ("ILmr",),
-    "branch_mispredicts": ("Bcm", "Bim"),
-}
-
-
-def callgrind_events(path: str) -> dict[str, int]:
-    """The event totals of one callgrind dump (its `summary:` line, named by its `events:` line)."""
-    events: list[str] = []
-    with open(path) as f:
-        for line in f:
-            if line.startswith("events:"):
-                events = line.split()[1:]
-            elif line.startswith(("summary:", "totals:")) and events:
-                return dict(zip(events, (int(v) for v in line.split()[1:])))
-    raise RuntimeError(f"no events or totals in {path}")
-
-
-def callgrind_figures(per_step: dict[str, dict[str, float]], label: str = "auto") -> dict[str, float]:
-    """`{figure}_per_step_plain` / `_{label}` / `_added` for each of `CALLGRIND_FIGURES` whose
-    events both variants counted, from each variant's events a step (`per_step["plain"]`,
-    `per_step[label]`)."""
-    out: dict[str, float] = {}
-    for figure, events in CALLGRIND_FIGURES.items():
-        if not all(e in per_step[v] for e in events for v in ("plain", label)):
-            continue
-        plain, other = (sum(per_step[v][e] for e in events) for v in ("plain", label))
-        out[f"{figure}_per_step_plain"] = round(plain)
-        out[f"{figure}_per_step_{label}"] = round(other)
-        out[f"{figure}_per_step_added"] = round(other - plain)
-    return out
-
-
-def _newest_dump(before: set[str]) -> str:
-    """The dump callgrind wrote for this process since `before` was listed."""
-    new = sorted(set(glob.glob(f"callgrind.out.{os.getpid()}*")) - before, key=os.path.getmtime)
-    return new[-1]
-
-
 def _callgrind(loop: AutoCostLoop, steps: int, rounds: int, plain: Callable[[], Any],
-               variant: Callable[[], Any]) -> dict[str, dict[str, float]]:
+               variant: Callable[[], Any]) -> dict[str, dict[str, Any]]:
     """Events a step of each kind ("plain", "variant"): `rounds` rounds of a `plain()` and a
     `variant()` block of `steps` steps, in alternating order, each block counted between a zero
-    and a dump."""
+    and a dump. Each kind's `{"all": {event: n}, "groups": {group: {event: n}}}`
+    (`callgrind.events_by_group`)."""
     with tempfile.TemporaryDirectory() as tmp:
         marker = _marker_lib(tmp)
         if not marker.otel_train_bench_on_valgrind():
             raise SystemExit("otel-train bench auto-cost --callgrind: run it under valgrind --tool=callgrind "
                              "(the interpreter itself, not a shim script: valgrind does not follow children)")
         totals: dict[str, dict[str, int]] = {"plain": {}, "variant": {}}
+        groups: dict[str, dict[str, dict[str, int]]] = {"plain": {}, "variant": {}}
         for r in range(rounds):
             for kind in ("plain", "variant") if r % 2 == 0 else ("variant", "plain"):
                 before = set(glob.glob(f"callgrind.out.{os.getpid()}*"))
@@ -222,9 +181,17 @@ def _callgrind(loop: AutoCostLoop, steps: int, rounds: int, plain: Callable[[], 
                     for _ in range(steps):
                         loop.step()
                     marker.otel_train_bench_dump(kind.encode())
-                for event, n in callgrind_events(_newest_dump(before)).items():
+                dump = callgrind.newest_dump(before)
+                for event, n in callgrind.events(dump).items():
                     totals[kind][event] = totals[kind].get(event, 0) + n
-        return {kind: {e: n / (steps * rounds) for e, n in events.items()} for kind, events in totals.items()}
+                for group, counted in callgrind.events_by_group(dump).items():
+                    into = groups[kind].setdefault(group, {})
+                    for event, n in counted.items():
+                        into[event] = into.get(event, 0) + n
+        blocks = steps * rounds
+        return {kind: {"all": {e: n / blocks for e, n in totals[kind].items()},
+                       "groups": {g: {e: n / blocks for e, n in by.items()} for g, by in groups[kind].items()}}
+                for kind in totals}
 
 
 @contextlib.contextmanager
@@ -313,7 +280,10 @@ def _measure(loop: AutoCostLoop, label: str, rounds: int, block_steps: int, call
             counted = _callgrind(loop, callgrind_steps, rounds, plain, variant)
         print_figure("callgrind_steps", callgrind_steps)
         print_figure("callgrind_rounds", rounds)
-        for name, value in callgrind_figures({"plain": counted["plain"], label: counted["variant"]}, label).items():
+        named = {"plain": counted["plain"], label: counted["variant"]}
+        for name, value in callgrind.figures({k: v["all"] for k, v in named.items()}, label).items():
+            print_figure(name, value)
+        for name, value in callgrind.added_by_group({k: v["groups"] for k, v in named.items()}, label).items():
             print_figure(name, value)
         return
     epoch = loop.steps_per_epoch
