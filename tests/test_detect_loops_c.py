@@ -381,6 +381,40 @@ def _activity(seed: int, fn, state_cls=None) -> tuple:
         _recorder.install(None)
 
 
+def test_fields_read_where_they_lie_follow_a_changed_type() -> None:
+    """`_loops` reads the recorder's objects' fields at the offsets it learnt for their type; a
+    type changed since (a property over `Recorder.step`, then removed) is looked up again, so
+    the step machine sees what Python's lookup sees."""
+    from otel_train.detect.state import State
+    from otel_train.record import recorder as _recorder
+    from otel_train.record.clock import FakeClock
+
+    class Shadowed(_recorder.Recorder):
+        """A recorder class of its own, changed below."""
+
+    def closes() -> bool:
+        """Whether `close` closes the step detection opened: only where `r.step` reads it."""
+        clock = FakeClock()
+        r = Shadowed(64, clock)
+        _recorder.install(r)
+        try:
+            s = State()
+            s.step = _recorder.Step(None, None, None).__enter__()
+            clock.advance(1_000)
+            _loops.close(r, s, clock.perf_ns())
+            return any(rec[0] != KIND for rec in r.buf)
+        finally:
+            _recorder.install(None)
+
+    assert closes() and closes()  # learnt, then read where it lies
+    Shadowed.step = property(lambda self: None, lambda self, value: None)
+    try:
+        assert not closes()
+    finally:
+        del Shadowed.step
+    assert closes()
+
+
 def test_train_activity_matches_the_python_function() -> None:
     """The common path in C, the rest by the Python function: on random moments (our step open
     or not, the user's, accumulation or a manual update, an open update or evaluation, pending

@@ -68,6 +68,113 @@ sset(PyObject *s, Field *f, PyObject *v)
     return PyObject_SetAttr(s, *f->name, v);
 }
 
+/* --- the recorder's objects, read where they lie ------------------------------------------ */
+/* The step machine reads a few fields of the recorder's C objects every step (`r.step`,
+ * `step.ref`, `live.parent`...): object pointers at fixed offsets too (`PyMemberDef`), where a
+ * generic lookup (the type's method cache, the descriptor, its getter) touches a dozen cold cache
+ * lines and takes indirect branches each time. A `Member` is one attribute's cache at one kind of
+ * object: the type it last read (a strong reference), that type's version tag (which changes
+ * whenever the type does) and the offset. Any other type, a stale tag or an attribute that is
+ * not a plain object member of a type with the generic lookup goes the generic way, which also
+ * learns the new type. */
+typedef struct {
+    PyObject **name;
+    PyTypeObject *type; /* NULL: nothing learnt */
+    unsigned int tag;
+    Py_ssize_t off;
+    int none_if_unset; /* T_OBJECT: an unset member reads as None (T_OBJECT_EX: AttributeError) */
+} Member;
+
+static int
+version_valid(PyTypeObject *type)
+{
+#ifdef Py_TPFLAGS_VALID_VERSION_TAG
+    return PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG);
+#else
+    return type->tp_version_tag != 0;
+#endif
+}
+
+/* Learn where `type` keeps the member `m` names, for reading (or `writing`), or forget. */
+static void
+member_learn(PyTypeObject *type, Member *m, int writing)
+{
+    Py_CLEAR(m->type);
+    if (writing ? type->tp_setattro != PyObject_GenericSetAttr : type->tp_getattro != PyObject_GenericGetAttr)
+        return;
+    PyObject *descr = _PyType_Lookup(type, *m->name); /* borrowed; assigns the version tag */
+    if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type) || !version_valid(type))
+        return;
+    PyMemberDef *def = ((PyMemberDescrObject *)descr)->d_member;
+    if ((def->type != T_OBJECT && def->type != T_OBJECT_EX) || (writing && (def->flags & READONLY)))
+        return;
+    m->type = (PyTypeObject *)Py_NewRef((PyObject *)type);
+    m->tag = type->tp_version_tag;
+    m->off = def->offset;
+    m->none_if_unset = def->type == T_OBJECT;
+}
+
+/* `obj.<m>`: a new reference, or NULL with an error. */
+static PyObject *
+mget(PyObject *obj, Member *m)
+{
+    PyTypeObject *type = Py_TYPE(obj);
+    if (type == m->type && type->tp_version_tag == m->tag) {
+        PyObject *v = *(PyObject **)((char *)obj + m->off);
+        if (v != NULL)
+            return Py_NewRef(v);
+        if (m->none_if_unset)
+            Py_RETURN_NONE;
+    } else {
+        member_learn(type, m, 0);
+    }
+    return PyObject_GetAttr(obj, *m->name);
+}
+
+/* `obj.<m> = v`: 0, or -1 with an error. */
+static int
+mset(PyObject *obj, Member *m, PyObject *v)
+{
+    PyTypeObject *type = Py_TYPE(obj);
+    if (type == m->type && type->tp_version_tag == m->tag) {
+        Py_XSETREF(*(PyObject **)((char *)obj + m->off), Py_NewRef(v));
+        return 0;
+    }
+    member_learn(type, m, 1);
+    return PyObject_SetAttr(obj, *m->name, v);
+}
+
+/* `module.<name>` from the module's dict (its own attributes, which nothing on the module type
+ * shadows); the generic lookup where it is not there (a module `__getattr__`) or not a module. */
+static PyObject *
+module_attr(PyObject *module, PyObject *name)
+{
+    if (PyModule_CheckExact(module)) {
+        PyObject *v = PyDict_GetItemWithError(PyModule_GetDict(module), name); /* borrowed */
+        if (v != NULL)
+            return Py_NewRef(v);
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    return PyObject_GetAttr(module, name);
+}
+
+/* Where they are read: the recorder (`Recorder`), a step (`Step`, or `After` between steps), a
+ * region (`Region`: a phase, or the one a phase nests in), `data.copy_edge`. */
+static Member m_rec_step = {&s_step};
+static Member m_step_ref = {&s_ref};
+static Member m_step_attrs = {&s_attrs}, m_step_attrs_w = {&s_attrs};
+static Member m_step_t0 = {&s_t0}, m_step_t0_w = {&s_t0};
+static Member m_step_n = {&s_n};
+static Member m_step_rec = {&s_rec};
+static Member m_step_micro_batches_w = {&s_micro_batches};
+static Member m_region_parent = {&s_parent};
+static Member m_region_step = {&s_step};
+static Member m_region_rec = {&s_rec};
+static Member m_region_attrs_w = {&s_attrs};
+static Member m_region_events = {&s_events};
+static Member m_edge_needed = {&s_needed};
+
 /* A Python-callable function's entry: its arguments as it takes them (`ok`) and what its
  * `bind_*` function sets (`bound`); 0, or -1 with TypeError(`usage`) or RuntimeError. */
 static int
@@ -459,7 +566,7 @@ add_to(PyObject *mapping, PyObject *key, PyObject *value)
 static int
 add_sizes(PyObject *step, PyObject *samples, PyObject *tokens)
 {
-    PyObject *attrs = PyObject_GetAttr(step, s_attrs);
+    PyObject *attrs = mget(step, &m_step_attrs);
     if (attrs == NULL)
         return -1;
     int err;
@@ -467,7 +574,7 @@ add_sizes(PyObject *step, PyObject *samples, PyObject *tokens)
         PyObject *fresh = PyDict_New();
         err = fresh == NULL || PyDict_SetItem(fresh, g_samples_key, samples) < 0
               || (tokens != NULL && PyDict_SetItem(fresh, g_tokens_key, tokens) < 0)
-              || PyObject_SetAttr(step, s_attrs, fresh) < 0;
+              || mset(step, &m_step_attrs_w, fresh) < 0;
         Py_XDECREF(fresh);
     } else {
         err = add_to(attrs, g_samples_key, samples) < 0 || (tokens != NULL && add_to(attrs, g_tokens_key, tokens) < 0);
@@ -496,7 +603,7 @@ resolve_pending(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     parent_seq = Py_NewRef(Py_None);
     if (parent != Py_None) {
-        PyObject *rec = PyObject_GetAttr(parent, s_rec);
+        PyObject *rec = mget(parent, &m_region_rec);
         if (rec == NULL)
             goto done;
         int same = rec == r;
@@ -507,10 +614,10 @@ resolve_pending(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 goto done;
         }
     }
-    if ((step = PyObject_GetAttr(r, s_step)) == NULL || (s_step_obj = sget(s, &f_step)) == NULL)
+    if ((step = mget(r, &m_rec_step)) == NULL || (s_step_obj = sget(s, &f_step)) == NULL)
         goto done;
     int ours = s_step_obj != Py_None && step == s_step_obj && parent_seq == Py_None; /* top level of our step */
-    ref = step != Py_None ? PyObject_GetAttr(step, s_ref) : Py_NewRef(g_no_step);
+    ref = step != Py_None ? mget(step, &m_step_ref) : Py_NewRef(g_no_step);
     if (ref == NULL || (append = PyObject_GetAttr(r, s_append)) == NULL)
         goto done;
     cover = ours ? sget(s, &f_cover) : Py_NewRef(Py_None);
@@ -594,13 +701,6 @@ attr_true(PyObject *obj, PyObject *name)
     return true_of(PyObject_GetAttr(obj, name));
 }
 
-/* Whether the attribute is None: 1, 0, or -1 with an error. */
-static int
-attr_none(PyObject *obj, PyObject *name)
-{
-    return none_of(PyObject_GetAttr(obj, name));
-}
-
 PyDoc_STRVAR(train_activity_doc,
 "train_activity(r, s, t, phase_kind, module=None)\n--\n\n"
 "`machine.train_activity_python`'s common path (a phase of the open step, a new micro-batch,\n"
@@ -637,7 +737,7 @@ train_activity(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     if (!slow) {
-        if ((step = PyObject_GetAttr(r, s_step)) == NULL)
+        if ((step = mget(r, &m_rec_step)) == NULL)
             return NULL;
         if ((v = PyObject_IsInstance(step, g_step_type)) < 0)
             goto fail;
@@ -732,7 +832,7 @@ phase_ended(PyObject *s, PyObject *live, int ours)
 {
     PyObject *t0 = NULL, *t1 = NULL, *parent = NULL, *cover = NULL;
     int err = (t1 = PyObject_GetAttr(live, s_t1)) == NULL || sset(s, &f_last_end, t1) < 0
-              || (parent = PyObject_GetAttr(live, s_parent)) == NULL;
+              || (parent = mget(live, &m_region_parent)) == NULL;
     if (!err && parent == Py_None && ours) {
         cover = sget(s, &f_cover);
         if (cover != NULL && !PyList_Check(cover)) {
@@ -764,15 +864,15 @@ coverage_close(PyObject *r, PyObject *s, PyObject *step, PyObject *t1)
     PyObject *attrs = NULL, *seconds = NULL;
     int64_t start, end, total;
     int err = cover == NULL || fresh == NULL || sset(s, &f_cover, fresh) < 0
-              || (t0 = PyObject_GetAttr(step, s_t0)) == NULL || as_i64(t0, &start) < 0 || as_i64(t1, &end) < 0
-              || (append = PyObject_GetAttr(r, s_append)) == NULL || (ref = PyObject_GetAttr(step, s_ref)) == NULL
+              || (t0 = mget(step, &m_step_t0)) == NULL || as_i64(t0, &start) < 0 || as_i64(t1, &end) < 0
+              || (append = PyObject_GetAttr(r, s_append)) == NULL || (ref = mget(step, &m_step_ref)) == NULL
               || gaps_of(cover, start, end, g_max_uncovered, g_min_gap, append, g_seq, g_kind, g_other, ref, &total) < 0
               || (seconds = PyFloat_FromDouble((double)total / 1e9)) == NULL
-              || (attrs = PyObject_GetAttr(step, s_attrs)) == NULL;
+              || (attrs = mget(step, &m_step_attrs)) == NULL;
     if (!err) {
         if (attrs == Py_None) {
             PyObject *d = PyDict_New();
-            err = d == NULL || PyDict_SetItem(d, g_uncovered_key, seconds) < 0 || PyObject_SetAttr(step, s_attrs, d) < 0;
+            err = d == NULL || PyDict_SetItem(d, g_uncovered_key, seconds) < 0 || mset(step, &m_step_attrs_w, d) < 0;
             Py_XDECREF(d);
         } else {
             err = PyObject_SetItem(attrs, g_uncovered_key, seconds) < 0;
@@ -821,10 +921,10 @@ close_(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(res);
     }
     if ((step = sget(s, &f_step)) == NULL || sset(s, &f_step, Py_None) < 0
-        || sset(s, &f_opt_end, Py_None) < 0 || (open = PyObject_GetAttr(r, s_step)) == NULL)
+        || sset(s, &f_opt_end, Py_None) < 0 || (open = mget(r, &m_rec_step)) == NULL)
         goto fail;
     if (step != Py_None && open == step) {
-        PyObject *t0 = PyObject_GetAttr(step, s_t0);
+        PyObject *t0 = mget(step, &m_step_t0);
         int later = t0 == NULL ? -1 : PyObject_RichCompareBool(t1, t0, Py_GT);
         if (later == 0)
             Py_SETREF(t1, Py_NewRef(t0));
@@ -836,7 +936,7 @@ close_(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             goto fail;
         Py_DECREF(res);
         int disc = attr_true(g_close_roots, s_discovering), due = disc;
-        PyObject *n = disc < 0 ? NULL : PyObject_GetAttr(step, s_n);
+        PyObject *n = disc < 0 ? NULL : mget(step, &m_step_n);
         if (n == NULL)
             goto fail;
         if (!disc) { /* read each time: tests change it */
@@ -980,11 +1080,11 @@ begin(PyObject *r, PyObject *s, PyObject *t)
     if (entered == NULL)
         goto fail;
     Py_DECREF(entered);
-    if ((rec = PyObject_GetAttr(step, s_rec)) == NULL)
+    if ((rec = mget(step, &m_step_rec)) == NULL)
         goto fail;
     if (rec == Py_None)
         Py_SETREF(step, Py_NewRef(Py_None));
-    else if (PyObject_SetAttr(step, s_t0, t0) < 0)
+    else if (mset(step, &m_step_t0_w, t0) < 0)
         goto fail;
     if (sset(s, &f_step, step) < 0 || (zero = PyLong_FromLong(0)) == NULL || sset(s, &f_mb, zero) < 0
         || sset(s, &f_mb_fwd, Py_False) < 0 || sset(s, &f_mb_bwd, Py_False) < 0
@@ -1057,7 +1157,7 @@ enter_phase(PyObject *s, PyObject *name)
 {
     PyObject *live = PyObject_CallOneArg(g_region_type, name), *mb = NULL, *attrs = NULL, *entered = NULL;
     if (live != NULL && (mb = sget(s, &f_mb)) != NULL && (attrs = micro_batch_attrs(mb)) != NULL
-        && PyObject_SetAttr(live, s_attrs, attrs) == 0)
+        && mset(live, &m_region_attrs_w, attrs) == 0)
         entered = PyObject_CallMethodNoArgs(live, s_enter);
     Py_XDECREF(live);
     Py_XDECREF(mb);
@@ -1080,7 +1180,7 @@ count_micro_batches(PyObject *s, PyObject *step)
     if (!is_ours)
         return 0;
     PyObject *mb = sget(s, &f_mb), *count = mb == NULL ? NULL : PyNumber_Add(mb, g_one);
-    int err = count == NULL || PyObject_SetAttr(step, s_micro_batches, count) < 0;
+    int err = count == NULL || mset(step, &m_step_micro_batches_w, count) < 0;
     Py_XDECREF(mb);
     Py_XDECREF(count);
     return err ? -1 : 0;
@@ -1117,7 +1217,7 @@ forward_begin(PyObject *module_, PyObject *module)
      * gradients (not a loss module), outside optimizer.step(). */
     int slow = (v = attr_true(g_roots, s_discovering)) != 0;
     if (!slow) {
-        if ((r = PyObject_GetAttr(g_recorder_module, s_rec_)) == NULL)
+        if ((r = module_attr(g_recorder_module, s_rec_)) == NULL)
             return NULL;
         slow = r == Py_None;
     }
@@ -1220,11 +1320,11 @@ forward_end(PyObject *module_, PyObject *module)
     if (res == NULL)
         goto fail;
     Py_DECREF(res);
-    int recorded = attr_none(live, s_rec), nested = recorded < 0 ? -1 : sattr_true(s, &f_fwd_nested);
+    int recorded = none_of(mget(live, &m_region_rec)), nested = recorded < 0 ? -1 : sattr_true(s, &f_fwd_nested);
     if (recorded < 0 || nested < 0)
         goto fail;
     if (!recorded && !nested) { /* recorded, and not a closure evaluation inside the update */
-        PyObject *step = PyObject_GetAttr(live, s_step), *ours = step == NULL ? NULL : sget(s, &f_step);
+        PyObject *step = mget(live, &m_region_step), *ours = step == NULL ? NULL : sget(s, &f_step);
         err = ours == NULL || phase_ended(s, live, step == ours) < 0;
         Py_XDECREF(step);
         Py_XDECREF(ours);
@@ -1282,7 +1382,7 @@ backward_done(PyObject *s, PyObject *live, PyObject *step)
     Py_DECREF(ours);
     if (count_micro_batches(s, step) < 0)
         return -1;
-    int unrecorded = attr_none(live, s_rec);
+    int unrecorded = none_of(mget(live, &m_region_rec));
     if (unrecorded < 0)
         return -1;
     if (!unrecorded && phase_ended(s, live, is_ours) < 0)
@@ -1312,7 +1412,7 @@ backward_run(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     PyObject *s = g_state, *original = args[0], *r = NULL, *t = NULL, *step = NULL, *live = NULL;
     PyObject *kwargs = args[2] == Py_None ? NULL : args[2];
-    if ((r = PyObject_GetAttr(g_recorder_module, s_rec_)) == NULL)
+    if ((r = module_attr(g_recorder_module, s_rec_)) == NULL)
         return NULL;
     int slow = r == Py_None, v;
     if (!slow) { /* a closure evaluation nested under the update: the Python body */
@@ -1343,7 +1443,7 @@ backward_run(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
         if (disc < 0)
             goto fail;
         if (!fwd && !disc) { /* no forward seen: a model built after discovery settled */
-            PyObject *n = PyObject_GetAttr(step, s_n);
+            PyObject *n = mget(step, &m_step_n);
             PyObject *res = n == NULL ? NULL : PyObject_CallMethodOneArg(g_roots, s_unseen, n);
             Py_XDECREF(n);
             if (res == NULL)
@@ -1435,7 +1535,7 @@ static PyObject *size_of(PyObject *module, PyObject *batch);
 static int
 same_step(PyObject *s, PyObject *r)
 {
-    PyObject *ours = sget(s, &f_step), *open = ours == NULL ? NULL : PyObject_GetAttr(r, s_step);
+    PyObject *ours = sget(s, &f_step), *open = ours == NULL ? NULL : mget(r, &m_rec_step);
     int same = open == NULL ? -1 : ours != Py_None && ours == open;
     Py_XDECREF(ours);
     Py_XDECREF(open);
@@ -1497,7 +1597,7 @@ fetch(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
     if (call_ok(nargs == 2, "fetch(original, iterator)", g_fetch_python != NULL && g_state != NULL, "bind_fetch") < 0)
         return NULL;
     PyObject *s = g_state, *original = args[0], *it = args[1], *batch = NULL, *t0 = NULL, *t1 = NULL, *src = NULL;
-    PyObject *r = PyObject_GetAttr(g_recorder_module, s_rec_);
+    PyObject *r = module_attr(g_recorder_module, s_rec_);
     if (r == NULL)
         return NULL;
     if (r == Py_None) {
@@ -1557,7 +1657,7 @@ fetch(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
     Py_XDECREF(pending);
     if (err)
         goto fail;
-    PyObject *needed = PyObject_GetAttr(g_copy_edge, s_needed);
+    PyObject *needed = mget(g_copy_edge, &m_edge_needed);
     if (needed == NULL)
         goto fail;
     if (needed == Py_None) { /* the first fetch decides */
@@ -1733,7 +1833,7 @@ part_begin_c(PyObject *s, PyObject *name)
         Py_XDECREF(fresh);
         if (phase == NULL)
             return -1;
-        int unrecorded = attr_none(phase, s_rec);
+        int unrecorded = none_of(mget(phase, &m_region_rec));
         if (unrecorded) {
             Py_DECREF(phase);
             return unrecorded < 0 ? -1 : 0;
@@ -1802,7 +1902,7 @@ part_end_c(PyObject *r, PyObject *s)
         PyErr_Clear();
         PyObject *phase = sget(s, &f_phase), *parent = NULL, *again = NULL;
         if (phase != NULL)
-            parent = phase == Py_None ? Py_NewRef(Py_None) : PyObject_GetAttr(phase, s_parent);
+            parent = phase == Py_None ? Py_NewRef(Py_None) : mget(phase, &m_region_parent);
         if (parent != NULL)
             again = PyContextVar_Set(g_current_var, parent);
         Py_XDECREF(phase);
@@ -1882,8 +1982,8 @@ phase_end_c(PyObject *r, PyObject *s)
             || PyDict_SetItem(g_calls, key, attrs) < 0)
             goto done;
     }
-    if ((t1 = sget(s, &f_phase_end)) == NULL || (parent = PyObject_GetAttr(phase, s_parent)) == NULL
-        || (step = PyObject_GetAttr(phase, s_step)) == NULL || (t0 = PyObject_GetAttr(phase, s_t0)) == NULL
+    if ((t1 = sget(s, &f_phase_end)) == NULL || (parent = mget(phase, &m_region_parent)) == NULL
+        || (step = mget(phase, &m_region_step)) == NULL || (t0 = PyObject_GetAttr(phase, s_t0)) == NULL
         || (dev = has_dev(phase)) < 0)
         goto done;
     if (dev) {
@@ -1891,7 +1991,7 @@ phase_end_c(PyObject *r, PyObject *s)
     } else { /* `direct.finish`, written out */
         pseq = Py_NewRef(Py_None);
         if (parent != Py_None) {
-            PyObject *prec = PyObject_GetAttr(parent, s_rec);
+            PyObject *prec = mget(parent, &m_region_rec);
             if (prec == NULL)
                 goto done;
             int mine = prec == r;
@@ -1899,9 +1999,9 @@ phase_end_c(PyObject *r, PyObject *s)
             if (mine)
                 Py_SETREF(pseq, PyObject_GetAttr(parent, s_seq));
         }
-        ref = step == Py_None ? Py_NewRef(g_ph_no_step) : PyObject_GetAttr(step, s_ref);
+        ref = step == Py_None ? Py_NewRef(g_ph_no_step) : mget(step, &m_step_ref);
         if (pseq == NULL || ref == NULL || (seq = PyObject_GetAttr(phase, s_seq)) == NULL
-            || (events = PyObject_GetAttr(phase, s_events)) == NULL || (v = PyObject_IsTrue(events)) < 0)
+            || (events = mget(phase, &m_region_events)) == NULL || (v = PyObject_IsTrue(events)) < 0)
             goto done;
         if (!v)
             Py_SETREF(events, Py_NewRef(Py_None));
@@ -1988,7 +2088,7 @@ optimizer_begin(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (slow < 0)
         return NULL;
     if (!slow) {
-        if ((r = PyObject_GetAttr(g_opt_recorder_module, s_rec_)) == NULL)
+        if ((r = module_attr(g_opt_recorder_module, s_rec_)) == NULL)
             return NULL;
         slow = r == Py_None;
     }
@@ -2076,7 +2176,7 @@ optimizer_end(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     int outermost = PyLong_CheckExact(depth) && PyLong_AsLong(depth) == 1, slow = !outermost, v;
     Py_DECREF(depth);
     if (!slow) {
-        if ((r = PyObject_GetAttr(g_opt_recorder_module, s_rec_)) == NULL)
+        if ((r = module_attr(g_opt_recorder_module, s_rec_)) == NULL)
             return NULL;
         slow = r == Py_None;
     }
