@@ -474,13 +474,14 @@ def _forward_moment(seed: int, begin, end) -> tuple:
     """A random forward on the process's detection state (reset first): the pre-hook's body
     (`begin`), maybe a nested forward, then the post-hook's (`end`). Returns what changed."""
     import torch
-    from otel_train.detect.roots import roots
+    from otel_train.detect.roots import Roots, roots
     from otel_train.detect.state import s
     from otel_train.record import recorder as _recorder
     from otel_train.record.clock import FakeClock
     rng = random.Random(seed)
     clock = FakeClock()
     r = _recorder.Recorder(4096, clock) if rng.random() < 0.9 else None
+    unseen_method = Roots.unseen
     _recorder.install(r)
     discovering = roots.discovering
     s.reset()
@@ -533,17 +534,18 @@ def _backward_moment(seed: int, run) -> tuple:
     """A random backward on the process's detection state (reset first), through `run`
     (original, args, kwargs): it returns or raises. Returns what came out and what changed."""
     from otel_train.detect import phase
-    from otel_train.detect.roots import roots
+    from otel_train.detect.roots import Roots, roots
     from otel_train.detect.state import s
     from otel_train.record import recorder as _recorder
     from otel_train.record.clock import FakeClock
     rng = random.Random(seed)
     clock = FakeClock()
     r = _recorder.Recorder(4096, clock) if rng.random() < 0.9 else None
+    unseen_method = Roots.unseen
     _recorder.install(r)
     discovering = roots.discovering
     unseen: list = []
-    roots.unseen = unseen.append  # what would start a rediscovery: noted, not done (it hooks globally)
+    Roots.unseen = lambda self, n: unseen.append(n)  # a rediscovery asked for: noted, not done (it hooks globally)
     s.reset()
     try:
         roots.discovering = rng.random() < 0.2
@@ -578,7 +580,7 @@ def _backward_moment(seed: int, run) -> tuple:
                 s.step.micro_batches if s.step is not None else None, [n is not None for n in unseen], records)
     finally:
         roots.discovering = discovering
-        del roots.unseen
+        Roots.unseen = unseen_method
         s.reset()
         _recorder.install(None)
 

@@ -69,20 +69,22 @@ sset(PyObject *s, Field *f, PyObject *v)
 }
 
 /* --- the recorder's objects, read where they lie ------------------------------------------ */
-/* The step machine reads a few fields of the recorder's C objects every step (`r.step`,
- * `step.ref`, `live.parent`...): object pointers at fixed offsets too (`PyMemberDef`), where a
- * generic lookup (the type's method cache, the descriptor, its getter) touches a dozen cold cache
- * lines and takes indirect branches each time. A `Member` is one attribute's cache at one kind of
- * object: the type it last read (a strong reference), that type's version tag (which changes
- * whenever the type does) and the offset. Any other type, a stale tag or an attribute that is
- * not a plain object member of a type with the generic lookup goes the generic way, which also
- * learns the new type. */
+/* The step machine reads a few attributes of the recorder's C objects every step (`r.step`,
+ * `r.now`, `step.ref`, `live.parent`, `live.t1`...): object pointers at fixed offsets
+ * (`PyMemberDef`) or C getters (`PyGetSetDef`), where a generic lookup (the type's method cache,
+ * the descriptor, its getter) touches a dozen cold cache lines and takes indirect branches each
+ * time. A `Member` is one attribute's cache at one kind of object: the type it last read (a
+ * strong reference), that type's version tag (which changes whenever the type does) and where
+ * the attribute lies, or its getter and setter. Any other type, a stale tag, or an attribute
+ * that is neither on a type with the generic lookup goes the generic way, which also learns the
+ * new type. */
 typedef struct {
     PyObject **name;
     PyTypeObject *type; /* NULL: nothing learnt */
     unsigned int tag;
-    Py_ssize_t off;
-    int none_if_unset; /* T_OBJECT: an unset member reads as None (T_OBJECT_EX: AttributeError) */
+    Py_ssize_t off;       /* a member: its offset */
+    int none_if_unset;    /* ... T_OBJECT: unset reads as None (T_OBJECT_EX: AttributeError) */
+    PyGetSetDef *getset;  /* a getter (and setter), or NULL for a member */
 } Member;
 
 static int
@@ -95,7 +97,7 @@ version_valid(PyTypeObject *type)
 #endif
 }
 
-/* Learn where `type` keeps the member `m` names, for reading (or `writing`), or forget. */
+/* Learn where `type` keeps the attribute `m` names, for reading (or `writing`), or forget. */
 static void
 member_learn(PyTypeObject *type, Member *m, int writing)
 {
@@ -103,15 +105,25 @@ member_learn(PyTypeObject *type, Member *m, int writing)
     if (writing ? type->tp_setattro != PyObject_GenericSetAttr : type->tp_getattro != PyObject_GenericGetAttr)
         return;
     PyObject *descr = _PyType_Lookup(type, *m->name); /* borrowed; assigns the version tag */
-    if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type) || !version_valid(type))
+    if (descr == NULL || !version_valid(type))
         return;
-    PyMemberDef *def = ((PyMemberDescrObject *)descr)->d_member;
-    if ((def->type != T_OBJECT && def->type != T_OBJECT_EX) || (writing && (def->flags & READONLY)))
+    if (Py_IS_TYPE(descr, &PyGetSetDescr_Type)) {
+        PyGetSetDef *def = ((PyGetSetDescrObject *)descr)->d_getset;
+        if (writing ? def->set == NULL : def->get == NULL)
+            return;
+        m->getset = def;
+    } else if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        PyMemberDef *def = ((PyMemberDescrObject *)descr)->d_member;
+        if ((def->type != T_OBJECT && def->type != T_OBJECT_EX) || (writing && (def->flags & READONLY)))
+            return;
+        m->getset = NULL;
+        m->off = def->offset;
+        m->none_if_unset = def->type == T_OBJECT;
+    } else {
         return;
+    }
     m->type = (PyTypeObject *)Py_NewRef((PyObject *)type);
     m->tag = type->tp_version_tag;
-    m->off = def->offset;
-    m->none_if_unset = def->type == T_OBJECT;
 }
 
 /* `obj.<m>`: a new reference, or NULL with an error. */
@@ -120,6 +132,8 @@ mget(PyObject *obj, Member *m)
 {
     PyTypeObject *type = Py_TYPE(obj);
     if (type == m->type && type->tp_version_tag == m->tag) {
+        if (m->getset != NULL)
+            return m->getset->get(obj, m->getset->closure);
         PyObject *v = *(PyObject **)((char *)obj + m->off);
         if (v != NULL)
             return Py_NewRef(v);
@@ -137,6 +151,8 @@ mset(PyObject *obj, Member *m, PyObject *v)
 {
     PyTypeObject *type = Py_TYPE(obj);
     if (type == m->type && type->tp_version_tag == m->tag) {
+        if (m->getset != NULL)
+            return m->getset->set(obj, v, m->getset->closure);
         Py_XSETREF(*(PyObject **)((char *)obj + m->off), Py_NewRef(v));
         return 0;
     }
@@ -159,9 +175,35 @@ module_attr(PyObject *module, PyObject *name)
     return PyObject_GetAttr(module, name);
 }
 
-/* Where they are read: the recorder (`Recorder`), a step (`Step`, or `After` between steps), a
- * region (`Region`: a phase, or the one a phase nests in), `data.copy_edge`. */
+/* The recorder's C region and step types (`otel_train.record._hotpath`; NULL where it was not
+ * built). Calling one is its `__enter__` (no arguments) or `__exit__` (three), which is what
+ * `with` reaches through their descriptors: so `enter_of` and `exit_of` call them, with no
+ * method lookup, and anything else (the Python fallback, a subclass) the generic way. */
+static PyTypeObject *g_c_region, *g_c_step;
+
+static PyObject *
+enter_of(PyObject *obj)
+{
+    if (Py_TYPE(obj) == g_c_region || Py_TYPE(obj) == g_c_step)
+        return PyObject_Vectorcall(obj, NULL, 0, NULL);
+    return PyObject_CallMethodNoArgs(obj, s_enter);
+}
+
+static PyObject *
+exit_of(PyObject *obj, PyObject *exc_type, PyObject *exc, PyObject *tb)
+{
+    if (Py_TYPE(obj) == g_c_region || Py_TYPE(obj) == g_c_step) {
+        PyObject *const args[3] = {exc_type, exc, tb};
+        return PyObject_Vectorcall(obj, args, 3, NULL);
+    }
+    return PyObject_CallMethodObjArgs(obj, s_exit, exc_type, exc, tb, NULL);
+}
+
+/* Where they are read: the recorder (`Recorder`: its open step, its clock), a step (`Step`,
+ * or `After` between steps), a region (`Region`: a phase, or the one a phase nests in),
+ * `data.copy_edge`, `roots.roots`. */
 static Member m_rec_step = {&s_step};
+static Member m_rec_now = {&s_now};
 static Member m_step_ref = {&s_ref};
 static Member m_step_attrs = {&s_attrs}, m_step_attrs_w = {&s_attrs};
 static Member m_step_t0 = {&s_t0}, m_step_t0_w = {&s_t0};
@@ -173,7 +215,21 @@ static Member m_region_step = {&s_step};
 static Member m_region_rec = {&s_rec};
 static Member m_region_attrs_w = {&s_attrs};
 static Member m_region_events = {&s_events};
+static Member m_region_t0 = {&s_t0}, m_region_t1 = {&s_t1}, m_region_seq = {&s_seq};
+
+/* `r.now()`: the recorder's clock read, a new reference (NULL with an error). */
+static PyObject *
+now_of(PyObject *r)
+{
+    PyObject *clock = mget(r, &m_rec_now);
+    if (clock == NULL)
+        return NULL;
+    PyObject *t = PyObject_CallNoArgs(clock);
+    Py_DECREF(clock);
+    return t;
+}
 static Member m_edge_needed = {&s_needed};
+static Member m_roots_discovering = {&s_discovering};
 
 /* A Python-callable function's entry: its arguments as it takes them (`ok`) and what its
  * `bind_*` function sets (`bound`); 0, or -1 with TypeError(`usage`) or RuntimeError. */
@@ -609,7 +665,7 @@ resolve_pending(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         int same = rec == r;
         Py_DECREF(rec);
         if (same) {
-            Py_SETREF(parent_seq, PyObject_GetAttr(parent, s_seq));
+            Py_SETREF(parent_seq, mget(parent, &m_region_seq));
             if (parent_seq == NULL)
                 goto done;
         }
@@ -831,7 +887,7 @@ static int
 phase_ended(PyObject *s, PyObject *live, int ours)
 {
     PyObject *t0 = NULL, *t1 = NULL, *parent = NULL, *cover = NULL;
-    int err = (t1 = PyObject_GetAttr(live, s_t1)) == NULL || sset(s, &f_last_end, t1) < 0
+    int err = (t1 = mget(live, &m_region_t1)) == NULL || sset(s, &f_last_end, t1) < 0
               || (parent = mget(live, &m_region_parent)) == NULL;
     if (!err && parent == Py_None && ours) {
         cover = sget(s, &f_cover);
@@ -839,7 +895,7 @@ phase_ended(PyObject *s, PyObject *live, int ours)
             PyErr_SetString(PyExc_TypeError, "State.cover must be a list");
             Py_CLEAR(cover);
         }
-        err = cover == NULL || (t0 = PyObject_GetAttr(live, s_t0)) == NULL || PyList_Append(cover, t0) < 0
+        err = cover == NULL || (t0 = mget(live, &m_region_t0)) == NULL || PyList_Append(cover, t0) < 0
               || PyList_Append(cover, t1) < 0;
     }
     Py_XDECREF(t0);
@@ -935,7 +991,7 @@ close_(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (res == NULL)
             goto fail;
         Py_DECREF(res);
-        int disc = attr_true(g_close_roots, s_discovering), due = disc;
+        int disc = true_of(mget(g_close_roots, &m_roots_discovering)), due = disc;
         PyObject *n = disc < 0 ? NULL : mget(step, &m_step_n);
         if (n == NULL)
             goto fail;
@@ -1076,7 +1132,7 @@ begin(PyObject *r, PyObject *s, PyObject *t)
     if ((epoch = sget(s, &f_epoch)) == NULL
         || (step = PyObject_CallFunctionObjArgs(g_track_step_type, Py_None, epoch, Py_None, NULL)) == NULL)
         goto fail;
-    PyObject *entered = PyObject_CallMethodNoArgs(step, s_enter);
+    PyObject *entered = enter_of(step);
     if (entered == NULL)
         goto fail;
     Py_DECREF(entered);
@@ -1158,7 +1214,7 @@ enter_phase(PyObject *s, PyObject *name)
     PyObject *live = PyObject_CallOneArg(g_region_type, name), *mb = NULL, *attrs = NULL, *entered = NULL;
     if (live != NULL && (mb = sget(s, &f_mb)) != NULL && (attrs = micro_batch_attrs(mb)) != NULL
         && mset(live, &m_region_attrs_w, attrs) == 0)
-        entered = PyObject_CallMethodNoArgs(live, s_enter);
+        entered = enter_of(live);
     Py_XDECREF(live);
     Py_XDECREF(mb);
     Py_XDECREF(attrs);
@@ -1215,7 +1271,7 @@ forward_begin(PyObject *module_, PyObject *module)
         return v < 0 ? NULL : Py_NewRef(Py_None);
     /* The common case only: not discovering roots, recording, a training-mode module with
      * gradients (not a loss module), outside optimizer.step(). */
-    int slow = (v = attr_true(g_roots, s_discovering)) != 0;
+    int slow = (v = true_of(mget(g_roots, &m_roots_discovering))) != 0;
     if (!slow) {
         if ((r = module_attr(g_recorder_module, s_rec_)) == NULL)
             return NULL;
@@ -1237,7 +1293,7 @@ forward_begin(PyObject *module_, PyObject *module)
         return PyObject_CallOneArg(g_begin_python, module);
     }
     PyObject *fwd_train = PyLong_FromLong(g_fwd_train);
-    if (fwd_train == NULL || (t = PyObject_CallMethodNoArgs(r, s_now)) == NULL
+    if (fwd_train == NULL || (t = now_of(r)) == NULL
         || sset(s, &f_copying, Py_False) < 0 || sset(s, &f_fwd_kind, fwd_train) < 0
         || sset(s, &f_fwd_nested, Py_False) < 0) {
         Py_XDECREF(fwd_train);
@@ -1316,7 +1372,7 @@ forward_end(PyObject *module_, PyObject *module)
         Py_DECREF(live);
         Py_RETURN_NONE;
     }
-    PyObject *res = PyObject_CallMethodObjArgs(live, s_exit, Py_None, Py_None, Py_None, NULL);
+    PyObject *res = exit_of(live, Py_None, Py_None, Py_None);
     if (res == NULL)
         goto fail;
     Py_DECREF(res);
@@ -1429,7 +1485,7 @@ backward_run(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
         return PyObject_CallFunctionObjArgs(g_backward_python, original, args[1], args[2], NULL);
     }
     PyObject *ph_bwd = PyLong_FromLong(g_ph_bwd);
-    if (ph_bwd == NULL || (t = PyObject_CallMethodNoArgs(r, s_now)) == NULL) {
+    if (ph_bwd == NULL || (t = now_of(r)) == NULL) {
         Py_XDECREF(ph_bwd);
         goto fail;
     }
@@ -1439,7 +1495,7 @@ backward_run(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
     if (step == NULL)
         goto fail;
     if (step != Py_None) {
-        int fwd = sattr_true(s, &f_mb_fwd), disc = fwd != 0 ? fwd : attr_true(g_roots, s_discovering);
+        int fwd = sattr_true(s, &f_mb_fwd), disc = fwd != 0 ? fwd : true_of(mget(g_roots, &m_roots_discovering));
         if (disc < 0)
             goto fail;
         if (!fwd && !disc) { /* no forward seen: a model built after discovery settled */
@@ -1463,8 +1519,7 @@ backward_run(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
         if (tb != NULL && value != NULL)
             PyException_SetTraceback(value, tb);
     }
-    PyObject *res = PyObject_CallMethodObjArgs(live, s_exit, out ? Py_None : type, out || !value ? Py_None : value,
-                                               Py_None, NULL);
+    PyObject *res = exit_of(live, out ? Py_None : type, out || !value ? Py_None : value, Py_None);
     int exit_failed = res == NULL;
     Py_XDECREF(res);
     if (exit_failed)
@@ -1604,7 +1659,7 @@ fetch(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(r);
         return PyObject_CallFunctionObjArgs(g_fetch_python, original, it, NULL);
     }
-    if ((t0 = PyObject_CallMethodNoArgs(r, s_now)) == NULL || sset(s, &f_fetching, Py_True) < 0)
+    if ((t0 = now_of(r)) == NULL || sset(s, &f_fetching, Py_True) < 0)
         goto fail;
     batch = PyObject_CallOneArg(original, it); /* StopIteration: not a batch, nothing recorded */
     if (batch == NULL) {
@@ -1619,7 +1674,7 @@ fetch(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
         }
         goto fail;
     }
-    if (sset(s, &f_fetching, Py_False) < 0 || (t1 = PyObject_CallMethodNoArgs(r, s_now)) == NULL)
+    if (sset(s, &f_fetching, Py_False) < 0 || (t1 = now_of(r)) == NULL)
         goto fail;
     /* The loader's own (batch) sampler tells loaders apart, even two over one dataset. */
     if ((src = PyObject_GetAttr(it, s_index_sampler)) == NULL) { /* getattr(it, "_index_sampler", None) */
@@ -1829,7 +1884,7 @@ part_begin_c(PyObject *s, PyObject *name)
     if (phase == Py_None) {
         Py_DECREF(phase);
         PyObject *fresh = PyObject_CallOneArg(g_ph_region_type, g_opt_name);
-        phase = fresh == NULL ? NULL : PyObject_CallMethodNoArgs(fresh, s_enter);
+        phase = fresh == NULL ? NULL : enter_of(fresh);
         Py_XDECREF(fresh);
         if (phase == NULL)
             return -1;
@@ -1914,7 +1969,7 @@ part_end_c(PyObject *r, PyObject *s)
         Py_DECREF(again);
     }
     Py_DECREF(token);
-    PyObject *t = PyObject_CallMethodNoArgs(r, s_now), *phase = t == NULL ? NULL : sget(s, &f_phase);
+    PyObject *t = now_of(r), *phase = t == NULL ? NULL : sget(s, &f_phase);
     if (phase == NULL) {
         Py_XDECREF(t);
         return NULL;
@@ -1983,7 +2038,7 @@ phase_end_c(PyObject *r, PyObject *s)
             goto done;
     }
     if ((t1 = sget(s, &f_phase_end)) == NULL || (parent = mget(phase, &m_region_parent)) == NULL
-        || (step = mget(phase, &m_region_step)) == NULL || (t0 = PyObject_GetAttr(phase, s_t0)) == NULL
+        || (step = mget(phase, &m_region_step)) == NULL || (t0 = mget(phase, &m_region_t0)) == NULL
         || (dev = has_dev(phase)) < 0)
         goto done;
     if (dev) {
@@ -1997,10 +2052,10 @@ phase_end_c(PyObject *r, PyObject *s)
             int mine = prec == r;
             Py_DECREF(prec);
             if (mine)
-                Py_SETREF(pseq, PyObject_GetAttr(parent, s_seq));
+                Py_SETREF(pseq, mget(parent, &m_region_seq));
         }
         ref = step == Py_None ? Py_NewRef(g_ph_no_step) : mget(step, &m_step_ref);
-        if (pseq == NULL || ref == NULL || (seq = PyObject_GetAttr(phase, s_seq)) == NULL
+        if (pseq == NULL || ref == NULL || (seq = mget(phase, &m_region_seq)) == NULL
             || (events = mget(phase, &m_region_events)) == NULL || (v = PyObject_IsTrue(events)) < 0)
             goto done;
         if (!v)
@@ -2104,7 +2159,7 @@ optimizer_begin(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_XDECREF(r);
         return PyObject_Vectorcall(g_opt_begin_python, args, nargs, NULL);
     }
-    if ((t = PyObject_CallMethodNoArgs(r, s_now)) == NULL || (ph = PyLong_FromLong(g_ph_opt)) == NULL)
+    if ((t = now_of(r)) == NULL || (ph = PyLong_FromLong(g_ph_opt)) == NULL)
         goto fail;
     PyObject *const call[4] = {r, s, t, ph};
     if ((step = train_activity(NULL, call, 4)) == NULL)
@@ -2659,6 +2714,19 @@ PyInit__loops(void)
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL)
             return NULL;
+    }
+    PyObject *hotpath = PyImport_ImportModule("otel_train.record._hotpath");
+    if (hotpath == NULL) { /* not built: the generic calls */
+        PyErr_Clear();
+    } else {
+        g_c_region = (PyTypeObject *)PyObject_GetAttrString(hotpath, "Region");
+        g_c_step = (PyTypeObject *)PyObject_GetAttrString(hotpath, "Step");
+        Py_DECREF(hotpath);
+        if (g_c_region == NULL || g_c_step == NULL || !PyType_Check(g_c_region) || !PyType_Check(g_c_step)) {
+            PyErr_Clear();
+            Py_CLEAR(g_c_region);
+            Py_CLEAR(g_c_step);
+        }
     }
     return PyModule_Create(&module_def);
 }

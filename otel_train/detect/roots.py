@@ -32,6 +32,10 @@ def _hooks() -> tuple[Any, Any]:
 class Roots:
     """The forward hooks' handles, global or per root, and what discovery has seen."""
 
+    # Slots: the forward hooks read `discovering` every call, where it lies (`_loops.c`).
+    __slots__ = ("seen", "hooked", "global_handles", "discovering", "closed", "unseen_at", "unseen_gap",
+                 "for_unseen")
+
     DISCOVERY_STEPS = 2
     REDISCOVER_EVERY = 500
     UNSEEN_GAP = 8
