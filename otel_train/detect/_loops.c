@@ -201,7 +201,7 @@ exit_of(PyObject *obj, PyObject *exc_type, PyObject *exc, PyObject *tb)
 
 /* Where they are read: the recorder (`Recorder`: its open step, its clock), a step (`Step`,
  * or `After` between steps), a region (`Region`: a phase, or the one a phase nests in),
- * `data.copy_edge`, `roots.roots`. */
+ * `data.copy_edge`, `roots.roots`, a batch's tensor. */
 static Member m_rec_step = {&s_step};
 static Member m_rec_now = {&s_now};
 static Member m_step_ref = {&s_ref};
@@ -230,6 +230,8 @@ now_of(PyObject *r)
 }
 static Member m_edge_needed = {&s_needed};
 static Member m_roots_discovering = {&s_discovering};
+static PyObject *g_shape, *g_dtype; /* "shape", "dtype" */
+static Member m_tensor_shape = {&g_shape}, m_tensor_dtype = {&g_dtype}; /* a batch's tensor (`size_of`) */
 
 /* A Python-callable function's entry: its arguments as it takes them (`ok`) and what its
  * `bind_*` function sets (`bound`); 0, or -1 with TypeError(`usage`) or RuntimeError. */
@@ -253,7 +255,8 @@ true_of(PyObject *v)
 {
     if (v == NULL)
         return -1;
-    int truth = PyObject_IsTrue(v);
+    /* The state's flags are True, False or None: no call for those */
+    int truth = v == Py_True ? 1 : v == Py_False || v == Py_None ? 0 : PyObject_IsTrue(v);
     Py_DECREF(v);
     return truth;
 }
@@ -2419,7 +2422,6 @@ static PyObject *g_tensor;        /* torch.Tensor */
 static PyObject *g_mapping;       /* collections.abc.Mapping */
 static PyObject *g_token_dtypes;  /* `batch_size._TOKEN_DTYPES` */
 static PyObject *g_input_ids;     /* "input_ids" */
-static PyObject *g_shape, *g_dtype;
 
 /* The first item of a non-empty sequence, else None: a new reference. */
 static PyObject *
@@ -2487,7 +2489,7 @@ size_of(PyObject *module, PyObject *batch)
             goto done;
         }
     }
-    shape = PyObject_GetAttr(x, g_shape);
+    shape = mget(x, &m_tensor_shape);
     if (shape == NULL)
         goto done;
     Py_ssize_t ndim = PySequence_Size(shape);
@@ -2502,7 +2504,7 @@ size_of(PyObject *module, PyObject *batch)
         goto done;
     PyObject *tokens = NULL;
     if (ndim == 2) {
-        PyObject *dtype = PyObject_GetAttr(x, g_dtype);
+        PyObject *dtype = mget(x, &m_tensor_dtype);
         int token_ids = dtype == NULL ? -1 : PySequence_Contains(g_token_dtypes, dtype);
         Py_XDECREF(dtype);
         if (token_ids > 0) {
