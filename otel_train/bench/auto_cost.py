@@ -24,12 +24,12 @@ Figures (`name: value` lines):
 - `c_calls_per_step_plain` / `_auto` / `_added`: the same for calls of C functions.
 - with `--callgrind N` under `valgrind --tool=callgrind`: `instructions_per_step_plain` /
   `_auto` / `_added`, counted over `--rounds` rounds of a plain and an automatic block of N
-  steps (alternating order), each block between client requests (a tiny marker library built
-  with the system C compiler from valgrind's `callgrind.h`), so the pauses' own work and the
-  caches they cool are outside the counts. Take N = 32 (one epoch): each block then holds one
-  new iterator of the loader, whose shuffle otherwise moves a block's count by ~200k a step.
-  The first block counted runs one-off work; the dumps (`callgrind.out.PID.K`, one a block)
-  give the steady blocks apart.
+  steps (alternating order), after one round run uncounted (the first blocks run one-off
+  work), each block between client requests (a tiny marker library built with the system C
+  compiler from valgrind's `callgrind.h`), so the pauses' own work and the caches they cool
+  are outside the counts. Take N = 32 (one epoch): each block then holds one new iterator of
+  the loader, whose shuffle otherwise moves a block's count by ~200k a step. The dumps
+  (`callgrind.out.PID.K`, one a block) are kept.
 - the same with `--cache-sim=yes --branch-sim=yes --LL=<the host's L2: size,ways,line>` on
   valgrind's command line: `l1_misses_`, `ll_misses_`, `ll_instruction_misses_` and
   `branch_mispredicts_per_step_*` too. Instructions do not predict this loop's wall clock:
@@ -38,6 +38,11 @@ Figures (`name: value` lines):
   costs a trip past L2. The misses, with L2 simulated as the last level, are the
   load-independent figure that tracks the wall-clock cost
   (`docs/benchmarks/2026-11-26-auto-path-l2.md`).
+- with `--callgrind`, also where the added cost lies: `instructions_`, `ll_misses_` and
+  `branch_mispredicts_per_step_added_<group>`, each block's functions' own costs summed by the
+  object they lie in (`callgrind.OBJECT_GROUPS`: `otel_train`'s extensions, `python`, `torch`
+  with MKL, `other`). Misses added in `torch` are torch's own lines that automatic mode's
+  displaced from L2.
 - with `--floor`: the same figures, `floor` in their names where the others say `auto`, of
   `noop_hooks` against plain steps, no otel_train installed: the part of the cost any hook
   at those places pays.
@@ -162,17 +167,23 @@ def _marker_lib(tmp: str) -> Any:
 
 def _callgrind(loop: AutoCostLoop, steps: int, rounds: int, plain: Callable[[], Any],
                variant: Callable[[], Any]) -> dict[str, dict[str, Any]]:
-    """Events a step of each kind ("plain", "variant"): `rounds` rounds of a `plain()` and a
-    `variant()` block of `steps` steps, in alternating order, each block counted between a zero
-    and a dump. Each kind's `{"all": {event: n}, "groups": {group: {event: n}}}`
-    (`callgrind.events_by_group`)."""
+    """Events a step of each kind ("plain", "variant"): after a round run uncounted (one-off
+    work: the first blocks' lazy imports, caches, allocations), `rounds` rounds of a `plain()`
+    and a `variant()` block of `steps` steps, in alternating order, each block counted between a
+    zero and a dump. Each kind's `{"all": {event: n}, "groups": {group: {event: n}}}`
+    (`callgrind.events_by_group`). The dumps are read after the last block: reading one is
+    ~100M instructions, which would run between the blocks (and did move the next block's
+    per-function costs, though not its totals)."""
     with tempfile.TemporaryDirectory() as tmp:
         marker = _marker_lib(tmp)
         if not marker.otel_train_bench_on_valgrind():
             raise SystemExit("otel-train bench auto-cost --callgrind: run it under valgrind --tool=callgrind "
                              "(the interpreter itself, not a shim script: valgrind does not follow children)")
-        totals: dict[str, dict[str, int]] = {"plain": {}, "variant": {}}
-        groups: dict[str, dict[str, dict[str, int]]] = {"plain": {}, "variant": {}}
+        for kind in ("plain", "variant"):  # the uncounted round
+            with plain() if kind == "plain" else variant():
+                for _ in range(steps):
+                    loop.step()
+        dumps: list[tuple[str, str]] = []
         for r in range(rounds):
             for kind in ("plain", "variant") if r % 2 == 0 else ("variant", "plain"):
                 before = set(glob.glob(f"callgrind.out.{os.getpid()}*"))
@@ -181,17 +192,20 @@ def _callgrind(loop: AutoCostLoop, steps: int, rounds: int, plain: Callable[[], 
                     for _ in range(steps):
                         loop.step()
                     marker.otel_train_bench_dump(kind.encode())
-                dump = callgrind.newest_dump(before)
-                for event, n in callgrind.events(dump).items():
-                    totals[kind][event] = totals[kind].get(event, 0) + n
-                for group, counted in callgrind.events_by_group(dump).items():
-                    into = groups[kind].setdefault(group, {})
-                    for event, n in counted.items():
-                        into[event] = into.get(event, 0) + n
-        blocks = steps * rounds
-        return {kind: {"all": {e: n / blocks for e, n in totals[kind].items()},
-                       "groups": {g: {e: n / blocks for e, n in by.items()} for g, by in groups[kind].items()}}
-                for kind in totals}
+                dumps.append((kind, callgrind.newest_dump(before)))
+    totals: dict[str, dict[str, int]] = {"plain": {}, "variant": {}}
+    groups: dict[str, dict[str, dict[str, int]]] = {"plain": {}, "variant": {}}
+    for kind, dump in dumps:
+        for event, n in callgrind.events(dump).items():
+            totals[kind][event] = totals[kind].get(event, 0) + n
+        for group, counted in callgrind.events_by_group(dump).items():
+            into = groups[kind].setdefault(group, {})
+            for event, n in counted.items():
+                into[event] = into.get(event, 0) + n
+    blocks = steps * rounds
+    return {kind: {"all": {e: n / blocks for e, n in totals[kind].items()},
+                   "groups": {g: {e: n / blocks for e, n in by.items()} for g, by in groups[kind].items()}}
+            for kind in totals}
 
 
 @contextlib.contextmanager
