@@ -22,6 +22,14 @@
 #include <frameobject.h>
 #endif
 
+/* For the helpers called from dozens of places each step: one copy of their code, whose lines
+ * stay cached between the calls of one hook, rather than a copy inlined at each. */
+#if defined(__GNUC__)
+#define NOINLINE __attribute__((noinline))
+#else
+#define NOINLINE
+#endif
+
 /* Interned attribute names (set at init). */
 static PyObject *s_after, *s_append, *s_attrs, *s_boundary, *s_bwd_depth, *s_copying, *s_cover, *s_data_driven,
     *s_decide, *s_discovering, *s_enter, *s_epoch, *s_epoch_fixed, *s_eval_explicit, *s_eval_t0,
@@ -69,15 +77,16 @@ sset(PyObject *s, Field *f, PyObject *v)
 }
 
 /* --- the recorder's objects, read where they lie ------------------------------------------ */
+
 /* The step machine reads a few attributes of the recorder's C objects every step (`r.step`,
  * `r.now`, `step.ref`, `live.parent`, `live.t1`...): object pointers at fixed offsets
  * (`PyMemberDef`) or C getters (`PyGetSetDef`), where a generic lookup (the type's method cache,
  * the descriptor, its getter) touches a dozen cold cache lines and takes indirect branches each
  * time. A `Member` is one attribute's cache at one kind of object: the type it last read (a
  * strong reference), that type's version tag (which changes whenever the type does) and where
- * the attribute lies, or its getter and setter. Any other type, a stale tag, or an attribute
- * that is neither on a type with the generic lookup goes the generic way, which also learns the
- * new type. */
+ * the attribute lies, or its getter and setter. Any other type or a stale tag goes the generic
+ * way and learns the type it saw; a type with a lookup of its own (`__getattr__`...) or an
+ * attribute that is not an object member or a getter (a property, a method) is not learnt. */
 typedef struct {
     PyObject **name;
     PyTypeObject *type; /* NULL: nothing learnt */
@@ -127,7 +136,7 @@ member_learn(PyTypeObject *type, Member *m, int writing)
 }
 
 /* `obj.<m>`: a new reference, or NULL with an error. */
-static PyObject *
+static NOINLINE PyObject *
 mget(PyObject *obj, Member *m)
 {
     PyTypeObject *type = Py_TYPE(obj);
@@ -146,7 +155,7 @@ mget(PyObject *obj, Member *m)
 }
 
 /* `obj.<m> = v`: 0, or -1 with an error. */
-static int
+static NOINLINE int
 mset(PyObject *obj, Member *m, PyObject *v)
 {
     PyTypeObject *type = Py_TYPE(obj);
@@ -162,7 +171,7 @@ mset(PyObject *obj, Member *m, PyObject *v)
 
 /* `module.<name>` from the module's dict (its own attributes, which nothing on the module type
  * shadows); the generic lookup where it is not there (a module `__getattr__`) or not a module. */
-static PyObject *
+static NOINLINE PyObject *
 module_attr(PyObject *module, PyObject *name)
 {
     if (PyModule_CheckExact(module)) {
@@ -181,7 +190,7 @@ module_attr(PyObject *module, PyObject *name)
  * method lookup, and anything else (the Python fallback, a subclass) the generic way. */
 static PyTypeObject *g_c_region, *g_c_step;
 
-static PyObject *
+static NOINLINE PyObject *
 enter_of(PyObject *obj)
 {
     if (Py_TYPE(obj) == g_c_region || Py_TYPE(obj) == g_c_step)
@@ -189,7 +198,7 @@ enter_of(PyObject *obj)
     return PyObject_CallMethodNoArgs(obj, s_enter);
 }
 
-static PyObject *
+static NOINLINE PyObject *
 exit_of(PyObject *obj, PyObject *exc_type, PyObject *exc, PyObject *tb)
 {
     if (Py_TYPE(obj) == g_c_region || Py_TYPE(obj) == g_c_step) {
@@ -218,7 +227,7 @@ static Member m_region_events = {&s_events};
 static Member m_region_t0 = {&s_t0}, m_region_t1 = {&s_t1}, m_region_seq = {&s_seq};
 
 /* `r.now()`: the recorder's clock read, a new reference (NULL with an error). */
-static PyObject *
+static NOINLINE PyObject *
 now_of(PyObject *r)
 {
     PyObject *clock = mget(r, &m_rec_now);
@@ -250,7 +259,7 @@ call_ok(int ok, const char *usage, int bound, const char *binder)
 }
 
 /* The truth of `v`, a new reference released here (NULL: an error already set): 1, 0 or -1. */
-static int
+static NOINLINE int
 true_of(PyObject *v)
 {
     if (v == NULL)
