@@ -24,8 +24,8 @@ Figures (`name: value` lines):
 - `c_calls_per_step_plain` / `_auto` / `_added`: the same for calls of C functions.
 - with `--callgrind N` under `valgrind --tool=callgrind`: `instructions_per_step_plain` /
   `_auto` / `_added`, counted over `--rounds` rounds of a plain and an automatic block of N
-  steps (alternating order), after one round run uncounted (the first blocks run one-off
-  work), each block between client requests (a tiny marker library built with the system C
+  steps (alternating order), after one round run and thrown away (the first blocks run
+  one-off work), each block between client requests (a tiny marker library built with the system C
   compiler from valgrind's `callgrind.h`), so the pauses' own work and the caches they cool
   are outside the counts. Take N = 32 (one epoch): each block then holds one new iterator of
   the loader, whose shuffle otherwise moves a block's count by ~200k a step. The dumps
@@ -167,24 +167,20 @@ def _marker_lib(tmp: str) -> Any:
 
 def _callgrind(loop: AutoCostLoop, steps: int, rounds: int, plain: Callable[[], Any],
                variant: Callable[[], Any]) -> dict[str, dict[str, Any]]:
-    """Events a step of each kind ("plain", "variant"): after a round run uncounted (one-off
-    work: the first blocks' lazy imports, caches, allocations), `rounds` rounds of a `plain()`
-    and a `variant()` block of `steps` steps, in alternating order, each block counted between a
-    zero and a dump. Each kind's `{"all": {event: n}, "groups": {group: {event: n}}}`
-    (`callgrind.events_by_group`). The dumps are read after the last block: reading one is
-    ~100M instructions, which would run between the blocks (and did move the next block's
-    per-function costs, though not its totals)."""
+    """Events a step of each kind ("plain", "variant"): `rounds` rounds of a `plain()` and a
+    `variant()` block of `steps` steps, in alternating order, each block counted between a zero
+    and a dump, after one round run the same way and thrown away (the first blocks run one-off
+    work, and a process's first dump gives its functions costs from before its zero). Each
+    kind's `{"all": {event: n}, "groups": {group: {event: n}}}` (`callgrind.events_by_group`).
+    The dumps are read after the last block: reading one is ~100M instructions, which between
+    blocks moved the next block's per-function costs (though not its summary)."""
     with tempfile.TemporaryDirectory() as tmp:
         marker = _marker_lib(tmp)
         if not marker.otel_train_bench_on_valgrind():
             raise SystemExit("otel-train bench auto-cost --callgrind: run it under valgrind --tool=callgrind "
                              "(the interpreter itself, not a shim script: valgrind does not follow children)")
-        for kind in ("plain", "variant"):  # the uncounted round
-            with plain() if kind == "plain" else variant():
-                for _ in range(steps):
-                    loop.step()
         dumps: list[tuple[str, str]] = []
-        for r in range(rounds):
+        for r in range(-1, rounds):  # round -1: thrown away
             for kind in ("plain", "variant") if r % 2 == 0 else ("variant", "plain"):
                 before = set(glob.glob(f"callgrind.out.{os.getpid()}*"))
                 with plain() if kind == "plain" else variant():
@@ -192,7 +188,11 @@ def _callgrind(loop: AutoCostLoop, steps: int, rounds: int, plain: Callable[[], 
                     for _ in range(steps):
                         loop.step()
                     marker.otel_train_bench_dump(kind.encode())
-                dumps.append((kind, callgrind.newest_dump(before)))
+                dump = callgrind.newest_dump(before)
+                if r < 0:
+                    os.remove(dump)
+                else:
+                    dumps.append((kind, dump))
     totals: dict[str, dict[str, int]] = {"plain": {}, "variant": {}}
     groups: dict[str, dict[str, dict[str, int]]] = {"plain": {}, "variant": {}}
     for kind, dump in dumps:
