@@ -41,7 +41,7 @@ Figures (`name: value` lines):
 - with `--callgrind`, also where the added cost lies: `instructions_`, `ll_misses_` and
   `branch_mispredicts_per_step_added_<group>`, each block's functions' own costs summed by the
   object they lie in (`callgrind.OBJECT_GROUPS`: `otel_train`'s extensions, `python`, `torch`
-  with MKL, `other`). Misses added in `torch` are torch's own lines that automatic mode's
+  with MKL, `other`). Misses added in `torch` are torch's own lines that automatic mode
   displaced from L2.
 - with `--floor`: the same figures, `floor` in their names where the others say `auto`, of
   `noop_hooks` against plain steps, no otel_train installed: the part of the cost any hook
