@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -82,6 +83,16 @@ class Result:
         return [line for line in self.stderr.splitlines() if re.search(r"spans (exported|emitted)", line)]
 
 
+def _start_as_from_a_terminal(preexec: Any) -> None:
+    """In the child before exec: SIGINT back to its default, then the test's own `preexec`. A
+    shell without job control starts a background command with SIGINT ignored (`bash .ci/run &`),
+    the child inherits that, and CPython keeps an inherited SIG_IGN instead of installing its
+    KeyboardInterrupt handler: a Ctrl-C fault test would then wait for an exit that never comes."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if preexec is not None:
+        preexec()
+
+
 class TrainingRun:
     """One training subprocess (`LOOP`), its steps followed as they complete."""
 
@@ -94,7 +105,7 @@ class TrainingRun:
         self.started = time.monotonic()
         self.proc = subprocess.Popen([sys.executable, "-u", "-c", LOOP, str(steps), str(step_s), mode, *args], cwd=cwd,
                                      env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     preexec_fn=preexec)
+                                     preexec_fn=lambda: _start_as_from_a_terminal(preexec))
         self.completed = 0
         self.lines: list[str] = []
         self._done: dict[str, Any] | None = None
