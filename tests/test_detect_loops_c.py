@@ -748,7 +748,7 @@ def _update_moment(seed: int, begin, end, zero_grad, end_phase) -> tuple:
         wrapper(rng.random() < 0.1)
         after_update = (s.opt_depth, s.opt_owner is None, s.opt_closure, s.nest, s.opt_t0, s.evaluations,
                         s.opt_frame is None, s.phase is None, list(s.phase_parts), s.phase_end,
-                        s.part_token is None, s.opt_end, s.last_end, [i == id(opt) for i in s.stepped], s.uses_opt,
+                        s.part_phase is None, s.opt_end, s.last_end, [i == id(opt) for i in s.stepped], s.uses_opt,
                         s.data_driven, list(s.cover), s.site_probe,
                         [(c.co_name, lasti) for c, lasti in s.step_site or ()],
                         None if s.last_callers is None else (s.last_callers[0] == id(wrapper_frames[0].f_back),
@@ -777,7 +777,7 @@ def _update_moment(seed: int, begin, end, zero_grad, end_phase) -> tuple:
                 out = user(zero_grad, 1, set_to_none=True) if r is not None else None
             except ValueError as err:
                 out = ("raised", str(err))
-        in_zero_grad = (s.phase is None, list(s.phase_parts), s.phase_end, s.part_token is None, s.opt_end,
+        in_zero_grad = (s.phase is None, list(s.phase_parts), s.phase_end, s.part_phase is None, s.opt_end,
                         s.last_end, list(s.cover), s.aux_depth, [e[:3] for e in s.pending], s.step is None,
                         _recorder.current_get() is None)
         clock.advance(7)

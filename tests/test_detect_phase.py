@@ -17,6 +17,7 @@ from support.detect_loop import BWD, DATA, FWD, OPT, ZG, Net, Run, Ticking, star
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
+import otel_train  # noqa: E402
 from otel_train import semconv  # noqa: E402
 from otel_train.detect import optimizer  # noqa: E402
 
@@ -59,6 +60,42 @@ def test_clip_step_and_zero_grad_are_one_span_from_the_first_to_the_last(run: Ru
         assert update["start_ns"] == backward["end_ns"] + 2_000  # from the clipping's start ...
         assert update["end_ns"] - update["start_ns"] == 3_000 + 100_000 + 4_000  # ... to zero_grad's end
         assert view.span["end_ns"] == update["end_ns"]
+
+
+class SpanningSGD(torch.optim.SGD):
+    """An optimizer whose step() records a span of the user's own."""
+
+    def step(self, closure: Any = None) -> Any:
+        with otel_train.span("user.in_step"):
+            return super().step(closure)
+
+
+def test_spans_in_the_updates_calls_nest_under_it_and_those_between_them_do_not(run: Run) -> None:
+    """The phase is current while each of its calls runs (`phase.part_begin`), and only then."""
+    clock = run.clock
+    model = Net(clock)
+    opt = SpanningSGD(model.parameters(), lr=1e-2)
+    x, y = torch.randn(4, 4), torch.randn(4, 1)
+    for _ in range(3):
+        nn.functional.mse_loss(model(x), y).backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        with otel_train.span("user.between"):  # between clipping and the step: inside the update's time
+            clock.advance(1_000)
+        opt.step()
+        opt.zero_grad()
+    t = run.finish()
+    assert len(t.steps) == 3
+    by_name: dict[str, list[Any]] = {}
+    for span in run.exporter.get_finished_spans():
+        by_name.setdefault(span.name, []).append(span)
+    updates = {f"{u.context.span_id:016x}" for u in by_name[semconv.SPAN_OPTIMIZER]}
+    steps = {f"{u.context.span_id:016x}" for u in by_name[semconv.SPAN_STEP]}
+    parents = {name: [f"{s.parent.span_id:016x}" for s in by_name[name]]
+               for name in ("user.in_step", "user.between")}
+    assert len(parents["user.in_step"]) == 3 and set(parents["user.in_step"]) == updates
+    assert len(parents["user.between"]) == 3 and set(parents["user.between"]) == steps
+    for view in t.steps.values():
+        assert _calls(view) == [["clip_grad_norm_", "step", "zero_grad"]]
 
 
 def test_zero_grad_at_the_top_of_a_loop_without_batches_goes_to_the_next_step(run: Run) -> None:

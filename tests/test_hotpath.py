@@ -113,6 +113,16 @@ def _script(region: type, capacity: int = 64, packing: str | None = None) -> tup
         ctx.run(moved.__enter__)
         clock.advance(19)
         moved.__exit__(None, None, None)
+        # Entered and left (the optimizer phase between its calls), then current again, and left.
+        update = region("update").__enter__()
+        direct.leave(update)
+        with region("not.nested"):
+            clock.advance(1)
+        direct.make_current(update)
+        with region("nested.again"):
+            clock.advance(1)
+        direct.leave(update)
+        direct.finish(rec, update, clock.perf_ns(), None)
         left_open = _recorder.current_region()
         # Tasks of an event loop run inside a sync region: each nests in its own task's regions.
         async def task(i: int) -> None:
@@ -152,7 +162,7 @@ def test_c_and_python_regions_leave_the_same_records() -> None:
     c_region = _c_region()
     assert _script(c_region) == _script(_recorder._PyRegion)
     records, dropped, left_open = _script(c_region, capacity=8)
-    assert dropped == 20 + 70 - 8 and left_open is None  # 20 records before the 70 that fill it
+    assert dropped == 23 + 70 - 8 and left_open is None  # 23 records before the 70 that fill it
     assert [r[1] for r in records] == ["fill"] * 8
     full = _script(c_region, capacity=1000)[0]
     names = [r[1] for r in full if r[0] == schema.KIND_SPAN]
@@ -164,6 +174,8 @@ def test_c_and_python_regions_leave_the_same_records() -> None:
     by_name: dict[str, list[Any]] = {}
     for rec in full:
         by_name.setdefault(rec[1], []).append(rec)
+    (update,), (not_nested,), (nested_again,) = by_name["update"], by_name["not.nested"], by_name["nested.again"]
+    assert nested_again[3] == update[2] and not_nested[3] is None and update[3] is None
     (sync_outer,), (after_loop,) = by_name["sync.outer"], by_name["after.loop"]
     tasks, inners = by_name["task"], by_name["task.inner"]
     assert {t[3] for t in tasks} == {sync_outer[2]} and after_loop[3] == sync_outer[2]

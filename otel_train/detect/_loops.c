@@ -35,7 +35,7 @@ static PyObject *s_after, *s_append, *s_attrs, *s_boundary, *s_bwd_depth, *s_cop
     *s_decide, *s_discovering, *s_enter, *s_epoch, *s_epoch_fixed, *s_eval_explicit, *s_eval_t0,
     *s_exit, *s_fetching, *s_fwd_depth, *s_fwd_kind, *s_fwd_nested, *s_fwd_region, *s_index_sampler, *s_last_end,
     *s_mb, *s_mb_bwd, *s_mb_fwd, *s_micro_batches, *s_n, *s_needed, *s_now, *s_opt_closure, *s_opt_depth,
-    *s_opt_end, *s_parent, *s_part_token, *s_pending, *s_phase, *s_rec, *s_rec_, *s_rediscover_every, *s_ref, *s_seq,
+    *s_opt_end, *s_parent, *s_part_phase, *s_pending, *s_phase, *s_rec, *s_rec_, *s_rediscover_every, *s_ref, *s_seq,
     *s_step, *s_step_closed, *s_stepped, *s_t0, *s_t1, *s_train_iter, *s_train_src, *s_training, *s_unseen,
     *s_uses_opt, *s_aux_depth, *s_closure, *s_dev, *s_evaluations, *s_events, *s_last_callers, *s_nest, *s_opt_frame,
     *s_opt_owner, *s_opt_t0, *s_phase_end, *s_phase_parts, *s_site_probe;
@@ -316,7 +316,7 @@ static Field f_mb_fwd = {&s_mb_fwd, -1};
 static Field f_opt_closure = {&s_opt_closure, -1};
 static Field f_opt_depth = {&s_opt_depth, -1};
 static Field f_opt_end = {&s_opt_end, -1};
-static Field f_part_token = {&s_part_token, -1};
+static Field f_part_phase = {&s_part_phase, -1};
 static Field f_pending = {&s_pending, -1};
 static Field f_phase = {&s_phase, -1};
 static Field f_step = {&s_step, -1};
@@ -1487,7 +1487,7 @@ backward_run(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
         if ((v = sattr_true(s, &f_opt_depth)) < 0)
             goto fail;
         if (v) {
-            if ((v = sattr_none(s, &f_part_token)) < 0)
+            if ((v = sattr_none(s, &f_part_phase)) < 0)
                 goto fail;
             slow = !v;
         }
@@ -1851,7 +1851,7 @@ user_frames(PyObject *module, PyObject *arg)
  * `bind_*` set the others): */
 static PyObject *g_opt_name;       /* OPTIMIZER, the phase's span name */
 static PyObject *g_leave;          /* `phase._leave` */
-static PyObject *g_current_var;    /* `recorder._current` */
+static PyObject *g_make_current;   /* `phase._make_current` */
 static PyObject *g_calls;          /* `phase._CALLS` */
 static PyObject *g_calls_key;      /* TRAIN_OPTIMIZER_CALLS */
 static PyObject *g_end_event;      /* `device.end_event` */
@@ -1890,13 +1890,13 @@ PyDoc_STRVAR(part_begin_doc,
 static int
 part_begin_c(PyObject *s, PyObject *name)
 {
-    PyObject *phase = sget(s, &f_phase), *token;
+    PyObject *phase = sget(s, &f_phase);
     if (phase == NULL)
         return -1;
     if (phase == Py_None) {
         Py_DECREF(phase);
         PyObject *fresh = PyObject_CallOneArg(g_ph_region_type, g_opt_name);
-        phase = fresh == NULL ? NULL : enter_of(fresh);
+        phase = fresh == NULL ? NULL : enter_of(fresh); /* current while this call runs */
         Py_XDECREF(fresh);
         if (phase == NULL)
             return -1;
@@ -1905,11 +1905,10 @@ part_begin_c(PyObject *s, PyObject *name)
             Py_DECREF(phase);
             return unrecorded < 0 ? -1 : 0;
         }
-        PyObject *res = PyObject_CallOneArg(g_leave, phase), *parts = res == NULL ? NULL : PyList_New(1);
+        PyObject *parts = PyList_New(1);
         if (parts != NULL)
             PyList_SET_ITEM(parts, 0, Py_NewRef(name));
         int err = parts == NULL || sset(s, &f_phase, phase) < 0 || sset(s, &f_phase_parts, parts) < 0;
-        Py_XDECREF(res);
         Py_XDECREF(parts);
         if (err) {
             Py_DECREF(phase);
@@ -1924,17 +1923,18 @@ part_begin_c(PyObject *s, PyObject *name)
             err = (res = PyObject_CallMethodOneArg(parts, s_append, name)) == NULL;
         Py_XDECREF(res);
         Py_XDECREF(parts);
+        if (!err) {
+            res = PyObject_CallOneArg(g_make_current, phase);
+            err = res == NULL;
+            Py_XDECREF(res);
+        }
         if (err) {
             Py_DECREF(phase);
             return -1;
         }
     }
-    token = PyContextVar_Set(g_current_var, phase);
+    int err = sset(s, &f_part_phase, phase);
     Py_DECREF(phase);
-    if (token == NULL)
-        return -1;
-    int err = sset(s, &f_part_token, token);
-    Py_DECREF(token);
     return err;
 }
 
@@ -1956,31 +1956,20 @@ PyDoc_STRVAR(part_end_doc,
 static PyObject *
 part_end_c(PyObject *r, PyObject *s)
 {
-    PyObject *token = sget(s, &f_part_token);
-    if (token == NULL || sset(s, &f_part_token, Py_None) < 0) {
-        Py_XDECREF(token);
+    PyObject *running = sget(s, &f_part_phase);
+    if (running == NULL || sset(s, &f_part_phase, Py_None) < 0) {
+        Py_XDECREF(running);
         return NULL;
     }
-    if (token != Py_None && PyContextVar_Reset(g_current_var, token) < 0) {
-        if (!PyErr_ExceptionMatches(PyExc_ValueError)) { /* reset in another context: the parent is current there */
-            Py_DECREF(token);
+    if (running != Py_None) {
+        PyObject *res = PyObject_CallOneArg(g_leave, running);
+        if (res == NULL) {
+            Py_DECREF(running);
             return NULL;
         }
-        PyErr_Clear();
-        PyObject *phase = sget(s, &f_phase), *parent = NULL, *again = NULL;
-        if (phase != NULL)
-            parent = phase == Py_None ? Py_NewRef(Py_None) : mget(phase, &m_region_parent);
-        if (parent != NULL)
-            again = PyContextVar_Set(g_current_var, parent);
-        Py_XDECREF(phase);
-        Py_XDECREF(parent);
-        if (again == NULL) {
-            Py_DECREF(token);
-            return NULL;
-        }
-        Py_DECREF(again);
+        Py_DECREF(res);
     }
-    Py_DECREF(token);
+    Py_DECREF(running);
     PyObject *t = now_of(r), *phase = t == NULL ? NULL : sget(s, &f_phase);
     if (phase == NULL) {
         Py_XDECREF(t);
@@ -2029,7 +2018,7 @@ phase_end_c(PyObject *r, PyObject *s)
         Py_DECREF(phase);
         return 0;
     }
-    int err = -1, v = sattr_none(s, &f_part_token), dev;
+    int err = -1, v = sattr_none(s, &f_part_phase), dev;
     if (v < 0)
         goto done;
     if (!v) { /* a call raised through its hook: it ends now */
@@ -2378,10 +2367,10 @@ zero_grad_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 PyDoc_STRVAR(bind_phase_doc,
-"bind_phase(optimizer_name, region_type, kind_span, no_step, leave, current, calls, calls_key, end_event,\n"
-"           finish, step_part, zero_grad_part)\n--\n\n"
+"bind_phase(optimizer_name, region_type, kind_span, no_step, leave, make_current, calls, calls_key,\n"
+"           end_event, finish, step_part, zero_grad_part)\n--\n\n"
 "What the phase's functions read: its span name, `recorder.Region`, KIND_SPAN, NO_STEP,\n"
-"`phase._leave`, `recorder._current`, `phase._CALLS` and TRAIN_OPTIMIZER_CALLS,\n"
+"`phase._leave`, `phase._make_current`, `phase._CALLS` and TRAIN_OPTIMIZER_CALLS,\n"
 "`device.end_event`, `direct.finish`, `phase.STEP` and `phase.ZERO_GRAD`.");
 
 static PyObject *
@@ -2391,11 +2380,7 @@ bind_phase(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOOOOO!OOOOO:bind_phase", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &PyDict_Type,
                           &o[6], &o[7], &o[8], &o[9], &o[10], &o[11]))
         return NULL;
-    if (!PyObject_TypeCheck(o[5], &PyContextVar_Type)) {
-        PyErr_SetString(PyExc_TypeError, "current must be a ContextVar");
-        return NULL;
-    }
-    PyObject **slots[12] = {&g_opt_name, &g_ph_region_type, &g_ph_kind, &g_ph_no_step, &g_leave, &g_current_var,
+    PyObject **slots[12] = {&g_opt_name, &g_ph_region_type, &g_ph_kind, &g_ph_no_step, &g_leave, &g_make_current,
                             &g_calls, &g_calls_key, &g_end_event, &g_finish, &g_ph_step_part, &g_zero_grad_part};
     for (int i = 0; i < 12; i++)
         Py_XSETREF(*slots[i], Py_NewRef(o[i]));
@@ -2560,7 +2545,7 @@ static Field *const g_fields[] = {
     &f_opt_closure,
     &f_opt_depth,
     &f_opt_end,
-    &f_part_token,
+    &f_part_phase,
     &f_pending,
     &f_phase,
     &f_step,
@@ -2712,7 +2697,7 @@ PyInit__loops(void)
                  {&s_fwd_nested, "fwd_nested"}, {&s_fwd_region, "fwd_region"}, {&s_enter, "__enter__"},
                  {&s_exit, "__exit__"}, {&s_micro_batches, "micro_batches"}, {&s_t0, "t0"}, {&s_t1, "t1"},
                  {&s_parent, "parent"}, {&s_last_end, "last_end"},
-                 {&s_bwd_depth, "bwd_depth"}, {&s_part_token, "part_token"}, {&s_unseen, "unseen"}, {&s_n, "n"},
+                 {&s_bwd_depth, "bwd_depth"}, {&s_part_phase, "part_phase"}, {&s_unseen, "unseen"}, {&s_n, "n"},
                  {&s_opt_closure, "opt_closure"}, {&s_index_sampler, "_index_sampler"}, {&s_needed, "needed"},
                  {&s_decide, "decide"}, {&s_boundary, "boundary"}, {&s_after, "after"}, {&s_stepped, "stepped"},
                  {&s_epoch, "epoch"}, {&s_epoch_fixed, "epoch_fixed"}, {&s_train_iter, "train_iter"},

@@ -55,7 +55,7 @@ def backward_python(original: Callable[..., Any], args: tuple[Any, ...], kwargs:
     r = recorder._rec
     if r is None and (r := active()) is None:
         return original(*args, **kwargs)
-    if s.opt_depth and s.part_token is not None:  # a closure evaluation nested under the update
+    if s.opt_depth and s.part_phase is not None:  # a closure evaluation nested under the update
         s.bwd_depth = 1
         try:
             with region(BACKWARD):

@@ -131,7 +131,7 @@ def optimizer_end_python(optimizer: Any, args: Any, kwargs: Any) -> None:
     if s.opt_closure and not s.nest:
         if s.evaluations > 1:
             _reevaluating.add(type(optimizer))  # from its next step on, evaluations nest
-        if s.part_token is None:  # its closure never ran a backward: the update is all of step()
+        if s.part_phase is None:  # its closure never ran a backward: the update is all of step()
             phase.part_begin(s, phase.STEP)
             if s.phase is not None and s.phase_parts == [phase.STEP]:
                 s.phase.t0 = s.opt_t0
@@ -168,7 +168,7 @@ def _forget_update(s: State) -> None:
     s.opt_frame = None
     s.opt_owner = None
     s.opt_closure = s.nest = False
-    if s.part_token is not None:
+    if s.part_phase is not None:
         r = recorder._rec
         if r is not None:
             phase.part_end(r, s)
@@ -183,9 +183,9 @@ def closure_evaluation(s: State) -> bool:
         _forget_update(s)
         return False
     if not s.opt_closure:  # a forward run by step() itself (no closure given): part of the update
-        return s.part_token is not None
+        return s.part_phase is not None
     s.evaluations += 1
-    return s.part_token is not None
+    return s.part_phase is not None
 
 
 def scaler_step_wrapper(wrapped: Callable[..., Any], args: Any, kwargs: Any) -> Any:

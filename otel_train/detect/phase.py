@@ -30,8 +30,11 @@ try:  # the phase's functions in C (`_loops.c`); the `_python` ones are the fall
 except ImportError:
     _loops = None  # type: ignore[assignment]
 
-#: `direct.leave` for a region just entered here: the C one's own call where the C hot path is built.
+#: `direct.leave` and `direct.make_current` for the phase: the C ones' own calls where the C hot
+#: path is built. The phase goes on and off the current-region pointer as its calls begin and end:
+#: this thread's pointer outside an event loop, no ContextVar set (a new context each time).
 _leave = recorder._hotpath.leave if recorder._hotpath is not None else direct.leave
+_make_current = recorder._hotpath.make_current if recorder._hotpath is not None else direct.make_current
 
 #: `train.optimizer.calls` attribute dicts, one per distinct sequence of calls (never mutated).
 _CALLS: dict[tuple[str, ...], dict[str, Any]] = {}
@@ -46,25 +49,21 @@ def part_begin_python(s: State, name: str) -> None:
         phase = Region(OPTIMIZER).__enter__()  # `state.region`, written out: every update
         if phase.rec is None:
             return
-        _leave(phase)
         s.phase = phase
         s.phase_parts = [name]
     else:
         s.phase_parts.append(name)
-    s.part_token = recorder._current.set(phase)
+        _make_current(phase)
+    s.part_phase = phase
 
 
 def part_end_python(r: Recorder, s: State) -> int:
     """That call is over: the phase is current no more and, for now, ends here. Returns the
     time. `part_end`: `_loops.part_end` where built."""
-    token = s.part_token
-    s.part_token = None
-    if token is not None:
-        try:
-            recorder._current.reset(token)
-        except ValueError:  # reset in another context: the phase's parent is current there
-            phase = s.phase
-            recorder._current.set(phase.parent if phase is not None else None)
+    running = s.part_phase
+    s.part_phase = None
+    if running is not None:
+        _leave(running)
     t = r.now()
     phase = s.phase
     if phase is not None:
@@ -80,7 +79,7 @@ def end_python(r: Recorder, s: State) -> None:
     phase = s.phase
     if phase is None:
         return
-    if s.part_token is not None:  # a call raised through its hook: it ends now
+    if s.part_phase is not None:  # a call raised through its hook: it ends now
         part_end_python(r, s)
     s.phase = None
     parts = tuple(s.phase_parts)
@@ -99,7 +98,7 @@ def end_python(r: Recorder, s: State) -> None:
 
 
 if _loops is not None:
-    _loops.bind_phase(OPTIMIZER, Region, KIND_SPAN, NO_STEP, _leave, recorder._current, _CALLS,
+    _loops.bind_phase(OPTIMIZER, Region, KIND_SPAN, NO_STEP, _leave, _make_current, _CALLS,
                       semconv.TRAIN_OPTIMIZER_CALLS, device.end_event, direct.finish, STEP, ZERO_GRAD)
 part_begin = _loops.part_begin if _loops is not None else part_begin_python
 part_end = _loops.part_end if _loops is not None else part_end_python
@@ -108,13 +107,10 @@ end = _loops.phase_end if _loops is not None else end_python
 
 def abandon(s: State) -> None:
     """Forget the phase unrecorded (detection uninstalled or reset mid-phase)."""
-    token = s.part_token
-    s.part_token = None
-    if token is not None:
-        try:
-            recorder._current.reset(token)
-        except ValueError:
-            pass
+    running = s.part_phase
+    s.part_phase = None
+    if running is not None:
+        _leave(running)
     phase = s.phase
     s.phase = None
     if phase is not None:

@@ -58,7 +58,7 @@ class State:
                  "pending", "data_driven", "train_src", "train_iter", "epoch", "epoch_fixed", "uses_opt",
                  "fetching", "copying", "fwd_depth", "fwd_kind", "fwd_region", "fwd_nested", "bwd_depth", "opt_depth",
                  "opt_owner", "opt_frame", "opt_closure", "opt_t0", "nest", "evaluations", "scaling", "aux_depth",
-                 "phase", "phase_end", "phase_parts", "part_token", "step_site", "site_probe", "last_callers", "cover",
+                 "phase", "phase_end", "phase_parts", "part_phase", "step_site", "site_probe", "last_callers", "cover",
                  "after", "ckpt_depth", "coll_depth", "eval_t0", "eval_t1", "eval_data", "eval_module",
                  "eval_region", "eval_explicit", "gc_t0", "lazy")
 
@@ -101,7 +101,7 @@ class State:
         self.phase: Region | None = None  # entered, then taken off the current-region pointer
         self.phase_end = 0  # end of its last part (perf ns)
         self.phase_parts: list[str] = []  # what it covered, in order
-        self.part_token: Any = None  # while a part runs: the token that made the phase current
+        self.part_phase: Any = None  # while a part runs: the phase, which it made current
         self.step_site: Any = None  # where the update was called from (`sites`), while probing
         self.site_probe = True
         self.last_callers: Any = None  # (id, code, f_lasti) of the 2 frames that called the last update (`sites.callers`)

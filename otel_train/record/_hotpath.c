@@ -90,6 +90,18 @@ mod_leave(PyObject *module, PyObject *region)
 }
 
 static PyObject *
+mod_make_current(PyObject *module, PyObject *region)
+{
+    if (!PyObject_TypeCheck(region, &RegionType)) {
+        PyErr_SetString(PyExc_TypeError, "make_current() takes a Region");
+        return NULL;
+    }
+    if (region_make_current((RegionObject *)region) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
 mod_bind_steps(PyObject *module, PyObject *args)
 {
     PyObject *kind_step, *reopened, *step_number = NULL;
@@ -118,6 +130,8 @@ static PyMethodDef mod_methods[] = {
      "bind(current, no_step, kind_span, auto_init, decorate, aenter, aexit)"},
     {"current", mod_current, METH_NOARGS, "The innermost open region here (either kind of region), or None."},
     {"leave", mod_leave, METH_O, "Take an entered C region off the current-region pointer without recording it."},
+    {"make_current", mod_make_current, METH_O,
+     "Put an entered C region that was left (`leave`) back on the current-region pointer, as entering would."},
     {"install", mod_install, METH_O, "install(recorder or None): the recorder regions record to."},
     {"set_span_target", mod_set_span_target, METH_O,
      "set_span_target(target): what Region(...) makes from now on: None a Region, a Region subclass an "

@@ -164,6 +164,7 @@ static PyObject *region_aexit(PyObject *self, PyObject *const *args, Py_ssize_t 
 static int add_self_descr(PyTypeObject *type, PyMethodDef *def);
 static PyObject *current_region(PyObject **from_var);
 static int region_leave(RegionObject *self);
+static int region_make_current(RegionObject *self);
 static PyObject *step_ref_of(PyObject *step);
 
 #endif

@@ -269,6 +269,45 @@ mod_set_span_target(PyObject *module, PyObject *target)
     Py_RETURN_NONE;
 }
 
+/* Put `self` on the current-region pointer: the ContextVar where `use_var` (a region nests in
+ * one set there) or an asyncio loop runs on this thread, else this thread's `tl_current`. 0, or
+ * -1 with an error. */
+static int
+region_go_current(RegionObject *self, int use_var)
+{
+    if (!use_var && (use_var = loop_running()) < 0)
+        return -1;
+    if (use_var) {
+        PyObject *token = PyContextVar_Set(g_current, (PyObject *)self);
+        if (token == NULL)
+            return -1;
+        Py_XSETREF(self->token, token);
+    }
+    else {
+        Py_CLEAR(self->token);
+        self->tid = PyThread_get_thread_ident();
+        PyObject *old = tl_current;
+        tl_current = Py_NewRef(self);
+        Py_XDECREF(old);
+    }
+    return 0;
+}
+
+/* `make_current(region)`: an entered region that was taken off the current-region pointer
+ * (`region_leave`) goes back on it, where a new region would: what the optimizer phase does
+ * for each of its calls (`detect/phase.py`). */
+static int
+region_make_current(RegionObject *self)
+{
+    if (self->rec == NULL || self->rec == Py_None || (self->has & HAS_T1))
+        return 0;  /* never entered, entered while disabled, or over */
+    PyObject *value;
+    if (PyContextVar_Get(g_current, NULL, &value) < 0)
+        return -1;
+    Py_DECREF(value);
+    return region_go_current(self, value != Py_None);
+}
+
 /* Take `self` off the current-region pointer it went on (at exit, or when abandoned). */
 static int
 region_leave(RegionObject *self)
@@ -314,22 +353,8 @@ region_enter(RegionObject *self, PyObject *Py_UNUSED(ignored))
     if (parent == NULL)
         return NULL;
     Py_XSETREF(self->parent, parent);
-    int use_var = from_var != NULL;
-    if (!use_var && (use_var = loop_running()) < 0)
+    if (region_go_current(self, from_var != NULL) < 0)
         return NULL;
-    if (use_var) {
-        PyObject *token = PyContextVar_Set(g_current, (PyObject *)self);
-        if (token == NULL)
-            return NULL;
-        Py_XSETREF(self->token, token);
-    }
-    else {
-        Py_CLEAR(self->token);
-        self->tid = PyThread_get_thread_ident();
-        PyObject *old = tl_current;
-        tl_current = Py_NewRef(self);
-        Py_XDECREF(old);
-    }
     Py_XSETREF(self->step, Py_NewRef(rec->step));
     self->seq = g_next_seq++;
     self->has = (self->has & ~HAS_T1) | HAS_SEQ;

@@ -90,6 +90,18 @@ def leave(region: Region) -> None:
         recorder._current.set(region.parent)
 
 
+def make_current(region: Region) -> None:
+    """Put an entered region that was `leave`-d back on the current-region pointer, as entering
+    would, until the next `leave`."""
+    if getattr(region, "rec", None) is None or hasattr(region, "t1"):
+        return
+    hotpath = recorder._hotpath
+    if hotpath is not None and isinstance(region, hotpath.Region):
+        hotpath.make_current(region)
+        return
+    region.token = recorder._current.set(region)
+
+
 def finish(r: Recorder, region: Region, t1: int, attrs: dict[str, Any] | None) -> None:
     """Record a region that was entered and `leave`-d as ending at `t1`, with `attrs`: what its
     exit would have appended had it ended then (the object itself while it holds device events)."""
