@@ -36,8 +36,10 @@ Figures (`name: value` lines):
   its step touches more code and data than a core's L2 holds, so whatever automatic mode
   runs is cold every step, and each line it touches (and each line of torch's it displaces)
   costs a trip past L2. The misses, with L2 simulated as the last level, are the
-  load-independent figure that tracks the wall-clock cost
-  (`docs/benchmarks/2026-11-26-auto-path-l2.md`).
+  load-independent figure closest to the wall-clock cost
+  (`docs/benchmarks/2026-11-26-auto-path-l2.md`), but not for instruction fetches: cutting
+  ~680 of those a step left the wall clock where it was, the prefetcher serving them
+  (`docs/benchmarks/2026-11-27-optimizer-current-and-size.md`).
 - with `--callgrind`, also where the added cost lies: `instructions_`, `ll_misses_` and
   `branch_mispredicts_per_step_added_<group>`, each block's functions' own costs summed by the
   object they lie in (`callgrind.OBJECT_GROUPS`: `otel_train`'s extensions, `python`, `torch`
