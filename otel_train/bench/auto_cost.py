@@ -45,6 +45,9 @@ Figures (`name: value` lines):
   object they lie in (`callgrind.OBJECT_GROUPS`: `otel_train`'s extensions, `python`, `torch`
   with MKL, `other`). Misses added in `torch` are torch's own lines that automatic mode
   displaced from L2.
+- with `--replay K`: plain, automatic and automatic with detection's bodies run K steps at a
+  time (`replay_probe`, a probe of a design), in the same rounds: `auto_`, `replay_` and
+  `auto_minus_replay_us_per_step`, and `records_per_step_auto` / `_replay`.
 - with `--floor`: the same figures, `floor` in their names where the others say `auto`, of
   `noop_hooks` against plain steps, no otel_train installed: the part of the cost any hook
   at those places pays.
@@ -245,9 +248,12 @@ def noop_hooks(loop: AutoCostLoop) -> Iterator[None]:
             setattr(owner, name, original)
 
 
-def run_auto_cost(rounds: int = 20, block_steps: int = 8, callgrind_steps: int = 0, floor: bool = False) -> int:
+def run_auto_cost(rounds: int = 20, block_steps: int = 8, callgrind_steps: int = 0, floor: bool = False,
+                  replay: int = 0) -> int:
     """Automatic mode against plain steps; with `floor`, `noop_hooks` against plain steps (no
-    otel_train installed), `floor` in its figures' names where automatic mode's say `auto`."""
+    otel_train installed), `floor` in its figures' names where automatic mode's say `auto`;
+    with `replay` K, plain, automatic and automatic with its bodies run K steps at a time
+    (`replay_probe`)."""
     import torch
 
     torch.set_num_threads(1)
@@ -273,6 +279,11 @@ def run_auto_cost(rounds: int = 20, block_steps: int = 8, callgrind_steps: int =
         for _ in range(6):  # discovery, then the settle onto the root modules
             loop.step()
         worker.flush()
+        if replay:
+            from otel_train.bench import replay_probe
+            replay_probe.measure(loop, replay, rounds, block_steps, plain=paused_detection,
+                                 between=lambda: held(worker), after=worker.flush)
+            return 0
         _measure(loop, "auto", rounds, block_steps, callgrind_steps, plain=paused_detection,
                  variant=contextlib.nullcontext, between=lambda: held(worker), after=worker.flush)
     finally:

@@ -69,6 +69,9 @@ def add_parser(sub: Any) -> None:
     auto.add_argument("--floor", action="store_true",
                       help="no-op hooks at the places automatic mode hooks in (no otel_train) against plain "
                            "steps: what hooking in costs before anything is done there")
+    auto.add_argument("--replay", type=int, default=0, metavar="K",
+                      help="also time automatic mode with detection's bodies deferred and run K steps at a "
+                           "time (a probe of a design: what batching them would save)")
     device = bench_sub.add_parser("device", help="device timing: synchronisations and device durations")
     device.add_argument("--steps", type=int, default=50, help="training steps per variant (default 50)")
     bench_latency.add_parser(bench_sub)
@@ -122,11 +125,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         run_scale(ranks, settings, Shape(args.micro_batches, args.collectives), args.endpoint, args.json)
         return 0
     if args.bench == "auto-cost":
-        if args.rounds < 3 or args.block_steps < 1 or args.callgrind < 0:
-            parser.error("--rounds must be >= 3, --block-steps >= 1 and --callgrind >= 0")
+        if args.rounds < 3 or args.block_steps < 1 or args.callgrind < 0 or args.replay < 0:
+            parser.error("--rounds must be >= 3, --block-steps >= 1, --callgrind and --replay >= 0")
+        if args.replay and (args.callgrind or args.floor):
+            parser.error("--replay times its own three variants: not with --callgrind or --floor")
         from otel_train.bench.auto_cost import run_auto_cost
         return run_auto_cost(rounds=args.rounds, block_steps=args.block_steps, callgrind_steps=args.callgrind,
-                             floor=args.floor)
+                             floor=args.floor, replay=args.replay)
     if args.bench == "device":
         if args.steps < 1:
             parser.error("--steps must be a positive integer")
