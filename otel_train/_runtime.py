@@ -187,6 +187,8 @@ def shutdown(timeout_s: float | None = None, reason: str | None = None) -> None:
         st.closed = True
         bound = st.cfg.shutdown_timeout_s if timeout_s is None else max(0.0, float(timeout_s))
         deadline = time.monotonic() + bound
+        global _cut_by
+        _cut_by = reason or _uncaught()
         for fn in list(_before_shutdown):
             try:
                 fn()
@@ -209,6 +211,15 @@ def shutdown(timeout_s: float | None = None, reason: str | None = None) -> None:
 #: hold open at its real end (automatic detection's last step waits for a trigger that an
 #: explicit shutdown right after the loop would otherwise cut as truncated).
 _before_shutdown: list[Callable[[], None]] = []
+#: Why the shutdown under way cuts the run short (a signal's name, an uncaught exception's
+#: type), None for a plain end: `before_shutdown` hooks leave what is unfinished open then, to
+#: be marked truncated.
+_cut_by: str | None = None
+
+
+def cut_by() -> str | None:
+    """While `shutdown()` runs its `before_shutdown` hooks: what cuts the run short, if anything."""
+    return _cut_by
 
 
 def before_shutdown(fn: Callable[[], None]) -> None:

@@ -46,6 +46,22 @@ def paused_detection() -> contextlib.AbstractContextManager[None]:
 
 
 @contextlib.contextmanager
+def calls_at_once() -> Iterator[None]:
+    """Detection's calls each run at their call inside the block, none batched
+    (`otel_train.detect.batch`): what automatic mode did before batching, for `bench auto-cost
+    --per-call` and for tests that compare the two. Calls waiting run first."""
+    from otel_train.detect import batch
+
+    batch.settle()
+    was = batch.b.on
+    batch.b.on = False
+    try:
+        yield
+    finally:
+        batch.b.on = was
+
+
+@contextlib.contextmanager
 def spans_disabled() -> Iterator[None]:
     """`otel_train.span(...)` makes the disabled no-op inside the block, as it does under
     `OTEL_SDK_DISABLED`, with nothing shut down (the benchmark's `region_ns_disabled`)."""

@@ -301,42 +301,21 @@ def test_bench_auto_cost_floor_hooks_in_without_otel_train() -> None:
     assert "otel_train" not in proc.stderr
 
 
-def test_bench_auto_cost_replay_times_three_variants_doing_the_same_work() -> None:
-    """`bench auto-cost --replay K`: plain, automatic and replayed blocks in the same rounds. The
-    replayed bodies make about the records the per-call ones do (their times are the replay's,
-    so gaps and pauses come out otherwise), so the deferred calls really ran; with `--floor` it
-    is refused, naming both flags."""
+def test_bench_auto_cost_per_call_times_three_variants_doing_the_same_work() -> None:
+    """`bench auto-cost --per-call`: plain, automatic (batched) and per-call automatic blocks in
+    the same rounds, making the same records a step; with `--floor` it is refused, naming both
+    flags."""
     proc = run_python("from otel_train.cli import main; raise SystemExit(main())",
-                      args=["bench", "auto-cost", "--rounds", "3", "--block-steps", "1", "--replay", "2"], timeout=300)
+                      args=["bench", "auto-cost", "--rounds", "3", "--block-steps", "1", "--per-call"], timeout=300)
     figures = dict(line.split(": ") for line in proc.stdout.splitlines())
-    for name in ("step_us_plain", "auto_us_per_step", "replay_us_per_step", "auto_minus_replay_us_per_step",
-                 "auto_minus_replay_us_per_step_ci95_lo", "records_per_step_auto"):
+    for name in ("step_us_plain", "auto_us_per_step", "per_call_us_per_step", "per_call_minus_auto_us_per_step",
+                 "per_call_minus_auto_us_per_step_ci95_lo", "records_per_step_auto", "records_per_step_per_call"):
         assert name in figures, name
-    assert float(figures["replay_steps"]) == 2
-    auto, replayed = float(figures["records_per_step_auto"]), float(figures["records_per_step_replay"])
-    assert auto >= 10 and 0.7 * auto <= replayed <= 1.5 * auto, (auto, replayed)
+    auto, per_call = float(figures["records_per_step_auto"]), float(figures["records_per_step_per_call"])
+    assert auto >= 10 and abs(auto - per_call) <= 0.5, (auto, per_call)
     refused = run_python("from otel_train.cli import main; raise SystemExit(main())",
-                         args=["bench", "auto-cost", "--replay", "2", "--floor"], timeout=60, check=False)
-    assert refused.returncode == 2 and "--replay" in refused.stderr and "--floor" in refused.stderr
-
-
-def test_bench_auto_cost_replay_puts_every_entry_point_back() -> None:
-    """`replay_probe.deferred` defers every entry point inside its block and puts each back
-    after, running the calls still waiting first, even when the block raises."""
-    from otel_train.bench import replay_probe
-    from otel_train.detect import backward, data, forward, optimizer
-
-    modules = {"forward": forward, "backward": backward, "data": data, "optimizer": optimizer}
-    before = {name: getattr(modules[mod], name) for mod, name in replay_probe.ENTRY_POINTS}
-    with pytest.raises(RuntimeError, match="inside"):
-        with replay_probe.deferred(2) as calls:
-            for mod, name in replay_probe.ENTRY_POINTS:
-                assert getattr(modules[mod], name) is not before[name], name
-            forward.forward_end(object())  # not inside a forward: the real body does nothing
-            assert calls == [("forward_end", calls[0][1])]
-            raise RuntimeError("inside")
-    assert not calls
-    assert {name: getattr(modules[mod], name) for mod, name in replay_probe.ENTRY_POINTS} == before
+                         args=["bench", "auto-cost", "--per-call", "--floor"], timeout=60, check=False)
+    assert refused.returncode == 2 and "--per-call" in refused.stderr and "--floor" in refused.stderr
 
 
 def test_bench_auto_cost_noop_hooks_are_all_removed_after() -> None:

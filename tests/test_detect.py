@@ -10,15 +10,15 @@ import gc
 import json
 import sys
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from support.detect_loop import (BWD, DATA, FWD, OPT, ZG, Net, Run, Ticking, started, stop,  # noqa: E402
+from support.detect_loop import (BWD, DATA, FWD, OPT, ZG, Net, Run, Ticking,  # noqa: E402
                                  ticking_sgd)
+from support.detect_loop import run  # noqa: E402,F401 - the fixture
 from support.span_tree import plain_tags  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
@@ -28,15 +28,6 @@ from otel_train import _imports, _runtime, semconv  # noqa: E402
 from otel_train import detect as _detect  # noqa: E402
 from otel_train.detect import compile, data, forward, gc_pauses, roots, state  # noqa: E402
 from otel_train.testing import paused_detection  # noqa: E402
-
-
-@pytest.fixture
-def run() -> Iterator[Run]:
-    r = started()
-    try:
-        yield r
-    finally:
-        stop(r)
 
 
 def test_plain_loop_one_step_per_update_with_exact_boundaries(run: Run) -> None:
@@ -731,3 +722,24 @@ def test_hooks_make_no_compile_call_until_torch_compile_is_called(tmp_path) -> N
     assert got == {"before": False, "calls": [], "after": True}
     spans = [json.loads(line) for path in tmp_path.rglob("traces-rank*.jsonl") for line in path.read_text().splitlines()]
     assert spans, "nothing recorded"
+
+
+def test_a_signal_mid_update_leaves_that_step_truncated_and_delivers_the_rest(run: Run) -> None:
+    # A SIGTERM (or an uncaught exception) ending the run mid-step: the steps whose update was
+    # done are delivered as they are; the one still short of its update is marked truncated,
+    # not closed as if it had completed.
+    clock = run.clock
+    model = Net(clock)
+    opt = ticking_sgd(model, clock)
+    loader = iter(DataLoader(Ticking(clock), batch_size=4))
+    for _ in range(3):
+        x, y = next(loader)
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    x, y = next(loader)
+    nn.functional.mse_loss(model(x), y).backward()  # the 4th step's update never comes
+    _runtime.shutdown(reason="SIGTERM")
+    t = run.finish(check=False)
+    truncated = {n: bool(v.attrs.get("otel_train.truncated")) for n, v in t.steps.items()}
+    assert truncated == {0: False, 1: False, 2: False, 3: True}

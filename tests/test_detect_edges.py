@@ -7,14 +7,14 @@ shown. Real torch loops, in-process, timed by a fake clock (support/detect_loop.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from support.detect_loop import BWD, FWD, OPT, Net, Run, started, stop, ticking_sgd  # noqa: E402
+from support.detect_loop import BWD, FWD, OPT, Net, Run, ticking_sgd  # noqa: E402
+from support.detect_loop import run  # noqa: E402,F401 - the fixture
 from torch import nn  # noqa: E402
 
 import otel_train  # noqa: E402
@@ -22,15 +22,6 @@ from otel_train import semconv  # noqa: E402
 from otel_train.detect import coverage  # noqa: E402
 
 UNCOVERED = semconv.TRAIN_STEP_UNCOVERED_S
-
-
-@pytest.fixture
-def run() -> Iterator[Run]:
-    r = started()
-    try:
-        yield r
-    finally:
-        stop(r)
 
 
 def _evaluate(model: nn.Module, x: torch.Tensor, clock: object, passes: int = 2, between_ns: int = 0) -> None:

@@ -6,14 +6,14 @@ Real torch loops, in-process, timed by a fake clock (support/detect_loop.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from support.detect_loop import BWD, DATA, FWD, OPT, ZG, Net, Run, Ticking, started, stop, ticking_sgd  # noqa: E402
+from support.detect_loop import BWD, DATA, FWD, OPT, ZG, Net, Run, Ticking, ticking_sgd  # noqa: E402
+from support.detect_loop import run  # noqa: E402,F401 - the fixture
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
@@ -22,15 +22,6 @@ from otel_train import semconv  # noqa: E402
 from otel_train.detect import optimizer  # noqa: E402
 
 CALLS = semconv.TRAIN_OPTIMIZER_CALLS
-
-
-@pytest.fixture
-def run() -> Iterator[Run]:
-    r = started()
-    try:
-        yield r
-    finally:
-        stop(r)
 
 
 def _calls(view: Any) -> list[list[str]]:

@@ -9,26 +9,17 @@ loops, in-process, timed by a fake clock (support/detect_loop.py).
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from support.detect_loop import BWD, FWD, OPT, Net, Run, started, stop, ticking_sgd  # noqa: E402
+from support.detect_loop import BWD, FWD, OPT, Net, Run, ticking_sgd  # noqa: E402
+from support.detect_loop import run  # noqa: E402,F401 - the fixture
 from torch import nn  # noqa: E402
 
 from otel_train import semconv  # noqa: E402
 from otel_train.detect.roots import roots  # noqa: E402
-
-
-@pytest.fixture
-def run() -> Iterator[Run]:
-    r = started()
-    try:
-        yield r
-    finally:
-        stop(r)
 
 
 def _train(model: nn.Module, clock: object, steps: int) -> None:

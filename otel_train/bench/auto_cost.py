@@ -45,9 +45,11 @@ Figures (`name: value` lines):
   object they lie in (`callgrind.OBJECT_GROUPS`: `otel_train`'s extensions, `python`, `torch`
   with MKL, `other`). Misses added in `torch` are torch's own lines that automatic mode
   displaced from L2.
-- with `--replay K`: plain, automatic and automatic with detection's bodies run K steps at a
-  time (`replay_probe`, a probe of a design), in the same rounds: `auto_`, `replay_` and
-  `auto_minus_replay_us_per_step`, and `records_per_step_auto` / `_replay`.
+- with `--per-call`: plain, automatic and automatic with each of detection's calls run at
+  once (`otel_train.testing.calls_at_once`: as before `detect/batch.py`) in the same rounds,
+  each round's three blocks in an order drawn at random: `auto_`, `per_call_` and
+  `per_call_minus_auto_us_per_step`, and `records_per_step_auto` / `_per_call` (the same records
+  both ways).
 - with `--floor`: the same figures, `floor` in their names where the others say `auto`, of
   `noop_hooks` against plain steps, no otel_train installed: the part of the cost any hook
   at those places pays.
@@ -249,11 +251,11 @@ def noop_hooks(loop: AutoCostLoop) -> Iterator[None]:
 
 
 def run_auto_cost(rounds: int = 20, block_steps: int = 8, callgrind_steps: int = 0, floor: bool = False,
-                  replay: int = 0) -> int:
+                  per_call: bool = False) -> int:
     """Automatic mode against plain steps; with `floor`, `noop_hooks` against plain steps (no
     otel_train installed), `floor` in its figures' names where automatic mode's say `auto`;
-    with `replay` K, plain, automatic and automatic with its bodies run K steps at a time
-    (`replay_probe`)."""
+    with `per_call`, plain, automatic and automatic with each call run at once
+    (`_measure_per_call`)."""
     import torch
 
     torch.set_num_threads(1)
@@ -279,10 +281,9 @@ def run_auto_cost(rounds: int = 20, block_steps: int = 8, callgrind_steps: int =
         for _ in range(6):  # discovery, then the settle onto the root modules
             loop.step()
         worker.flush()
-        if replay:
-            from otel_train.bench import replay_probe
-            replay_probe.measure(loop, replay, rounds, block_steps, plain=paused_detection,
-                                 between=lambda: held(worker), after=worker.flush)
+        if per_call:
+            _measure_per_call(loop, rounds, block_steps, plain=paused_detection, between=lambda: held(worker),
+                              after=worker.flush)
             return 0
         _measure(loop, "auto", rounds, block_steps, callgrind_steps, plain=paused_detection,
                  variant=contextlib.nullcontext, between=lambda: held(worker), after=worker.flush)
@@ -345,3 +346,57 @@ def _measure(loop: AutoCostLoop, label: str, rounds: int, block_steps: int, call
     print_figure(f"{label}_pct_per_step", 100 * statistics.median(added_us) / statistics.median(plain_us))
     print_figure(f"{label}_cpu_us_per_step", statistics.median(added_cpu_us))
     print_ci(f"{label}_cpu_us_per_step", ci95_of(added_cpu_us))
+
+
+def _records() -> int:
+    """The recorder's next sequence number (one is taken): records made so far."""
+    from otel_train.record import recorder
+    return next(recorder.seq)
+
+
+def _measure_per_call(loop: AutoCostLoop, rounds: int, block_steps: int, plain: Callable[[], Any],
+                      between: Callable[[], Any], after: Callable[[], None]) -> None:
+    """`--per-call`: plain, automatic and per-call automatic blocks, each round's three in an
+    order drawn at random (seeded), as `_measure` times its two."""
+    from otel_train.record import recorder
+    from otel_train.testing import calls_at_once
+
+    epoch = loop.steps_per_epoch
+    records: dict[str, float] = {}
+    with between():
+        for name, block in (("auto", contextlib.nullcontext), ("per_call", calls_at_once)):
+            first = _records()
+            with block():
+                for _ in range(epoch):
+                    loop.step()
+                recorder.settle()
+            records[name] = (_records() - first - 1) / epoch
+    after()
+    print_figure("records_per_step_auto", records["auto"])
+    print_figure("records_per_step_per_call", records["per_call"])
+    variants: dict[str, Callable[[], Any]] = {"plain": plain, "auto": contextlib.nullcontext, "per_call": calls_at_once}
+    rng = random.Random(0)
+    plain_us: list[float] = []
+    added: dict[str, list[float]] = {"auto": [], "per_call": [], "per_call_minus_auto": []}
+    for _ in range(rounds):
+        order = list(variants)
+        rng.shuffle(order)
+        ns: dict[str, int] = {}
+        with between():
+            for name in order:
+                t0 = time.perf_counter_ns()
+                with variants[name]():
+                    for _ in range(block_steps):
+                        loop.step()
+                ns[name] = time.perf_counter_ns() - t0
+        after()
+        plain_us.append(ns["plain"] / block_steps / 1e3)
+        added["auto"].append((ns["auto"] - ns["plain"]) / block_steps / 1e3)
+        added["per_call"].append((ns["per_call"] - ns["plain"]) / block_steps / 1e3)
+        added["per_call_minus_auto"].append((ns["per_call"] - ns["auto"]) / block_steps / 1e3)
+    print_figure("rounds", rounds)
+    print_figure("block_steps", block_steps)
+    print_figure("step_us_plain", statistics.median(plain_us))
+    for name, values in added.items():
+        print_figure(f"{name}_us_per_step", statistics.median(values))
+        print_ci(f"{name}_us_per_step", ci95_of(values))

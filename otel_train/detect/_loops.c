@@ -52,6 +52,12 @@ typedef struct {
 
 static PyTypeObject *g_state_type;
 
+/* While `detect.batch` replays a call: what only the call's moment knew, `(grad_enabled,
+ * training, batch_size, step_wrapper_frame, callers, zero_grad_place)` (`set_replay`), read
+ * here instead of the live values; NULL otherwise. */
+static PyObject *g_replay;
+enum { RP_GRAD, RP_TRAINING, RP_SIZE, RP_WRAPPER, RP_CALLERS, RP_PLACE, RP_N };
+
 /* `s.<field>`: a new reference, or NULL with AttributeError (unset) or another error. */
 static PyObject *
 sget(PyObject *s, Field *f)
@@ -1290,10 +1296,13 @@ forward_begin(PyObject *module_, PyObject *module)
         slow = r == Py_None;
     }
     if (!slow && (slow = PyObject_IsInstance(module, g_loss_type)) == 0) {
-        PyObject *grad = PyObject_CallNoArgs(g_grad_enabled);
+        PyObject *grad = g_replay != NULL ? Py_NewRef(PyTuple_GET_ITEM(g_replay, RP_GRAD))
+                                          : PyObject_CallNoArgs(g_grad_enabled);
         slow = grad == NULL ? -1 : !PyObject_IsTrue(grad);
         Py_XDECREF(grad);
-        if (slow == 0)
+        if (slow == 0 && g_replay != NULL)
+            slow = !(v = PyObject_IsTrue(PyTuple_GET_ITEM(g_replay, RP_TRAINING)));
+        else if (slow == 0)
             slow = (v = attr_true(module, s_training)) < 0 ? -1 : !v;
         if (slow == 0)
             slow = sattr_true(s, &f_opt_depth); /* maybe a closure evaluation inside the update */
@@ -1706,7 +1715,8 @@ fetch(PyObject *module_, PyObject *const *args, Py_ssize_t nargs)
             goto fail;
         Py_DECREF(res);
     }
-    PyObject *size = size_of(NULL, batch), *entry = NULL, *pending = NULL;
+    PyObject *size = g_replay != NULL ? Py_NewRef(PyTuple_GET_ITEM(g_replay, RP_SIZE)) : size_of(NULL, batch);
+    PyObject *entry = NULL, *pending = NULL;
     int err = size == NULL || (entry = PyList_New(6)) == NULL;
     if (!err) {
         PyObject *fields[6] = {g_data, t0, t1, src, it, size};
@@ -2174,10 +2184,15 @@ optimizer_begin(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             goto fail;
         Py_DECREF(res);
     }
-    PyFrameObject *hook = PyEval_GetFrame(); /* borrowed: the pre-hook */
+    if (g_replay != NULL) { /* the frames as the call saw them */
+        PyObject *frame = PyTuple_GET_ITEM(g_replay, RP_WRAPPER), *seen = PyTuple_GET_ITEM(g_replay, RP_CALLERS);
+        if (sset(s, &f_opt_frame, frame) < 0 || (seen != Py_None && sset(s, &f_last_callers, seen) < 0))
+            goto fail;
+    }
+    PyFrameObject *hook = g_replay != NULL ? NULL : PyEval_GetFrame(); /* borrowed: the pre-hook */
     wrapper = hook == NULL ? NULL : PyFrame_GetBack(hook);
     caller = wrapper == NULL ? NULL : PyFrame_GetBack(wrapper);
-    if (sset(s, &f_opt_frame, wrapper != NULL ? (PyObject *)wrapper : Py_None) < 0)
+    if (g_replay == NULL && sset(s, &f_opt_frame, wrapper != NULL ? (PyObject *)wrapper : Py_None) < 0)
         goto fail;
     if (caller != NULL) { /* where the update was called from: `sites.callers`, never the frames themselves */
         outer = PyFrame_GetBack(caller);
@@ -2299,6 +2314,8 @@ first_user_frame(void)
 static long
 decided_place(void)
 {
+    if (g_replay != NULL) /* where the call was decided to stand */
+        return PyLong_AsLong(PyTuple_GET_ITEM(g_replay, RP_PLACE));
     PyFrameObject *frame = first_user_frame();
     if (frame == NULL)
         return PyErr_Occurred() ? -1 : 0;
@@ -2630,7 +2647,24 @@ bind_sizes(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(set_replay_doc,
+"set_replay(facts)\n--\n\n"
+"`detect.batch`: the facts of the call it replays next, `(grad_enabled, training, batch_size,\n"
+"step_wrapper_frame, callers, zero_grad_place)`, read instead of the live ones; None after it.");
+
+static PyObject *
+set_replay(PyObject *module, PyObject *facts)
+{
+    if (facts != Py_None && (!PyTuple_CheckExact(facts) || PyTuple_GET_SIZE(facts) != RP_N)) {
+        PyErr_SetString(PyExc_TypeError, "set_replay() takes a tuple of 6 facts or None");
+        return NULL;
+    }
+    Py_XSETREF(g_replay, facts == Py_None ? NULL : Py_NewRef(facts));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"set_replay", set_replay, METH_O, set_replay_doc},
     {"gaps", (PyCFunction)(void (*)(void))gaps, METH_FASTCALL, gaps_doc},
     {"resolve", (PyCFunction)(void (*)(void))resolve, METH_FASTCALL, resolve_doc},
     {"resolve_pending", (PyCFunction)(void (*)(void))resolve_pending, METH_FASTCALL, resolve_pending_doc},

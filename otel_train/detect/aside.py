@@ -30,7 +30,8 @@ _depth = 0  # `outside_training` blocks open (`paused` is not reentrant)
 
 @contextlib.contextmanager
 def paused() -> Iterator[None]:
-    """Installed detection out of the way inside the block (module docstring)."""
+    """Installed detection out of the way inside the block (module docstring). Calls that wait
+    to run (`batch`) keep waiting: they run with their own times, as a step left open does."""
     if not state.installed:
         yield
         return
@@ -58,6 +59,7 @@ def paused() -> Iterator[None]:
 @contextlib.contextmanager
 def outside_training() -> Iterator[None]:
     """Run the block between steps, unseen by detection and counted in no step (module docstring)."""
+    recorder.settle()
     global _depth
     if _depth or not state.installed:
         _depth += 1

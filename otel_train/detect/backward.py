@@ -18,7 +18,7 @@ from otel_train.detect.machine import train_activity
 from otel_train.detect.patches import Patches
 from otel_train.detect.roots import roots
 from otel_train.detect import phase
-from otel_train.detect.state import BACKWARD, MB_ATTRS, PH_BWD, active, mb_attrs, region
+from otel_train.detect.state import BACKWARD, MB_ATTRS, PH_BWD, State, active, caught_up, mb_attrs, region
 from otel_train.detect.state import s as _s
 from otel_train.record import recorder
 from otel_train.record.recorder import Region
@@ -41,10 +41,16 @@ def backward_patch(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def backward(*args: Any, **kwargs: Any) -> Any:
-        if _c.seen and dynamo_compiling() or tc._is_compiling_flag or s.bwd_depth or s.eval_explicit:
+        if _c.seen and dynamo_compiling() or tc._is_compiling_flag or busy(s) and caught_up(busy, s):
             return original(*args, **kwargs)
         return backward_run(original, args, kwargs)
     return backward
+
+
+def busy(s: State) -> bool:
+    """A backward now is no micro-batch's: one inside a backward, or inside a framework's
+    evaluation pass."""
+    return bool(s.bwd_depth or s.eval_explicit)
 
 
 def backward_python(original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from otel_train import _imports
-from otel_train.detect import coverage, state
+from otel_train.detect import batch, coverage, state
 from otel_train.detect.compile import compiled as _c, dynamo_compiling, tc
 from otel_train.detect.machine import close_if_complete, drop_pending_zero_grads, end_eval
 from otel_train.detect.patches import Patches
@@ -33,8 +33,9 @@ patches = Patches()
 
 def checkpoint_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
     """A wrapt wrapper: the call is one `train.checkpoint` span (integrations use it too)."""
+    recorder.settle()
     s = _s
-    if s.ckpt_depth or s.fetching or _c.seen and dynamo_compiling() or tc._is_compiling_flag \
+    if s.ckpt_depth or batch.fetching() or _c.seen and dynamo_compiling() or tc._is_compiling_flag \
             or _pickling_a_storage(args):
         return wrapped(*args, **kwargs)
     r = recorder._rec

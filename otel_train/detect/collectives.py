@@ -41,6 +41,7 @@ def _nbytes(payload: Any) -> int:
 def collective_wrapper(op: str, payload_at: int | None, payload_name: str | None, group_at: int | None
                        ) -> Callable[..., Any]:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        recorder.settle()
         s = _s
         if s.coll_depth or _c.seen and dynamo_compiling() or tc._is_compiling_flag:
             return wrapped(*args, **kwargs)

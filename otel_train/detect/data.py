@@ -29,7 +29,7 @@ from otel_train.detect.compile import compiled as _c
 from otel_train.detect.compile import dynamo_compiling, tc
 from otel_train.detect.machine import close, manual
 from otel_train.detect.patches import Patches
-from otel_train.detect.state import DATA, P_NAME, P_T1, active
+from otel_train.detect.state import DATA, P_NAME, P_T1, State, active, caught_up
 from otel_train.detect.state import s as _s
 from otel_train.record import recorder
 
@@ -49,11 +49,16 @@ def next_patch(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def __next__(self: Any) -> Any:
-        if _c.seen and dynamo_compiling() or tc._is_compiling_flag or s.fetching or s.fwd_depth \
-                or s.eval_explicit:
+        if _c.seen and dynamo_compiling() or tc._is_compiling_flag or busy(s) and caught_up(busy, s):
             return original(self)
         return fetch(original, self)
     return __next__
+
+
+def busy(s: State) -> bool:
+    """A fetch now is not a training batch: one inside a fetch or a forward, or inside a
+    framework's evaluation pass (which times its own)."""
+    return bool(s.fetching or s.fwd_depth or s.eval_explicit)
 
 
 def fetch_python(original: Callable[..., Any], iterator: Any) -> Any:
@@ -80,7 +85,7 @@ def fetch_python(original: Callable[..., Any], iterator: Any) -> Any:
             close(r, s, t0)
     if s.phase is not None:
         phase.end(r, s)
-    s.pending.append([DATA, t0, t1, src, iterator, size_of(batch)])
+    s.pending.append([DATA, t0, t1, src, iterator, size_of(batch) if s.replay is None else s.replay[2]])
     if copy_edge.needed:
         s.copying = True  # the batch's copies to the device, if any, come next
     elif copy_edge.needed is None:

@@ -57,6 +57,7 @@ def eval_forward(r: Recorder, s: State, t: int) -> int:
 
 def eval_begin() -> None:
     """A framework starts an evaluation pass: no phase is recorded until `eval_end()`."""
+    recorder.settle()
     r = recorder._rec
     s = _s
     if r is None or not state.installed:
@@ -78,6 +79,7 @@ def eval_begin() -> None:
 
 def eval_end() -> None:
     """The evaluation pass (explicit, or detected from forwards) is over."""
+    recorder.settle()
     r = recorder._rec
     s = _s
     if r is None or s.eval_t0 is None:
@@ -89,6 +91,7 @@ def eval_end() -> None:
 
 def eval_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
     """A framework's "evaluate" method (a wrapt wrapper) becomes one explicit eval pass."""
+    recorder.settle()
     if recorder._rec is None or _s.eval_explicit or _c.seen and dynamo_compiling() or tc._is_compiling_flag:
         return wrapped(*args, **kwargs)
     eval_begin()

@@ -63,7 +63,7 @@ def forward_begin_python(module: torch.nn.Module) -> None:
     t = r.now()
     if isinstance(module, _Loss):
         s.fwd_kind = FWD_AUX  # a loss module called on the model's output is not another forward
-    elif torch.is_grad_enabled() and module.training:
+    elif torch.is_grad_enabled() and module.training if s.replay is None else s.replay[0] and s.replay[1]:
         s.fwd_kind = FWD_TRAIN
         if s.opt_depth and closure_evaluation(s):
             # optimizer.step(closure), re-evaluating it: nested under the update, no micro-batch.

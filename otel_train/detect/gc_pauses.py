@@ -9,6 +9,7 @@ attribute a pause to.
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from typing import Any
 
 from otel_train.detect.state import GC
@@ -20,7 +21,18 @@ from otel_train.record import direct, recorder
 GC_MIN_PAUSE_NS = 1_000_000
 
 
+#: `batch.gc_noted` while detection's calls are batched: True where it took the pause.
+noted: Callable[[str, dict[str, Any]], bool] | None = None
+
+
 def gc_callback(phase: str, info: dict[str, Any]) -> None:
+    if noted is not None and noted(phase, info):
+        return
+    pause(phase, info)
+
+
+def pause(phase: str, info: dict[str, Any]) -> None:
+    """A collection starts or stops (`gc.callbacks`' phase and info)."""
     r = recorder._rec
     if r is None:
         return

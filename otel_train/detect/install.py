@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_train import _runtime
-from otel_train.detect import (backward, checkpoint, collectives, compile, data, forward, gc_pauses, optimizer, state,
-                               torch_hooks)
+from otel_train.detect import (backward, batch, checkpoint, collectives, compile, data, forward, gc_pauses, optimizer,
+                               state, torch_hooks)
 from otel_train.detect.machine import finish
 from otel_train.detect.patches import Patches
 from otel_train.detect.state import s as _s
@@ -41,12 +41,14 @@ def install(lazy: bool = False) -> None:
     _runtime.before_shutdown(_at_exit)
     for family in FAMILIES:
         family.install()
+    batch.install()
 
 
 def uninstall() -> None:
     """Close what is open, then remove every hook and restore every patched function."""
     if not state.installed:
         return
+    batch.uninstall()
     finish()
     state.installed = False
     for family in reversed(FAMILIES):
@@ -75,4 +77,4 @@ def patch_once(owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
 
 def _at_exit() -> None:
     if state.installed:
-        finish()
+        finish(cut=_runtime.cut_by() is not None)

@@ -302,12 +302,16 @@ def end_eval(r: Recorder, s: State) -> None:
 
 def set_epoch(epoch: int | None) -> None:
     """A framework knows the epoch: it wins over the one counted from DataLoader iterators."""
+    recorder.settle()
     _s.epoch = epoch
     _s.epoch_fixed = epoch is not None
 
 
-def finish() -> None:
-    """Training is over: close the evaluation pass and the last step at their real ends."""
+def finish(cut: bool = False) -> None:
+    """Training is over: close the evaluation pass and the last step at their real ends. With
+    `cut` (a signal or an uncaught exception ends the run) a step whose update is not done is
+    left open, for the shutdown to mark it truncated: it was not completed."""
+    recorder.settle()
     r = recorder._rec
     s = _s
     s.pending.clear()
@@ -319,7 +323,10 @@ def finish() -> None:
         if s.eval_explicit:
             s.eval_t1 = r.now()
         end_eval(r, s)
-    if ours(r, s):
+    if ours(r, s) and cut and not complete(s):
+        if s.phase is not None:
+            phase.end(r, s)
+    elif ours(r, s):
         if s.phase is not None:
             phase.end(r, s)
         end = s.opt_end if s.opt_end is not None else s.last_end

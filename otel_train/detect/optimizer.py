@@ -31,7 +31,7 @@ from otel_train.detect import coverage, phase, sites, torch_hooks
 from otel_train.detect.compile import compiled as _c, dynamo_compiling, tc
 from otel_train.detect.machine import close, complete, ours, train_activity
 from otel_train.detect.patches import Patches
-from otel_train.detect.state import P_T0, PH_OPT, ZERO_GRAD, State, active
+from otel_train.detect.state import P_T0, PH_OPT, ZERO_GRAD, State, active, caught_up
 from otel_train.detect.state import s as _s
 from otel_train.record import direct, recorder
 from otel_train.record.recorder import Recorder, Step
@@ -90,11 +90,16 @@ def optimizer_begin_python(optimizer: Any, args: Any, kwargs: Any) -> None:
     train_activity(r, s, t, PH_OPT)
     if s.data_driven and s.opt_end is not None:
         several_updates(s, optimizer)
-    s.opt_frame = frame = sys._getframe(2)  # torch's step wrapper (or ours for GradScaler): on the stack until step() ends
-    caller = frame.f_back
-    if caller is not None:  # where the update was called from, for a zero_grad site not placed yet (`sites`)
-        outer = caller.f_back
-        s.last_callers = sites.callers(caller, outer)
+    if s.replay is not None:  # replayed (`batch`): the frames as the call saw them
+        s.opt_frame = s.replay[3]
+        if s.replay[4] is not None:
+            s.last_callers = s.replay[4]
+    else:
+        s.opt_frame = frame = sys._getframe(2)  # torch's step wrapper (or ours for GradScaler): on the stack until step() ends
+        caller = frame.f_back
+        if caller is not None:  # where the update was called from, for a zero_grad site not placed yet (`sites`)
+            outer = caller.f_back
+            s.last_callers = sites.callers(caller, outer)
     s.opt_owner = optimizer
     s.opt_closure = closure is not None
     s.nest = nest
@@ -154,8 +159,11 @@ def _stale(s: State, optimizer: Any) -> bool:
 
 def _running(s: State) -> bool:
     """Whether the step() our pre-hook saw begin is still on the stack (it did not raise)."""
-    target = s.opt_frame
-    frame = sys._getframe(2)
+    return on_stack(s.opt_frame, sys._getframe(2))
+
+
+def on_stack(target: Any, frame: Any) -> bool:
+    """Whether `target` is `frame` or one of the frames that called it."""
     while frame is not None:
         if frame is target:
             return True
@@ -191,6 +199,7 @@ def closure_evaluation(s: State) -> bool:
 def scaler_step_wrapper(wrapped: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     """`GradScaler.step(optimizer)` is the update, whether or not the scaler found inf/NaN
     gradients and skipped the optimizer's own `step()` (a skipped update is still a step)."""
+    recorder.settle()
     s = _s
     optimizer = args[1] if len(args) > 1 else kwargs.get("optimizer")
     if _c.seen and dynamo_compiling() or tc._is_compiling_flag or s.opt_depth or optimizer is None:
@@ -213,15 +222,20 @@ def aux_patch(clip: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
         @functools.wraps(original)
         def aux(*args: Any, **kwargs: Any) -> Any:
-            if _c.seen and dynamo_compiling() or tc._is_compiling_flag or s.opt_depth or s.aux_depth or s.fwd_depth \
-                    or s.bwd_depth:
+            if _c.seen and dynamo_compiling() or tc._is_compiling_flag or aux_busy(s) and caught_up(aux_busy, s):
                 return original(*args, **kwargs)
             r = recorder._rec
             if r is None:
                 return original(*args, **kwargs)
-            return (_clip if clip else zero_grad_run)(r, s, original, args, kwargs)
+            return (clip_run if clip else zero_grad_run)(r, s, original, args, kwargs)
         return aux
     return make
+
+
+def aux_busy(s: State) -> bool:
+    """A zero_grad or clipping now is part of something else: inside an update, another such
+    call, a forward or a backward."""
+    return bool(s.opt_depth or s.aux_depth or s.fwd_depth or s.bwd_depth)
 
 
 def _clip(r: Recorder, s: State, original: Callable[..., Any], args: Any, kwargs: Any) -> Any:
@@ -277,6 +291,8 @@ optimizer_begin = _loops.optimizer_begin if _loops is not None else optimizer_be
 optimizer_end = _loops.optimizer_end if _loops is not None else optimizer_end_python
 #: `_zero_grad(r, s, original, args, kwargs)`: its common path in C, called straight from the patched zero_grad.
 zero_grad_run = _loops.zero_grad_run if _loops is not None else _zero_grad
+#: `_clip(r, s, original, args, kwargs)`, as the patched clip_grad_norm_ calls it (`batch` notes it).
+clip_run = _clip
 
 
 def _own(r: Recorder, s: State, original: Callable[..., Any], args: Any, kwargs: Any) -> Any:

@@ -68,6 +68,8 @@ def remember_update(s: State) -> None:
 
 def zero_grad_place(s: State) -> int:
     """TOP, END or ELSEWHERE for the zero_grad being called (from our patched function)."""
+    if s.replay is not None:  # replayed (`batch`): the place found for it when it was called
+        return s.replay[5]
     first = user_frames(1)  # a call site decided already (every step after the first): no further
     if not first:
         return ELSEWHERE
@@ -95,6 +97,16 @@ def zero_grad_place(s: State) -> int:
     s.site_probe = False
     s.step_site = None
     return place
+
+
+def decided_place() -> int | None:
+    """The place decided for the zero_grad being called (from our patched function), None where
+    its call site is not decided yet: `zero_grad_place`'s first look, without probing."""
+    first = user_frames(1)
+    if not first:
+        return ELSEWHERE
+    found = _decided.get((id(first[0].f_code), first[0].f_lasti))
+    return found[1] if found is not None else None
 
 
 def callers(caller: FrameType, outer: FrameType | None) -> tuple[Any, ...]:

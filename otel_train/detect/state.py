@@ -60,7 +60,7 @@ class State:
                  "opt_owner", "opt_frame", "opt_closure", "opt_t0", "nest", "evaluations", "scaling", "aux_depth",
                  "phase", "phase_end", "phase_parts", "part_phase", "step_site", "site_probe", "last_callers", "cover",
                  "after", "ckpt_depth", "coll_depth", "eval_t0", "eval_t1", "eval_data", "eval_module",
-                 "eval_region", "eval_explicit", "gc_t0", "lazy")
+                 "eval_region", "eval_explicit", "gc_t0", "lazy", "replay")
 
     def __init__(self) -> None:
         self.reset()
@@ -119,10 +119,19 @@ class State:
         self.eval_explicit = False
         self.gc_t0: int | None = None
         self.lazy = False
+        # While `batch` replays a call: what only its moment knew (`batch.facts`), else None.
+        self.replay: tuple[Any, ...] | None = None
 
 
 #: The detector's state: every hook reads and moves it.
 s = State()
+
+
+def caught_up(busy: Any, s: State) -> bool:
+    """For a wrapper whose guard `busy(s)` held: the guard again once detection's calls that
+    wait (`batch`) have run, since until then the state lags the calls."""
+    recorder.settle()
+    return bool(busy(s))
 
 
 def active() -> recorder.Recorder | None:

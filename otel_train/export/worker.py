@@ -36,6 +36,7 @@ from typing import Any
 from otel_train.export.pacer import DrainPacer
 from otel_train.export.pipe import Segments
 from otel_train.export.sinks import Sink
+from otel_train.record import recorder
 from otel_train.record.clock import wall_offset
 from otel_train.record.recorder import Recorder, to_wire, unpack
 from otel_train.wire.schema import sample_wire
@@ -219,7 +220,9 @@ class Worker:
         return result
 
     def flush(self, timeout_s: float = 30.0) -> bool:
-        """Drain now and wait until the sink has exported it all (benchmarks and tests only)."""
+        """Drain now and wait until the sink has exported it all (benchmarks and tests only);
+        on the main thread, detection's calls that wait run first (`recorder.settle`)."""
+        recorder.settle()
         self.drain()
         return self.sink.wait_idle(timeout_s)
 

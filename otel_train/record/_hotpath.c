@@ -74,7 +74,24 @@ static PyObject *
 mod_current(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     PyObject *from_var;
+    if (g_settle != NULL && settle_pending() < 0)
+        return NULL;
     return current_region(&from_var);
+}
+
+static PyObject *
+mod_set_settle(PyObject *module, PyObject *fn)
+{
+    Py_XSETREF(g_settle, fn == Py_None ? NULL : Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+mod_settle(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    if (settle_pending() < 0)
+        return NULL;
+    Py_RETURN_NONE;
 }
 
 static PyObject *
@@ -129,6 +146,10 @@ static PyMethodDef mod_methods[] = {
     {"bind", mod_bind, METH_VARARGS,
      "bind(current, no_step, kind_span, auto_init, decorate, aenter, aexit)"},
     {"current", mod_current, METH_NOARGS, "The innermost open region here (either kind of region), or None."},
+    {"set_settle", mod_set_settle, METH_O,
+     "set_settle(fn or None): called with no arguments before a region or step is entered or the current "
+     "region read, while detection's calls wait to run (`detect.batch`)."},
+    {"settle", mod_settle, METH_NOARGS, "Call what `set_settle` set, if anything: detection's waiting calls run."},
     {"leave", mod_leave, METH_O, "Take an entered C region off the current-region pointer without recording it."},
     {"make_current", mod_make_current, METH_O,
      "Put an entered C region that was left (`leave`) back on the current-region pointer, as entering would."},

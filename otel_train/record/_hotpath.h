@@ -150,6 +150,7 @@ static PyTypeObject RecorderType, RegionType, StepType, AfterType;
 
 /* Defined in one part, called from another. */
 static int recorder_in_force(PyObject **out);
+static int settle_pending(void);
 static int append_object(RecorderObject *rec, PyObject *record);
 static int append_record(RecorderObject *rec, PyObject *record);
 static int pack_region(RecorderObject *rec, PyObject *name, int64_t seq, const int64_t *parent_seq,

@@ -184,6 +184,26 @@ rec_now_ns(RecorderObject *r, int64_t *out)
 }
 
 
+/* `detect.batch.settle` while detection's calls wait to run (`set_settle`), else NULL. */
+static PyObject *g_settle;
+
+/* Run detection's waiting calls first: before anything reads or changes the step or the
+ * current region. 0, or -1 with an error (`settle` catches its own). */
+static int
+settle_pending(void)
+{
+    PyObject *fn = g_settle;
+    if (fn == NULL)
+        return 0;
+    Py_INCREF(fn);
+    PyObject *res = PyObject_CallNoArgs(fn);
+    Py_DECREF(fn);
+    if (res == NULL)
+        return -1;
+    Py_DECREF(res);
+    return 0;
+}
+
 /* The recorder a region or step entered now records to (borrowed): the one installed, else
  * what initialising from the environment gives (`recorder.auto_init`), else None. */
 static int

@@ -342,7 +342,7 @@ static PyObject *
 region_enter(RegionObject *self, PyObject *Py_UNUSED(ignored))
 {
     PyObject *r;
-    if (recorder_in_force(&r) < 0)
+    if ((g_settle != NULL && settle_pending() < 0) || recorder_in_force(&r) < 0)
         return NULL;
     Py_XSETREF(self->rec, Py_NewRef(r));
     if (r == Py_None)

@@ -134,7 +134,7 @@ static PyObject *
 step_enter(StepObject *self)
 {
     PyObject *r;
-    if (recorder_in_force(&r) < 0)
+    if ((g_settle != NULL && settle_pending() < 0) || recorder_in_force(&r) < 0)
         return NULL;
     Py_XSETREF(self->rec, Py_NewRef(r));
     if (r == Py_None)

@@ -446,8 +446,16 @@ def _outside(what: str) -> None:
                      what)
 
 
+def settle() -> None:
+    """Let detection's calls that wait (`detect.batch`) run first: before reading or changing
+    the step, the current region or what they record."""
+    if _hotpath is not None:
+        _hotpath.settle()
+
+
 def tag(name: str) -> None:
     """Tag the open step, or the step just ended when called between steps."""
+    settle()
     r = _rec if _rec is not None else auto_init()
     if r is None:
         return  # disabled, shut down, or a DataLoader worker: nothing is recorded
@@ -487,6 +495,7 @@ def event(name: str, attrs: Mapping[str, Any] | None) -> None:
 
 def link(carrier: Any) -> None:
     """Link the open step (or the next one) to the span that produced a sample."""
+    settle()
     r = _rec
     if r is None or carrier is None:
         return

@@ -7,7 +7,10 @@ the optimizer advance by hand, so step boundaries can be asserted to the nanosec
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 import torch
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -92,3 +95,13 @@ def ticking_sgd(model: nn.Module, clock: FakeClock, **kw: Any) -> Any:
     opt = torch.optim.SGD(model.parameters(), lr=1e-2, **kw)
     opt.register_step_pre_hook(lambda *a: None if clock.advance(100_000) else None)  # inside our span
     return opt
+
+
+@pytest.fixture
+def run() -> Iterator[Run]:
+    """A started run, stopped after the test (`started`, `stop`)."""
+    r = started()
+    try:
+        yield r
+    finally:
+        stop(r)
