@@ -3,7 +3,7 @@
 Per call, each of detection's bodies (`forward_begin`, `backward_run`, `fetch`...) runs cold:
 its code, the state it reads and the CPython API behind them have left the core's caches by
 the next call, and on a small CPU step that costs more than the work itself (docs/design.md,
-"Settling the step machine in batches"). So on the main thread the hooks' seven entry points,
+"Detection's calls batched"). So on the main thread the hooks' entry points (`_ENTRY_POINTS`),
 and the GC callback, only note the call with what only its moment knows (the clock; grad mode
 and the module's `training`; the batch's size; the update's frames; zero_grad's place), and
 `settle` runs the notes through the same bodies in order, the recorder's clock reading each
@@ -13,7 +13,7 @@ note's times and the bodies reading the noted facts (`State.replay`, `_loops.set
 - before anything reads or changes what the bodies keep: a region or step entered or the
   current region read (`_hotpath.set_settle`), tags, events, links, a flush, detection's other
   hooks (evaluation, checkpoints, collectives, GradScaler, the framework callbacks),
-  `set_epoch`, `finish`, `paused`;
+  `set_epoch`, `finish`, `outside_training`;
 - before any call that goes straight to its body.
 
 Where something reads the step every step (a span of the user's, a tag), batches stay a step
