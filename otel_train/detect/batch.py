@@ -141,6 +141,18 @@ def _done(note: list[Any], t1: int, error: BaseException | None) -> None:
     note[T1] = t1
 
 
+def _inside(note: list[Any], r: Any, original: Any, args: Any, kwargs: Any) -> Any:
+    """The user's function called inside its wrapped call's `note`, which its end completes:
+    the end's time, and what it raised."""
+    try:
+        out = original(*args, **(kwargs or {}))
+    except BaseException as err:
+        _done(note, r.now(), err)
+        raise
+    _done(note, r.now(), None)
+    return out
+
+
 # --- the entry points as the hooks call them ---------------------------------------------------
 
 def forward_begin(module: Any) -> None:
@@ -166,14 +178,7 @@ def backward_run(original: Any, args: Any, kwargs: Any) -> Any:
         settle()
         return b.real["backward_run"](original, args, kwargs)
     r = recorder._rec
-    note = _wrapped(BACKWARD, r.now())  # type: ignore[union-attr]
-    try:
-        out = original(*args, **(kwargs or {}))
-    except BaseException as err:
-        _done(note, r.now(), err)  # type: ignore[union-attr]
-        raise
-    _done(note, r.now(), None)  # type: ignore[union-attr]
-    return out
+    return _inside(_wrapped(BACKWARD, r.now()), r, original, args, kwargs)  # type: ignore[union-attr]
 
 
 def fetch(original: Any, iterator: Any) -> Any:
@@ -240,14 +245,7 @@ def zero_grad_run(r: Any, s: Any, original: Any, args: Any, kwargs: Any) -> Any:
     if _can() and not b.opt_depth:
         place = sites.decided_place()
         if place is not None:
-            note = _wrapped(ZERO_GRAD, r.now(), r, place)
-            try:
-                out = original(*args, **(kwargs or {}))
-            except BaseException as err:
-                _done(note, r.now(), err)
-                raise
-            _done(note, r.now(), None)
-            return out
+            return _inside(_wrapped(ZERO_GRAD, r.now(), r, place), r, original, args, kwargs)
     settle()
     return b.real["zero_grad_run"](r, s, original, args, kwargs)
 
@@ -260,14 +258,7 @@ def fetching() -> bool:
 
 def clip_run(r: Any, s: Any, original: Any, args: Any, kwargs: Any) -> Any:
     if _can() and not b.opt_depth:
-        note = _wrapped(CLIP, r.now(), r)
-        try:
-            out = original(*args, **(kwargs or {}))
-        except BaseException as err:
-            _done(note, r.now(), err)
-            raise
-        _done(note, r.now(), None)
-        return out
+        return _inside(_wrapped(CLIP, r.now(), r), r, original, args, kwargs)
     settle()
     return b.real["clip_run"](r, s, original, args, kwargs)
 

@@ -70,11 +70,10 @@ def zero_grad_place(s: State) -> int:
     """TOP, END or ELSEWHERE for the zero_grad being called (from our patched function)."""
     if s.replay is not None:  # replayed (`batch`): the place found for it when it was called
         return s.replay[5]
-    first = user_frames(1)  # a call site decided already (every step after the first): no further
-    if not first:
+    site_of = _call_site()  # a call site decided already (every step after the first): no further
+    if site_of is None:
         return ELSEWHERE
-    code = first[0].f_code
-    key = (id(code), first[0].f_lasti)
+    code, key = site_of
     found = _decided.get(key)
     if found is not None:
         return found[1]
@@ -102,11 +101,21 @@ def zero_grad_place(s: State) -> int:
 def decided_place() -> int | None:
     """The place decided for the zero_grad being called (from our patched function), None where
     its call site is not decided yet: `zero_grad_place`'s first look, without probing."""
+    site_of = _call_site()
+    if site_of is None:
+        return ELSEWHERE
+    found = _decided.get(site_of[1])
+    return found[1] if found is not None else None
+
+
+def _call_site() -> tuple[CodeType, tuple[int, int]] | None:
+    """The code of the user's frame calling the zero_grad, and its key in `_decided`; None when
+    no frame of the user's called it."""
     first = user_frames(1)
     if not first:
-        return ELSEWHERE
-    found = _decided.get((id(first[0].f_code), first[0].f_lasti))
-    return found[1] if found is not None else None
+        return None
+    code = first[0].f_code
+    return code, (id(code), first[0].f_lasti)
 
 
 def callers(caller: FrameType, outer: FrameType | None) -> tuple[Any, ...]:

@@ -119,7 +119,7 @@ class State:
         self.eval_explicit = False
         self.gc_t0: int | None = None
         self.lazy = False
-        # While `batch` replays a call: what only its moment knew (`batch.facts`), else None.
+        # While `batch` replays a call: what only its moment knew (`batch._facts`), else None.
         self.replay: tuple[Any, ...] | None = None
 
 
