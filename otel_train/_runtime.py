@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from otel_train import _resource
+from otel_train import _resource, _stderr
 from otel_train._config import Config
 from otel_train._distributed import RunInfo, detect_run_info
 from otel_train.export.destination import make_setup
@@ -277,11 +277,11 @@ def _report(st: _State, recorder: _recorder.Recorder, stats: dict[str, Any] | No
     if device is not None and (device.timing.skipped or device.unresolved):
         msg += (f"; device timing: {device.timing.skipped} regions without events (event pool empty), "
                 f"{device.unresolved} records without device time (events not complete in time)")
-    print(msg, file=sys.stderr, flush=True)
+    _stderr.line(msg)
     goodput = stats.get("goodput") if stats else None
     if goodput and st.run is not None and st.run.rank == 0:  # one line for the job, not one per rank
         from otel_train.export.goodput import summary_line
-        print(summary_line(goodput, st.run.rank), file=sys.stderr, flush=True)
+        _stderr.line(summary_line(goodput, st.run.rank))
 
 
 # --- process hooks ------------------------------------------------------------------

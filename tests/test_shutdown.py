@@ -191,3 +191,32 @@ def test_a_short_run_on_a_busy_node_delivers_what_it_recorded(fresh_receiver, bu
     else:  # the oldest waited past the buffer: dropped and counted; the newest delivered
         assert result.dropped > 0 and result.exported >= 40
         assert 29 in {s["attributes"][semconv.TRAIN_STEP] for s in step_spans(received, run.run_id)}
+
+
+def test_each_closing_line_reaches_stderr_in_one_write() -> None:
+    """Under torchrun every rank shares one stderr pipe; a line written as text, then newline,
+    came out as `...none droppedotel_train: rank 0: ...` (two ranks on one line). A pipe keeps one
+    write whole, so each line of ours must be one write with its newline."""
+    proc = run_python("""
+        import json, sys
+        writes = []
+        class Counting:
+            def write(self, text):
+                writes.append(text)
+                return len(text)
+            def flush(self):
+                pass
+        import otel_train
+        otel_train.init()
+        with otel_train.step():
+            with otel_train.span("train.forward"):
+                pass
+        real, sys.stderr = sys.stderr, Counting()
+        otel_train.shutdown()
+        sys.stderr = real
+        print(json.dumps(writes))
+    """, env={"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"})
+    writes = json.loads(proc.stdout.strip().splitlines()[-1])
+    closing = [text for text in writes if "spans emitted" in text]
+    assert closing and all(text.startswith("otel_train:") and text.endswith("\n") for text in closing), writes
+    assert "\n" not in writes, writes  # no newline written on its own

@@ -90,7 +90,7 @@ def test_torchrun_sigterm_delivers_every_completed_step_of_every_rank(tmp_path) 
         assert delivered[rank][:completed[rank]] == list(range(completed[rank])), (rank, delivered[rank], err)
         assert len(closing[rank]) == 1, err  # one closing line per rank, naming its rank
         if "none dropped" in closing[rank][0]:
-            exported = int(re.search(r"(\d+) spans exported", closing[rank][0]).group(1))
+            exported = int(re.search(rf"rank {rank}: (\d+) spans exported", closing[rank][0]).group(1))
             assert exported == len([s for s in spans if s["resource"][semconv.ML_RANK] == rank]), err
     # torchrun prints its own SignalException traceback; none of ours is in it.
     assert not re.search(r'File "[^"]*otel_train', err), err

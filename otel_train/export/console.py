@@ -17,22 +17,16 @@ exporter process's stdout is its progress pipe to the trainer). It may lag a ste
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 
-
-def _stderr(line: str) -> None:
-    try:
-        print(line, file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass  # a closed stderr must not stop the export
+from otel_train import _stderr
 
 
 class ConsoleSummary:
     """Counts steps; every `every`-th prints the line for the window it closes."""
 
     def __init__(self, every: int, totals: Callable[[], tuple[float, float, int]],
-                 write: Callable[[str], None] = _stderr) -> None:
+                 write: Callable[[str], None] = _stderr.line) -> None:
         """`totals()` gives the run's cumulative (data wait s, device busy s, records dropped)."""
         self.every = every
         self.totals = totals
