@@ -62,6 +62,23 @@ def calls_at_once() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def notes_in_python() -> Iterator[None]:
+    """Batched detection's notes made and replayed by its Python functions inside the block
+    (`otel_train.detect.batch`), not by `_batch.c`: for `bench auto-cost --per-call`, which
+    times both. Calls waiting run first, and at the end."""
+    from otel_train.detect import batch
+
+    batch.settle()
+    was = batch.b.c
+    batch.point(False)
+    try:
+        yield
+    finally:
+        batch.settle()
+        batch.point(was)
+
+
+@contextlib.contextmanager
 def spans_disabled() -> Iterator[None]:
     """`otel_train.span(...)` makes the disabled no-op inside the block, as it does under
     `OTEL_SDK_DISABLED`, with nothing shut down (the benchmark's `region_ns_disabled`)."""

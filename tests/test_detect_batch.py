@@ -7,6 +7,7 @@ batched run's spans can be held to the per-call run's to the nanosecond.
 
 from __future__ import annotations
 
+import gc
 import logging
 import traceback
 import weakref
@@ -41,7 +42,7 @@ def _spans(r: Run) -> list[tuple[Any, ...]]:
 
 
 def _accumulating_loop(r: Run, steps: int = 10, eval_every: int = 4) -> None:
-    """Two micro-batches a step, clipping, an evaluation pass and a user's span now and then."""
+    """Two micro-batches a step, clipping, an evaluation pass and a user's span now and then, a GC pause once."""
     clock = r.clock
     model = Net(clock)
     opt = ticking_sgd(model, clock)
@@ -53,6 +54,8 @@ def _accumulating_loop(r: Run, steps: int = 10, eval_every: int = 4) -> None:
             loss = nn.functional.mse_loss(model(x), y) / 2
             loss.backward()
             clock.advance(3_000)
+        if n == 5:
+            gc.collect()  # a pause noted among the calls waiting: a span of its own
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad()
@@ -72,25 +75,28 @@ def _both_ways(loop: Callable[[Run], None]) -> tuple[list[Any], list[Any], int]:
     waited = 0
     for batched in (True, False):
         r = started()
+        gc.disable()  # a collection in one run and not the other would be a span more
         try:
             batch.b.on = batched and batch.b.on
-            noted = batch._note
-
-            def counting(note: Any) -> None:
-                nonlocal waited
-                waited += 1
-                noted(note)
-
-            batch._note = counting
-            try:
-                loop(r)
-            finally:
-                batch._note = noted
+            loop(r)
+            if batched:
+                waited = batch.b.taken + len(batch.b.notes)  # every note made, run or waiting
             r.finish()
             runs.append(_spans(r))
         finally:
+            gc.enable()
             stop(r)
     return runs[0], runs[1], waited
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def form(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test with the noting entry points in C (`_batch.c`, where built) and in Python."""
+    if request.param == "c" and batch._batch is None:
+        pytest.skip("the C entry points are not built")
+    if request.param == "python":
+        monkeypatch.setattr(batch, "_batch", None)
+    return request.param
 
 
 def test_batched_calls_make_the_per_call_records_to_the_nanosecond() -> None:
@@ -98,6 +104,7 @@ def test_batched_calls_make_the_per_call_records_to_the_nanosecond() -> None:
     assert waited > 50  # the calls really waited
     names = [s[0] for s in per_call]
     assert names.count("train.step") == 10 and "train.eval" in names and "user.log" in names
+    assert names.count(semconv.SPAN_GC) == 1
     assert batched == per_call
 
 
@@ -201,3 +208,56 @@ def test_a_replay_that_fails_is_said_once_and_calls_run_at_once_after(run: Run, 
     assert not batch.b.notes  # from then on, each call ran at once
     t = run.finish(check=False)  # the dropped batch's steps are cut short: no invariants
     assert len(t.steps) >= 1
+
+
+def test_notes_in_python_runs_the_python_entry_points_inside_and_puts_back_the_c_ones(run: Run, form: str) -> None:
+    """`testing.notes_in_python` (the benchmark's reference): inside, the hooks call batch.py's
+    functions and the replay is Python's; after, the entry points are as installed, and the
+    steps either way are the same steps."""
+    from otel_train.detect import forward
+    from otel_train.testing import notes_in_python
+
+    clock = run.clock
+    model = Net(clock)
+    opt = ticking_sgd(model, clock)
+    installed = forward.forward_begin
+    assert (installed is not batch.forward_begin) == (form == "c")
+    it = iter(DataLoader(Ticking(clock, n=24), batch_size=4))
+
+    def step() -> None:
+        x, y = next(it)
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+    step()
+    with notes_in_python():
+        assert forward.forward_begin is batch.forward_begin and not batch.b.c
+        for _ in range(3):
+            step()
+        assert batch.b.notes  # still batched, by the Python functions
+    assert forward.forward_begin is installed and batch.b.c == (form == "c")
+    for _ in range(2):
+        step()
+    assert len(run.finish().steps) == 6
+
+
+def test_a_timed_bench_block_runs_the_calls_it_left_waiting_in_its_time(run: Run) -> None:
+    """`bench auto-cost` times a block of fewer steps than a batch of notes: its replay must fall
+    inside the block's time, not the untimed flush after the round."""
+    from otel_train.bench.auto_cost import _timed
+
+    clock = run.clock
+    model = Net(clock)
+    opt = ticking_sgd(model, clock)
+    it = iter(DataLoader(Ticking(clock, n=16), batch_size=4))
+
+    def step() -> None:
+        x, y = next(it)
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+    taken = batch.b.taken
+    _timed(step, 3)
+    assert batch.b.taken > taken and not batch.b.notes

@@ -31,6 +31,10 @@ raised). A settle inside a wrapped call still running replays up to it: a span o
 backward (a tensor hook) nests under what was current before it. GC pauses during a replay
 are not recorded (they are the replay's own). A replay that fails is logged once, the rest of
 its batch dropped and counted, and calls go straight to their bodies from then on.
+
+The noting entry points' common paths and the replay are in C where built (`_batch.c`): a
+note made here costs each hook three to five Python calls of its own. These functions are
+its fallback, and what it calls, from their start, for anything it does not take.
 """
 
 from __future__ import annotations
@@ -55,6 +59,10 @@ try:
 except ImportError:
     _loops = None  # type: ignore[assignment]
     _hotpath = None  # type: ignore[assignment]
+try:  # the noting entry points' common paths in C (`_batch.c`); these functions where it is not built
+    from otel_train.detect import _batch
+except ImportError:
+    _batch = None  # type: ignore[assignment]
 
 _log = logging.getLogger("otel_train")
 
@@ -82,7 +90,7 @@ class Batch:
     """The notes waiting, and what the entry points know live."""
 
     __slots__ = ("notes", "taken", "on", "thread", "replaying", "dropped", "failed", "real", "opt_depth",
-                 "opt_note", "opt_frame", "fwd_seen", "fetching", "small", "waited")
+                 "opt_note", "opt_frame", "fwd_seen", "fetching", "small", "waited", "c")
 
     def __init__(self) -> None:
         self.notes: list[Any] = []
@@ -100,6 +108,7 @@ class Batch:
         self.fetching = 0  # noted fetches running (live: the state's `fetching` lags)
         self.small = 0  # batches of fewer than `SMALL_BATCH` notes in a row, run for a read
         self.waited = False  # the settle under way is `MAX_WAIT_NS`'s
+        self.c = False  # notes made and replayed by `_batch.c` (`point`)
 
 
 b = Batch()
@@ -292,7 +301,7 @@ def settle() -> None:
         own = r.now
         b.replaying = True
         try:
-            done = _replay(notes, 0, len(notes), r)
+            done = (_batch.replay if b.c else _replay)(notes, 0, len(notes), r)
         except Exception:  # noqa: BLE001 - never into training: said once, dropped, counted
             b.failed = True
             b.dropped += len(notes)
@@ -415,19 +424,36 @@ def _call(stand_in: _StandIn, body: Any, *args: Any) -> None:
 
 # --- install -----------------------------------------------------------------------------------
 
+#: The entry points `_batch.c` has, each calling the Python one of the same name for the rest.
+_IN_C = ("forward_begin", "forward_end", "backward_run", "fetch", "optimizer_end", "zero_grad_run", "clip_run")
+
+
 def install() -> None:
     """Put the noting entry points in, where batching can run (the module's docstring)."""
     if _loops is None or _hotpath is None or data._accelerator_present():
         return
-    stand_ins = {"forward_begin": forward_begin, "forward_end": forward_end, "backward_run": backward_run,
-                 "fetch": fetch, "optimizer_begin": optimizer_begin, "optimizer_end": optimizer_end,
-                 "zero_grad_run": zero_grad_run, "clip_run": clip_run}
     for module, name in _ENTRY_POINTS:
         b.real[name] = getattr(module, name)
-        setattr(module, name, stand_ins[name])
+    b.c = _batch is not None
+    if b.c:
+        _batch.bind(b, globals(), vars(recorder), roots, _c, _hotpath.set_settle, settle, torch.is_grad_enabled,
+                    sites.decided_place, size_of, tuple(globals()[name] for name in _IN_C))
+        _batch.bind_replay(_s, data.busy, backward.busy, optimizer.aux_busy, gc_pauses.pause, _loops.set_replay, _PLAIN)
+    point(b.c)
     gc_pauses.noted = gc_noted
     b.thread = main_thread().ident
     b.on = True
+
+
+def point(in_c: bool) -> None:
+    """The hooks' entry points at the noting ones, those `_batch.c` has in C where `in_c` (it
+    was built and bound), and the replay with them (`otel_train.testing.notes_in_python`)."""
+    if not b.real:
+        return  # not installed
+    b.c = in_c and _batch is not None
+    here = globals()
+    for module, name in _ENTRY_POINTS:
+        setattr(module, name, getattr(_batch, name) if b.c and name in _IN_C else here[name])
 
 
 def uninstall() -> None:
@@ -437,4 +463,6 @@ def uninstall() -> None:
         for module, name in _ENTRY_POINTS:
             setattr(module, name, b.real[name])
     gc_pauses.noted = None
+    if _batch is not None:
+        _batch.unbind()
     b.__init__()  # type: ignore[misc]
