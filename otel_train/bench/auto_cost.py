@@ -45,11 +45,18 @@ Figures (`name: value` lines):
   object they lie in (`callgrind.OBJECT_GROUPS`: `otel_train`'s extensions, `python`, `torch`
   with MKL, `other`). Misses added in `torch` are torch's own lines that automatic mode
   displaced from L2.
-- with `--per-call`: plain, automatic and automatic with each of detection's calls run at
-  once (`otel_train.testing.calls_at_once`: as before `detect/batch.py`) in the same rounds,
-  each round's three blocks in an order drawn at random: `auto_`, `per_call_` and
+- with `--per-call`: plain, automatic, automatic with batched detection's notes made and
+  replayed in Python (`otel_train.testing.notes_in_python`: as before `detect/_batch.c`) and
+  automatic with each of detection's calls run at once (`otel_train.testing.calls_at_once`: as
+  before `detect/batch.py`) in the same rounds, each round's four blocks in an order drawn at
+  random: `auto_`, `python_notes_`, `per_call_`, `python_notes_minus_auto_` and
   `per_call_minus_auto_us_per_step`, and `records_per_step_auto` / `_per_call` (the same records
   both ways).
+
+Every timed or counted block ends with the detection calls it left waiting run
+(`recorder.settle`), inside its time: an 8-step block of this loop makes ~88 notes, fewer than a
+batch, so before 2026-11-27 (afternoon) the replay of most of them fell to the untimed flush
+after the round and the batched figures left it out.
 - with `--floor`: the same figures, `floor` in their names where the others say `auto`, of
   `noop_hooks` against plain steps, no otel_train installed: the part of the cost any hook
   at those places pays.
@@ -123,20 +130,39 @@ exec(compile(_LOOP, "<otel-train bench auto-cost loop>", "exec"), _script)  # no
 AutoCostLoop.step = _script["step"]  # type: ignore[method-assign]
 
 
-def round_orders(rounds: int, seed: int = 0) -> list[tuple[str, str]]:
-    """The order of the plain and automatic blocks in each round: drawn at random, so that no
-    period of the loop (an epoch's first step, which falls in every other round) lines up with
-    one variant."""
+def round_orders(rounds: int, names: tuple[str, ...] = ("plain", "auto"), seed: int = 0) -> list[tuple[str, ...]]:
+    """The order of the variants' blocks in each round: drawn at random, so that no period of
+    the loop (an epoch's first step, which falls in every other round) lines up with one variant."""
     rng = random.Random(seed)
-    return [("plain", "auto") if rng.random() < 0.5 else ("auto", "plain") for _ in range(rounds)]
+    return [tuple(rng.sample(names, len(names))) for _ in range(rounds)]
 
 
 def _timed(step: Callable[[], None], steps: int) -> tuple[int, int]:
-    """(wall ns, this thread's CPU ns) of `steps` steps."""
+    """(wall ns, this thread's CPU ns) of `steps` steps, with the detection calls they left
+    waiting run inside that time (`recorder.settle`): a block shorter than a batch of notes
+    would otherwise leave its replay to the untimed flush after the round."""
+    from otel_train.record import recorder
+
     t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
     for _ in range(steps):
         step()
+    recorder.settle()
     return time.perf_counter_ns() - t0, time.thread_time_ns() - c0
+
+
+def _timed_rounds(loop: AutoCostLoop, variants: dict[str, Callable[[], Any]], rounds: int, block_steps: int,
+                  between: Callable[[], Any], after: Callable[[], None]) -> dict[str, list[tuple[int, int]]]:
+    """Each round one block of each variant (`variants[name]()` around it, outside its time), in
+    an order drawn at random, inside `between()` and followed by `after()`: each variant's
+    (wall ns, CPU ns) a block, round by round."""
+    timed: dict[str, list[tuple[int, int]]] = {name: [] for name in variants}
+    for order in round_orders(rounds, tuple(variants)):
+        with between():
+            for name in order:
+                with variants[name]():
+                    timed[name].append(_timed(loop.step, block_steps))
+        after()
+    return timed
 
 
 def _count_calls(step: Callable[[], None], steps: int) -> tuple[int, int]:
@@ -181,6 +207,8 @@ def _callgrind(loop: AutoCostLoop, steps: int, rounds: int, plain: Callable[[], 
     kind's `{"all": {event: n}, "groups": {group: {event: n}}}` (`callgrind.events_by_group`).
     The dumps are read after the last block: reading one is ~100M instructions, which between
     blocks moved the next block's per-function costs (though not its summary)."""
+    from otel_train.record import recorder
+
     with tempfile.TemporaryDirectory() as tmp:
         marker = _marker_lib(tmp)
         if not marker.otel_train_bench_on_valgrind():
@@ -194,6 +222,7 @@ def _callgrind(loop: AutoCostLoop, steps: int, rounds: int, plain: Callable[[], 
                     marker.otel_train_bench_zero()
                     for _ in range(steps):
                         loop.step()
+                    recorder.settle()  # the block's waiting calls in its count (`_timed`)
                     marker.otel_train_bench_dump(kind.encode())
                 dump = callgrind.newest_dump(before)
                 if r < 0:
@@ -325,19 +354,10 @@ def _measure(loop: AutoCostLoop, label: str, rounds: int, block_steps: int, call
         print_figure(f"{name}_calls_per_step_plain", plain_calls[i] / epoch)
         print_figure(f"{name}_calls_per_step_{label}", variant_calls[i] / epoch)
         print_figure(f"{name}_calls_per_step_added", (variant_calls[i] - plain_calls[i]) / epoch)
-    plain_us: list[float] = []
-    added_us: list[float] = []
-    added_cpu_us: list[float] = []
-    for order in round_orders(rounds):
-        with between():
-            ns = {}
-            for kind in order:
-                with plain() if kind == "plain" else variant():
-                    ns[kind] = _timed(loop.step, block_steps)
-        after()
-        plain_us.append(ns["plain"][0] / block_steps / 1e3)
-        added_us.append((ns["auto"][0] - ns["plain"][0]) / block_steps / 1e3)
-        added_cpu_us.append((ns["auto"][1] - ns["plain"][1]) / block_steps / 1e3)
+    timed = _timed_rounds(loop, {"plain": plain, label: variant}, rounds, block_steps, between, after)
+    plain_us = [wall / block_steps / 1e3 for wall, _ in timed["plain"]]
+    added_us = [(v[0] - p[0]) / block_steps / 1e3 for v, p in zip(timed[label], timed["plain"])]
+    added_cpu_us = [(v[1] - p[1]) / block_steps / 1e3 for v, p in zip(timed[label], timed["plain"])]
     print_figure("rounds", rounds)
     print_figure("block_steps", block_steps)
     print_figure("step_us_plain", statistics.median(plain_us))
@@ -356,10 +376,10 @@ def _records() -> int:
 
 def _measure_per_call(loop: AutoCostLoop, rounds: int, block_steps: int, plain: Callable[[], Any],
                       between: Callable[[], Any], after: Callable[[], None]) -> None:
-    """`--per-call`: plain, automatic and per-call automatic blocks, each round's three in an
-    order drawn at random (seeded), as `_measure` times its two."""
+    """`--per-call`: plain, automatic, automatic with its notes in Python and per-call automatic
+    blocks, each round's four in an order drawn at random (seeded), as `_measure` times its two."""
     from otel_train.record import recorder
-    from otel_train.testing import calls_at_once
+    from otel_train.testing import calls_at_once, notes_in_python
 
     epoch = loop.steps_per_epoch
     records: dict[str, float] = {}
@@ -374,29 +394,19 @@ def _measure_per_call(loop: AutoCostLoop, rounds: int, block_steps: int, plain: 
     after()
     print_figure("records_per_step_auto", records["auto"])
     print_figure("records_per_step_per_call", records["per_call"])
-    variants: dict[str, Callable[[], Any]] = {"plain": plain, "auto": contextlib.nullcontext, "per_call": calls_at_once}
-    rng = random.Random(0)
-    plain_us: list[float] = []
-    added: dict[str, list[float]] = {"auto": [], "per_call": [], "per_call_minus_auto": []}
-    for _ in range(rounds):
-        order = list(variants)
-        rng.shuffle(order)
-        ns: dict[str, int] = {}
-        with between():
-            for name in order:
-                t0 = time.perf_counter_ns()
-                with variants[name]():
-                    for _ in range(block_steps):
-                        loop.step()
-                ns[name] = time.perf_counter_ns() - t0
-        after()
-        plain_us.append(ns["plain"] / block_steps / 1e3)
-        added["auto"].append((ns["auto"] - ns["plain"]) / block_steps / 1e3)
-        added["per_call"].append((ns["per_call"] - ns["plain"]) / block_steps / 1e3)
-        added["per_call_minus_auto"].append((ns["per_call"] - ns["auto"]) / block_steps / 1e3)
+    variants = {"plain": plain, "auto": contextlib.nullcontext, "python_notes": notes_in_python,
+                "per_call": calls_at_once}
+    timed = _timed_rounds(loop, variants, rounds, block_steps, between, after)
+
+    def added(name: str, base: str) -> list[float]:
+        return [(v[0] - b[0]) / block_steps / 1e3 for v, b in zip(timed[name], timed[base])]
+
     print_figure("rounds", rounds)
     print_figure("block_steps", block_steps)
-    print_figure("step_us_plain", statistics.median(plain_us))
-    for name, values in added.items():
+    print_figure("step_us_plain", statistics.median(w / block_steps / 1e3 for w, _ in timed["plain"]))
+    for name, values in (("auto", added("auto", "plain")), ("python_notes", added("python_notes", "plain")),
+                         ("per_call", added("per_call", "plain")),
+                         ("python_notes_minus_auto", added("python_notes", "auto")),
+                         ("per_call_minus_auto", added("per_call", "auto"))):
         print_figure(f"{name}_us_per_step", statistics.median(values))
         print_ci(f"{name}_us_per_step", ci95_of(values))

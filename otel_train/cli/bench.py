@@ -70,8 +70,8 @@ def add_parser(sub: Any) -> None:
                       help="no-op hooks at the places automatic mode hooks in (no otel_train) against plain "
                            "steps: what hooking in costs before anything is done there")
     auto.add_argument("--per-call", action="store_true",
-                      help="also time automatic mode with each of detection's calls run at once (no batching), "
-                           "in the same rounds")
+                      help="also time automatic mode with batched detection's notes in Python, and with each "
+                           "of detection's calls run at once (no batching), in the same rounds")
     device = bench_sub.add_parser("device", help="device timing: synchronisations and device durations")
     device.add_argument("--steps", type=int, default=50, help="training steps per variant (default 50)")
     bench_latency.add_parser(bench_sub)
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if args.rounds < 3 or args.block_steps < 1 or args.callgrind < 0:
             parser.error("--rounds must be >= 3, --block-steps >= 1 and --callgrind >= 0")
         if args.per_call and (args.callgrind or args.floor):
-            parser.error("--per-call times its own three variants: not with --callgrind or --floor")
+            parser.error("--per-call times its own four variants: not with --callgrind or --floor")
         from otel_train.bench.auto_cost import run_auto_cost
         return run_auto_cost(rounds=args.rounds, block_steps=args.block_steps, callgrind_steps=args.callgrind,
                              floor=args.floor, per_call=args.per_call)
