@@ -242,31 +242,37 @@ done(PyObject *w, PyObject *t1, PyObject *error)
     return 0;
 }
 
+/* The user's call in wrapped note `w` raised (the error set): the note completed with the end's
+ * time and the error, which goes on as it came, traceback and all (no frame of ours is in it).
+ * Returns NULL. */
+static PyObject *
+raised(PyObject *w, PyObject *r)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL)
+        PyException_SetTraceback(value, tb);
+    PyObject *t1 = now(r);
+    if (t1 != NULL && done(w, t1, value) == 0) {
+        PyErr_Restore(type, value, tb);
+    } else { /* an error of ours, set, in place of the call's */
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+    }
+    Py_XDECREF(t1);
+    return NULL;
+}
+
 /* `batch._inside`: the user's function called inside its wrapped call's note, which its end
- * completes (the end's time, what it raised). What it raised goes on as it came, traceback and
- * all: no frame of ours is in it. */
+ * completes (the end's time, what it raised). */
 static PyObject *
 inside(PyObject *w, PyObject *r, PyObject *original, PyObject *args, PyObject *kwargs)
 {
     PyObject *out = PyObject_Call(original, args, kwargs == Py_None ? NULL : kwargs);
-    if (out == NULL) {
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        PyErr_NormalizeException(&type, &value, &tb);
-        if (tb != NULL)
-            PyException_SetTraceback(value, tb);
-        PyObject *t1 = now(r);
-        if (t1 == NULL || done(w, t1, value) < 0) {
-            Py_XDECREF(t1);
-            Py_XDECREF(type);
-            Py_XDECREF(value);
-            Py_XDECREF(tb);
-            return NULL;
-        }
-        Py_DECREF(t1);
-        PyErr_Restore(type, value, tb);
-        return NULL;
-    }
+    if (out == NULL)
+        return raised(w, r);
     PyObject *t1 = now(r);
     if (t1 == NULL || done(w, t1, Py_None) < 0) {
         Py_XDECREF(t1);
@@ -384,26 +390,23 @@ fetch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (w == NULL || (fetching = bint(B_FETCHING)) < 0 || bset_int(B_FETCHING, fetching + 1) < 0)
         goto end;
     batch = PyObject_CallOneArg(args[0], args[1]);
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb); /* the fetch's error, if any, aside while the count goes back */
+    if ((fetching = bint(B_FETCHING)) < 0 || bset_int(B_FETCHING, fetching - 1) < 0) {
+        Py_XDECREF(type); /* an error of ours, set, in place of the fetch's */
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        Py_CLEAR(batch);
+        goto end;
+    }
+    PyErr_Restore(type, value, tb);
     if (batch == NULL) {
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        PyErr_NormalizeException(&type, &value, &tb);
-        if (tb != NULL)
-            PyException_SetTraceback(value, tb);
-        if ((fetching = bint(B_FETCHING)) < 0 || bset_int(B_FETCHING, fetching - 1) < 0 || (t1 = now(r)) == NULL ||
-            done(w, t1, value) < 0) {
-            Py_XDECREF(type); /* an error of ours, set, in place of the fetch's */
-            Py_XDECREF(value);
-            Py_XDECREF(tb);
-        } else {
-            PyErr_Restore(type, value, tb);
-        }
+        raised(w, r);
         goto end;
     }
     PyObject *size = NULL;
-    if ((fetching = bint(B_FETCHING)) < 0 || bset_int(B_FETCHING, fetching - 1) < 0 || (t1 = now(r)) == NULL ||
-        (size = PyObject_CallOneArg(g_size_of, batch)) == NULL || PyList_SetItem(w, 7, size) < 0 ||
-        done(w, t1, Py_None) < 0)
+    if ((t1 = now(r)) == NULL || (size = PyObject_CallOneArg(g_size_of, batch)) == NULL ||
+        PyList_SetItem(w, 7, size) < 0 || done(w, t1, Py_None) < 0)
         Py_CLEAR(batch);
 end:
     Py_XDECREF(t1);
