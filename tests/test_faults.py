@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import resource
 import signal
 import time
 from collections.abc import Iterator
@@ -400,15 +399,12 @@ def test_an_unwritable_or_full_disk_is_said_once_and_counted(tmp_path, fault: st
     # Requests of at most 20 spans (~5 kB a line): however late a loaded machine's first drain
     # comes, lines fit under the 30 kB limit before it is reached.
     env = {"OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_TRAIN_FLUSH_INTERVAL_MS": "20", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "20"}
-    preexec = None
     if fault == "unwritable directory":
         (tmp_path / "blocked").write_text("a file where the directory should be")
         env["OTEL_TRAIN_OUTPUT_DIR"] = str(tmp_path / "blocked" / "out")
     else:
-        def preexec() -> None:
-            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-            resource.setrlimit(resource.RLIMIT_FSIZE, (30_000, 30_000))
-    run = TrainingRun(env, 300, 0.002, cwd=tmp_path, run_id="disk", preexec=preexec)
+        env["FAULT_RUN_FSIZE"] = "30000"
+    run = TrainingRun(env, 300, 0.002, cwd=tmp_path, run_id="disk")
     result, _ = _finish(run)
     base_result, _ = _finish(base)
     assert result.completed == 300

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import textwrap
@@ -29,9 +28,23 @@ from support.procs import clean_env
 
 #: argv: steps, seconds a step sleeps, then optionally "raise" at step N, "hold" (block after
 #: the last step, for a signal to arrive mid-step); any further arguments are the script's own
-#: (ignored, as a real script's flags would be by us).
+#: (ignored, as a real script's flags would be by us). `FAULT_RUN_FSIZE` in its environment: a
+#: disk that fills up after that many bytes of a file (RLIMIT_FSIZE, the exporter's too).
+#:
+#: It starts as from a terminal: a shell without job control starts a background command with
+#: SIGINT ignored (`bash .ci/run &`), the child inherits that, and CPython keeps an inherited
+#: SIG_IGN instead of installing its KeyboardInterrupt handler, so a Ctrl-C fault test would wait
+#: for an exit that never comes; the script installs the handler itself. Not in a `preexec_fn`:
+#: that makes subprocess fork the test process, whose OTLP receivers run gRPC threads, and gRPC
+#: restarts its poller in the forked child, which then aborts (SIGABRT, "epoll_wait error: Bad
+#: file descriptor") when the child closes its descriptors before exec.
 LOOP = textwrap.dedent("""
-    import json, os, sys, time
+    import json, os, resource, signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if os.environ.get("FAULT_RUN_FSIZE"):
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        limit = int(os.environ["FAULT_RUN_FSIZE"])
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
     import otel_train
     steps, step_s = int(sys.argv[1]), float(sys.argv[2])
     mode = sys.argv[3] if len(sys.argv) > 3 else ""
@@ -83,29 +96,18 @@ class Result:
         return [line for line in self.stderr.splitlines() if re.search(r"spans (exported|emitted)", line)]
 
 
-def _start_as_from_a_terminal(preexec: Any) -> None:
-    """In the child before exec: SIGINT back to its default, then the test's own `preexec`. A
-    shell without job control starts a background command with SIGINT ignored (`bash .ci/run &`),
-    the child inherits that, and CPython keeps an inherited SIG_IGN instead of installing its
-    KeyboardInterrupt handler: a Ctrl-C fault test would then wait for an exit that never comes."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    if preexec is not None:
-        preexec()
-
-
 class TrainingRun:
     """One training subprocess (`LOOP`), its steps followed as they complete."""
 
     def __init__(self, env: Mapping[str, str], steps: int, step_s: float = 0.01, mode: str = "",
                  cwd: str | os.PathLike[str] | None = None, run_id: str | None = None,
-                 preexec: Any = None, args: tuple[str, ...] = ()) -> None:
+                 args: tuple[str, ...] = ()) -> None:
         self.run_id = run_id or f"fault-{uuid.uuid4().hex[:8]}"
         environ = clean_env({"OTEL_TRAIN_RUN_ID": self.run_id, "OTEL_TRAIN_FLUSH_INTERVAL_MS": "100",
                              "OTEL_METRIC_EXPORT_INTERVAL": "600000", **env})
         self.started = time.monotonic()
         self.proc = subprocess.Popen([sys.executable, "-u", "-c", LOOP, str(steps), str(step_s), mode, *args], cwd=cwd,
-                                     env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     preexec_fn=lambda: _start_as_from_a_terminal(preexec))
+                                     env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.completed = 0
         self.lines: list[str] = []
         self._done: dict[str, Any] | None = None
