@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from support.detect_loop import (BWD, DATA, FWD, OPT, ZG, Net, Run, Ticking,  # noqa: E402
-                                 ticking_sgd)
+                                 stepping, ticking_sgd)
 from support.detect_loop import run  # noqa: E402,F401 - the fixture
 from support.span_tree import plain_tags  # noqa: E402
 from torch import nn  # noqa: E402
@@ -732,11 +732,9 @@ def test_a_signal_mid_update_leaves_that_step_truncated_and_delivers_the_rest(ru
     model = Net(clock)
     opt = ticking_sgd(model, clock)
     loader = iter(DataLoader(Ticking(clock), batch_size=4))
+    step = stepping(model, opt, loader)
     for _ in range(3):
-        x, y = next(loader)
-        nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
+        step()
     x, y = next(loader)
     nn.functional.mse_loss(model(x), y).backward()  # the 4th step's update never comes
     _runtime.shutdown(reason="SIGTERM")

@@ -19,7 +19,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from support.detect_loop import Net, Run, Ticking, run, started, stop, ticking_sgd  # noqa: E402,F401 - `run`: a fixture
+from support.detect_loop import (Net, Run, Ticking, run, started, stepping, stop,  # noqa: E402,F401 - `run`: a fixture
+                                 ticking_sgd)
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
@@ -137,11 +138,9 @@ def test_a_backward_that_raises_is_recorded_and_the_error_left_as_it_was(run: Ru
     model = Net(clock)
     opt = ticking_sgd(model, clock)
     loader = iter(DataLoader(Ticking(clock, n=16), batch_size=4))
+    step = stepping(model, opt, loader)
     for _ in range(2):
-        x, y = next(loader)
-        nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
+        step()
     x, y = next(loader)
     loss = nn.functional.mse_loss(model(x), y)
     with pytest.raises(RuntimeError) as caught:
@@ -211,18 +210,6 @@ def test_a_replay_that_fails_is_said_once_and_calls_run_at_once_after(run: Run, 
     assert len(t.steps) >= 1
 
 
-def _stepping(model: nn.Module, opt: Any, loader: DataLoader) -> Callable[[], None]:
-    """One training step a call: a batch, the forward and backward, the update, zero_grad."""
-    it = iter(loader)
-
-    def step() -> None:
-        x, y = next(it)
-        nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
-    return step
-
-
 def test_notes_in_python_runs_the_python_entry_points_inside_and_puts_back_the_c_ones(run: Run, form: str) -> None:
     """`testing.notes_in_python` (the benchmark's reference): inside, the hooks call batch.py's
     functions and the replay is Python's; after, the entry points are as installed, and the
@@ -235,7 +222,7 @@ def test_notes_in_python_runs_the_python_entry_points_inside_and_puts_back_the_c
     opt = ticking_sgd(model, clock)
     installed = forward.forward_begin
     assert (installed is not batch.forward_begin) == (form == "c")
-    step = _stepping(model, opt, DataLoader(Ticking(clock, n=24), batch_size=4))
+    step = stepping(model, opt, iter(DataLoader(Ticking(clock, n=24), batch_size=4)))
     step()
     with notes_in_python():
         assert forward.forward_begin is batch.forward_begin and not batch.b.c
@@ -256,7 +243,7 @@ def test_a_timed_bench_block_runs_the_calls_it_left_waiting_in_its_time(run: Run
     clock = run.clock
     model = Net(clock)
     opt = ticking_sgd(model, clock)
-    step = _stepping(model, opt, DataLoader(Ticking(clock, n=16), batch_size=4))
+    step = stepping(model, opt, iter(DataLoader(Ticking(clock, n=16), batch_size=4)))
     taken = batch.b.taken
     _timed(step, 3)
     assert batch.b.taken > taken and not batch.b.notes
@@ -276,7 +263,8 @@ def test_the_c_notes_hold_nothing_the_python_ones_do_not(form: str) -> None:
         try:
             batch.point(in_c)
             model = Net(r.clock)
-            step = _stepping(model, ticking_sgd(model, r.clock), DataLoader(Ticking(r.clock, n=4 * 1100), batch_size=4))
+            loader = iter(DataLoader(Ticking(r.clock, n=4 * 1100), batch_size=4))
+            step = stepping(model, ticking_sgd(model, r.clock), loader)
             for n in range(1100):
                 if n == 100:  # warm: every path taken once
                     batch.settle()

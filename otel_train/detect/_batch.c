@@ -294,12 +294,14 @@ python(int p, PyObject *const *args, Py_ssize_t nargs)
     return PyObject_Vectorcall(g_python[p], args, nargs, NULL);
 }
 
-/* A check failed with an error: the Python entry point decides, the error dropped (it will
- * meet the same state, and say what it must). */
+/* Not taken here (`ok` 0), or a check failed with an error (`ok` -1, the error dropped: the
+ * Python entry point will meet the same state, and say what it must): the Python entry point
+ * `p` decides, from its start. */
 static PyObject *
-fallback(int p, PyObject *const *args, Py_ssize_t nargs)
+not_taken(int ok, int p, PyObject *const *args, Py_ssize_t nargs)
 {
-    PyErr_Clear();
+    if (ok < 0)
+        PyErr_Clear();
     return python(p, args, nargs);
 }
 
@@ -321,7 +323,7 @@ forward_mark(int kind, int p, PyObject *module)
     }
     if (ok <= 0) {
         Py_XDECREF(r);
-        return ok < 0 ? fallback(p, &module, 1) : python(p, &module, 1);
+        return not_taken(ok, p, &module, 1);
     }
     if (kind == FWD_BEGIN)
         bset(B_FWD_SEEN, Py_True);
@@ -363,7 +365,7 @@ backward_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (ok <= 0) { /* no forward seen: the body looks for the model now */
         Py_XDECREF(r);
-        return ok < 0 ? fallback(P_BACKWARD_RUN, args, nargs) : python(P_BACKWARD_RUN, args, nargs);
+        return not_taken(ok, P_BACKWARD_RUN, args, nargs);
     }
     bset(B_FWD_SEEN, Py_False);
     PyObject *out = NULL, *t = now(r), *w = t != NULL ? wrapped(BACKWARD, t, NULL, NULL) : NULL;
@@ -384,7 +386,7 @@ fetch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *r = NULL;
     int ok = can(&r);
     if (ok <= 0)
-        return ok < 0 ? fallback(P_FETCH, args, nargs) : python(P_FETCH, args, nargs);
+        return not_taken(ok, P_FETCH, args, nargs);
     PyObject *batch = NULL, *t1 = NULL, *t = now(r), *w = t != NULL ? wrapped(FETCH, t, args[1], Py_None) : NULL;
     Py_ssize_t fetching;
     if (w == NULL || (fetching = bint(B_FETCHING)) < 0 || bset_int(B_FETCHING, fetching + 1) < 0)
@@ -425,11 +427,11 @@ optimizer_end(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *r = NULL;
     int ok = can(&r);
     if (ok <= 0)
-        return ok < 0 ? fallback(P_OPTIMIZER_END, args, nargs) : python(P_OPTIMIZER_END, args, nargs);
+        return not_taken(ok, P_OPTIMIZER_END, args, nargs);
     Py_ssize_t depth = bint(B_OPT_DEPTH);
     if (depth < 0) {
         Py_DECREF(r);
-        return fallback(P_OPTIMIZER_END, args, nargs);
+        return not_taken(-1, P_OPTIMIZER_END, args, nargs);
     }
     if (depth) {
         if (bset_int(B_OPT_DEPTH, depth - 1) < 0) {
@@ -475,7 +477,7 @@ aux_run(int kind, int p, PyObject *const *args, Py_ssize_t nargs)
     if (ok <= 0) {
         Py_XDECREF(r);
         Py_XDECREF(place);
-        return ok < 0 ? fallback(p, args, nargs) : python(p, args, nargs);
+        return not_taken(ok, p, args, nargs);
     }
     /* the noted recorder is the one the call was given, as in Python */
     PyObject *out = NULL, *t = now(args[0]), *w = t != NULL ? wrapped(kind, t, args[0], place) : NULL;

@@ -7,7 +7,7 @@ the optimizer advance by hand, so step boundaries can be asserted to the nanosec
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -95,6 +95,17 @@ def ticking_sgd(model: nn.Module, clock: FakeClock, **kw: Any) -> Any:
     opt = torch.optim.SGD(model.parameters(), lr=1e-2, **kw)
     opt.register_step_pre_hook(lambda *a: None if clock.advance(100_000) else None)  # inside our span
     return opt
+
+
+def stepping(model: nn.Module, opt: Any, batches: Iterator[Any]) -> Callable[[], None]:
+    """One training step a call: the next of `batches`, the forward and backward, the update,
+    zero_grad."""
+    def step() -> None:
+        x, y = next(batches)
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return step
 
 
 @pytest.fixture
