@@ -881,3 +881,27 @@ def test_optimizer_phase_in_c_joins_zero_grad_at_the_end() -> None:
         s.reset()
         sites.forget()
         _recorder.install(None)
+
+
+def test_the_wrappers_guards_match_the_python_ones_on_random_states() -> None:
+    """`fetch_busy`, `backward_busy` and `aux_busy` (the guards each wrapper and each replayed
+    call ask) against `data.busy_python`, `backward.busy_python` and `optimizer.aux_busy_python`."""
+    from otel_train.detect import backward, data, optimizer
+    from otel_train.detect.state import State
+
+    pairs = ((_loops.fetch_busy, data.busy_python), (_loops.backward_busy, backward.busy_python),
+             (_loops.aux_busy, optimizer.aux_busy_python))
+    fields = ("fetching", "fwd_depth", "eval_explicit", "bwd_depth", "opt_depth", "aux_depth")
+    rng = random.Random(7)
+    seen = set()
+    for trial in range(2_000):
+        s = State()
+        for name in fields:
+            setattr(s, name, rng.choice([0, 0, 0, 1, 2, True, False, None, [], [0]]))
+        for c, python in pairs:
+            got = c(s)
+            assert got is python(s), (trial, c.__name__, {name: getattr(s, name) for name in fields})
+            seen.add((c.__name__, got))
+    assert len(seen) == 6  # each guard seen both ways
+    assert data.busy is _loops.fetch_busy and backward.busy is _loops.backward_busy
+    assert optimizer.aux_busy is _loops.aux_busy

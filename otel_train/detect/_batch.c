@@ -1,6 +1,7 @@
 /* `detect.batch`'s noting entry points in C: what the hooks call every micro-batch while
- * detection's calls are batched (forward begin and end, a backward, a batch fetch, the end of an
- * optimizer step, a zero_grad, a gradient clipping), past their checks, note the call and return.
+ * detection's calls are batched (forward begin and end, a backward, a batch fetch, the beginning
+ * and the end of an optimizer step, a zero_grad, a gradient clipping), past their checks, note
+ * the call and return.
  *
  * Each has its Python function of the same name in `batch.py`: the fallback where this module
  * cannot be built, and what anything uncommon calls from its start, before the C code changed
@@ -10,16 +11,28 @@
  * cold caches between torch's operations. tests/test_detect_batch.py holds both forms to the
  * same spans, to the nanosecond.
  *
+ * A note is made between two of torch's operations, so whatever it reads is cold: each read is
+ * where it lies rather than by a lookup. `b`'s slots and the flags `can` checks are read at
+ * their offsets (`_member.h`), the recorder's clock through the hot path's own
+ * (`_hotpath_api.h`: no lookup, no call), and `BATCH_CALLS`, `MAX_WAIT_NS` and the first
+ * note's time once a batch, when its first note is made
+ * (docs/benchmarks/2026-11-27-lean-notes.md).
+ *
  * `bind` gives this module `batch.b` (whose `__slots__` it reads and writes where they lie, as
  * `_loops.c` does the detection state's), `batch`'s module dict (`BATCH_CALLS` and
- * `MAX_WAIT_NS`, read at each note: tests change them), the recorder module's dict (`_rec`),
- * discovery's `roots`, the compile flag's holder, `_hotpath.set_settle`, `batch.settle`,
- * `torch.is_grad_enabled`, zero_grad's `sites.decided_place`, `batch_size.size_of` and the
- * Python entry points. */
+ * `MAX_WAIT_NS`, read as each batch begins: tests change them), the recorder module's dict
+ * (`_rec`), discovery's `roots`, the compile flag's holder, `_hotpath.set_settle`,
+ * `batch.settle`, `torch.is_grad_enabled`, zero_grad's `sites.decided_place`,
+ * `batch_size.size_of` and the Python entry points; `bind_replay` the detection state, which
+ * the optimizer's begin also reads (`site_probe`). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
 #include <pythread.h>
+
+#include "_member.h"
+#include "_update.h"
+#include "../record/_hotpath_api.h"
 
 /* The note kinds and a wrapped note's fields, as `batch.py` numbers them. */
 enum { FWD_BEGIN, FWD_END, BACKWARD, FETCH, OPT_BEGIN, OPT_END, ZERO_GRAD, GC, CLIP, KINDS };
@@ -33,12 +46,14 @@ static const char *const b_names[B_N] = {"notes", "taken", "on", "thread", "fail
 static Py_ssize_t b_off[B_N];
 
 /* The Python entry points, the fallback for what the C code does not take. */
-enum { P_FORWARD_BEGIN, P_FORWARD_END, P_BACKWARD_RUN, P_FETCH, P_OPTIMIZER_END, P_ZERO_GRAD_RUN, P_CLIP_RUN, P_N };
+enum { P_FORWARD_BEGIN, P_FORWARD_END, P_BACKWARD_RUN, P_FETCH, P_OPTIMIZER_END, P_ZERO_GRAD_RUN, P_CLIP_RUN,
+       P_OPTIMIZER_BEGIN, P_N };
 
 static PyObject *g_b, *g_batch_dict, *g_rec_dict, *g_roots, *g_compiled, *g_set_settle, *g_settle, *g_grad_enabled,
     *g_decided_place, *g_size_of, *g_python[P_N];
 static PyObject *g_kind[KINDS];
-static PyObject *s_rec, *s_now, *s_discovering, *s_seen, *s_training, *s_batch_calls, *s_max_wait;
+static PyObject *s_rec, *s_now, *s_discovering, *s_seen, *s_training, *s_batch_calls, *s_max_wait, *s_closure,
+    *s_site_probe;
 
 /* `b.<slot>`: borrowed, NULL where unset (no error set). */
 static inline PyObject *
@@ -81,44 +96,70 @@ bset_int(int i, Py_ssize_t n)
     return 0;
 }
 
-/* `batch._can()`, and the recorder it found: 1 (a new reference in *rec), 0, -1 with an error. */
+/* The main thread's id as `b.thread` last held it (the object, a strong reference, and its value). */
+static PyObject *g_thread;
+static unsigned long g_thread_id;
+/* `roots.discovering` and `compiled.seen`, read where they lie (`_member.h`). */
+static Member m_discovering = {&s_discovering}, m_seen = {&s_seen};
+
+static int
+flag(PyObject *obj, Member *m)
+{
+    PyObject *v = mget(obj, m);
+    if (v == NULL)
+        return -1;
+    int truth = truthy(v);
+    Py_DECREF(v);
+    return truth;
+}
+
+/* `batch._can()`, and the recorder it found: 1 (a new reference in *rec), 0, -1 with an error.
+ * Every call reads these between torch's operations, cold: each is read where it lies. */
 static int
 can(PyObject **rec)
 {
     if (g_b == NULL || !truthy(bget(B_ON)) || truthy(bget(B_FAILED)))
         return 0;
     PyObject *thread = bget(B_THREAD);
-    if (thread == NULL || !PyLong_CheckExact(thread))
-        return 0;
-    unsigned long ident = PyLong_AsUnsignedLong(thread);
-    if (ident == (unsigned long)-1 && PyErr_Occurred())
-        return -1;
-    if (ident != PyThread_get_thread_ident())
+    if (thread != g_thread) {
+        if (thread == NULL || !PyLong_CheckExact(thread))
+            return 0;
+        unsigned long ident = PyLong_AsUnsignedLong(thread);
+        if (ident == (unsigned long)-1 && PyErr_Occurred())
+            return -1;
+        Py_XSETREF(g_thread, Py_NewRef(thread));
+        g_thread_id = ident;
+    }
+    if (g_thread_id != PyThread_get_thread_ident())
         return 0;
     PyObject *r = PyDict_GetItemWithError(g_rec_dict, s_rec); /* borrowed */
     if (r == NULL || r == Py_None)
         return PyErr_Occurred() ? -1 : 0;
-    PyObject *v = PyObject_GetAttr(g_roots, s_discovering);
-    if (v == NULL)
-        return -1;
-    int discovering = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    if (discovering)
-        return discovering < 0 ? -1 : 0;
-    if ((v = PyObject_GetAttr(g_compiled, s_seen)) == NULL)
-        return -1;
-    int seen = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    if (seen)
-        return seen < 0 ? -1 : 0;
+    int no = flag(g_roots, &m_discovering);
+    if (no == 0)
+        no = flag(g_compiled, &m_seen);
+    if (no)
+        return no < 0 ? -1 : 0;
     *rec = Py_NewRef(r);
     return 1;
 }
 
-/* `r.now()`: a new int, or NULL with an error. */
+/* The hot path's capsule (`_hotpath_api.h`), NULL where it is not built; and the recorder type
+ * last seen to be its `RecorderBase` (a strong reference). */
+static const HotpathAPI *g_api;
+static PyTypeObject *g_rec_type;
+
+/* `r.now()`: a new int, or NULL with an error. A `RecorderBase` reads its own clock (no lookup,
+ * and no call while it is perf_counter_ns). */
 static PyObject *
 now(PyObject *r)
 {
+    if (g_api != NULL && (Py_TYPE(r) == g_rec_type || PyObject_TypeCheck(r, g_api->recorder_type))) {
+        int64_t t;
+        if (Py_TYPE(r) != g_rec_type)
+            Py_XSETREF(g_rec_type, (PyTypeObject *)Py_NewRef((PyObject *)Py_TYPE(r)));
+        return g_api->now_ns(r, &t) < 0 ? NULL : PyLong_FromLongLong(t);
+    }
     PyObject *fn = PyObject_GetAttr(r, s_now);
     if (fn == NULL)
         return NULL;
@@ -147,6 +188,38 @@ settle(void)
     return out == NULL ? -1 : 0;
 }
 
+/* What a batch's first note (a strong reference) set for the batch: `BATCH_CALLS`, `MAX_WAIT_NS`
+ * and its time, read once a batch rather than once a note. */
+static PyObject *g_first;
+static Py_ssize_t g_most, g_bound;
+static long long g_first_t;
+
+/* A note's time (its item 1) as a C integer: 0, or -1 with an error. */
+static int
+time_of(PyObject *n, long long *out)
+{
+    int overflow;
+    *out = PyLong_AsLongLongAndOverflow(PySequence_Fast_GET_ITEM(n, 1), &overflow);
+    if (overflow)
+        PyErr_SetString(PyExc_OverflowError, "otel_train: a note's time is out of range");
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* The batch begun by note `first`: its limits read. 0, or -1 with an error. */
+static int
+batch_begun(PyObject *first)
+{
+    Py_ssize_t most = module_int(s_batch_calls), bound = most == -1 && PyErr_Occurred() ? -1 : module_int(s_max_wait);
+    long long t;
+    if ((bound == -1 && PyErr_Occurred()) || time_of(first, &t) < 0)
+        return -1;
+    Py_XSETREF(g_first, Py_NewRef(first));
+    g_most = most;
+    g_bound = bound;
+    g_first_t = t;
+    return 0;
+}
+
 /* `batch._note(note)`: 0, or -1 with an error. */
 static int
 note(PyObject *n)
@@ -158,35 +231,33 @@ note(PyObject *n)
     }
     Py_ssize_t len = PyList_GET_SIZE(notes);
     if (len) {
-        Py_ssize_t most = module_int(s_batch_calls);
-        if (most == -1 && PyErr_Occurred())
+        long long t;
+        /* a batch begun by a note made elsewhere (in Python) is read now */
+        if ((PyList_GET_ITEM(notes, 0) != g_first && batch_begun(PyList_GET_ITEM(notes, 0)) < 0) ||
+            time_of(n, &t) < 0)
             return -1;
-        if (len >= most) {
+        if (len >= g_most) {
             if (settle() < 0)
                 return -1;
-        } else {
-            PyObject *first = PyList_GET_ITEM(notes, 0);
-            PyObject *t0 = PySequence_Fast_GET_ITEM(first, 1), *t = PySequence_Fast_GET_ITEM(n, 1);
-            long long waited = PyLong_AsLongLong(t) - PyLong_AsLongLong(t0);
-            Py_ssize_t bound = module_int(s_max_wait);
-            if (PyErr_Occurred())
+        } else if (t - g_first_t > g_bound) {
+            bset(B_WAITED, Py_True); /* slow steps: a small batch here says nothing of reads */
+            if (settle() < 0)
                 return -1;
-            if (waited > bound) {
-                bset(B_WAITED, Py_True); /* slow steps: a small batch here says nothing of reads */
-                if (settle() < 0)
-                    return -1;
-            }
         }
         if ((notes = bget(B_NOTES)) == NULL || !PyList_CheckExact(notes)) {
             PyErr_SetString(PyExc_TypeError, "otel_train: batch notes are not a list");
             return -1;
         }
     }
-    if (PyList_GET_SIZE(notes) == 0 && g_set_settle != Py_None) {
-        PyObject *out = PyObject_CallOneArg(g_set_settle, g_settle);
-        if (out == NULL)
+    if (PyList_GET_SIZE(notes) == 0) {
+        if (batch_begun(n) < 0)
             return -1;
-        Py_DECREF(out);
+        if (g_set_settle != Py_None) {
+            PyObject *out = PyObject_CallOneArg(g_set_settle, g_settle);
+            if (out == NULL)
+                return -1;
+            Py_DECREF(out);
+        }
     }
     if (PyList_CheckExact(n) && PyList_GET_ITEM(n, 0) != g_kind[OPT_BEGIN]) {
         Py_ssize_t taken = bint(B_TAKEN);
@@ -418,6 +489,60 @@ end:
     return batch;
 }
 
+/* The detection state (`bind_replay`), and its `site_probe` read where it lies. */
+static PyObject *g_s;
+static Member m_site_probe = {&s_site_probe};
+
+/* `optimizer_begin(opt, args, kwargs)`, called straight from the optimizer's pre-hook (whose
+ * caller is torch's step wrapper): the outermost update, with no closure, its call site not
+ * being probed. */
+static PyObject *
+optimizer_begin(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3)
+        return python(P_OPTIMIZER_BEGIN, args, nargs);
+    PyObject *r = NULL;
+    int ok = can(&r);
+    if (ok > 0) {
+        Py_ssize_t depth = bint(B_OPT_DEPTH);
+        PyObject *closure = depth == 0 ? closure_of(args[1], args[2], s_closure) : NULL; /* borrowed */
+        ok = PyErr_Occurred() ? -1 : depth == 0 && (closure == NULL || closure == Py_None);
+        if (ok > 0) { /* probing the call site: the body reads the whole stack, now */
+            int probing = g_s != NULL ? flag(g_s, &m_site_probe) : 1;
+            ok = probing < 0 ? -1 : !probing;
+        }
+    }
+    PyFrameObject *hook = ok > 0 ? PyEval_GetFrame() : NULL; /* borrowed: the pre-hook */
+    PyFrameObject *wrapper = hook != NULL ? PyFrame_GetBack(hook) : NULL, *caller = NULL;
+    if (ok <= 0 || wrapper == NULL) {
+        Py_XDECREF(r);
+        Py_XDECREF(wrapper);
+        return not_taken(ok, P_OPTIMIZER_BEGIN, args, nargs);
+    }
+    caller = PyFrame_GetBack(wrapper);
+    PyObject *callers = caller != NULL ? callers_of(caller) : Py_NewRef(Py_None), *t = NULL, *n = NULL;
+    if (callers != NULL && (t = now(r)) != NULL && (n = PyList_New(7)) != NULL) {
+        PyObject *const items[7] = {g_kind[OPT_BEGIN], t, args[0], args[1], args[2], (PyObject *)wrapper, callers};
+        for (int i = 0; i < 7; i++)
+            PyList_SET_ITEM(n, i, Py_NewRef(items[i]));
+        if (bset_int(B_OPT_DEPTH, 1) == 0) {
+            bset(B_OPT_FRAME, (PyObject *)wrapper);
+            if (note(n) == 0)
+                bset(B_OPT_NOTE, n);
+        }
+    }
+    int failed = PyErr_Occurred() != NULL;
+    Py_XDECREF(n);
+    Py_XDECREF(t);
+    Py_XDECREF(callers);
+    Py_XDECREF(caller);
+    Py_DECREF(wrapper);
+    Py_DECREF(r);
+    if (failed)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 /* `optimizer_end(opt, args, kwargs)`. */
 static PyObject *
 optimizer_end(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -506,7 +631,7 @@ clip_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 /* `bind_replay`: the detection state, the busy checks of a fetch, a backward and a zero_grad or
  * clipping, the GC pause body, `_loops.set_replay`, and `batch._PLAIN`. */
-static PyObject *g_s, *g_data_busy, *g_backward_busy, *g_aux_busy, *g_gc_pause, *g_set_replay, *g_plain;
+static PyObject *g_data_busy, *g_backward_busy, *g_aux_busy, *g_gc_pause, *g_set_replay, *g_plain;
 static PyObject *s_real, *s_replay, *s_int, *s_generation, *s_forward_begin, *s_forward_end, *s_backward_run,
     *s_fetch, *s_optimizer_begin, *s_optimizer_end, *s_zero_grad_run, *s_clip_run;
 
@@ -787,6 +912,8 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 static void
 unbind(void)
 {
+    Py_CLEAR(g_first);
+    Py_CLEAR(g_thread);
     Py_CLEAR(g_b);
     Py_CLEAR(g_batch_dict);
     Py_CLEAR(g_rec_dict);
@@ -835,6 +962,9 @@ bind(PyObject *module, PyObject *args)
         off[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
     }
     unbind();
+    g_api = PyCapsule_Import(HOTPATH_API_NAME, 0);
+    if (g_api == NULL)
+        PyErr_Clear(); /* the hot path in Python: the recorder's clock is called as in Python */
     memcpy(b_off, off, sizeof off);
     g_b = Py_NewRef(b);
     g_batch_dict = Py_NewRef(batch_dict);
@@ -882,6 +1012,8 @@ static PyMethodDef methods[] = {
      "batch.backward_run's common path: the user's backward inside its note."},
     {"fetch", (PyCFunction)(void (*)(void))fetch, METH_FASTCALL,
      "batch.fetch's common path: the loader's __next__ inside its note."},
+    {"optimizer_begin", (PyCFunction)(void (*)(void))optimizer_begin, METH_FASTCALL,
+     "batch.optimizer_begin's common path: the call noted, with the frames that called the update."},
     {"optimizer_end", (PyCFunction)(void (*)(void))optimizer_end, METH_FASTCALL,
      "batch.optimizer_end's common path: the call noted."},
     {"zero_grad_run", (PyCFunction)(void (*)(void))zero_grad_run, METH_FASTCALL,
@@ -916,6 +1048,8 @@ PyInit__batch(void)
         (s_training = PyUnicode_InternFromString("training")) == NULL ||
         (s_batch_calls = PyUnicode_InternFromString("BATCH_CALLS")) == NULL ||
         (s_max_wait = PyUnicode_InternFromString("MAX_WAIT_NS")) == NULL ||
+        (s_closure = PyUnicode_InternFromString("closure")) == NULL ||
+        (s_site_probe = PyUnicode_InternFromString("site_probe")) == NULL ||
         (s_real = PyUnicode_InternFromString("real")) == NULL ||
         (s_replay = PyUnicode_InternFromString("replay")) == NULL ||
         (s_int = PyUnicode_InternFromString("__int__")) == NULL ||

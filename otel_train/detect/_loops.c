@@ -22,13 +22,8 @@
 #include <frameobject.h>
 #endif
 
-/* For the helpers called from dozens of places each step: one copy of their code, whose lines
- * stay cached between the calls of one hook, rather than a copy inlined at each. */
-#if defined(__GNUC__)
-#define NOINLINE __attribute__((noinline))
-#else
-#define NOINLINE
-#endif
+#include "_member.h"
+#include "_update.h"
 
 /* Interned attribute names (set at init). */
 static PyObject *s_after, *s_append, *s_attrs, *s_boundary, *s_bwd_depth, *s_copying, *s_cover, *s_data_driven,
@@ -82,98 +77,7 @@ sset(PyObject *s, Field *f, PyObject *v)
     return PyObject_SetAttr(s, *f->name, v);
 }
 
-/* --- the recorder's objects, read where they lie ------------------------------------------ */
-
-/* The step machine reads a few attributes of the recorder's C objects every step (`r.step`,
- * `r.now`, `step.ref`, `live.parent`, `live.t1`...): object pointers at fixed offsets
- * (`PyMemberDef`) or C getters (`PyGetSetDef`), where a generic lookup (the type's method cache,
- * the descriptor, its getter) touches a dozen cold cache lines and takes indirect branches each
- * time. A `Member` is one attribute's cache at one kind of object: the type it last read (a
- * strong reference), that type's version tag (which changes whenever the type does) and where
- * the attribute lies, or its getter and setter. Any other type or a stale tag goes the generic
- * way and learns the type it saw; a type with a lookup of its own (`__getattr__`...) or an
- * attribute that is not an object member or a getter (a property, a method) is not learnt. */
-typedef struct {
-    PyObject **name;
-    PyTypeObject *type; /* NULL: nothing learnt */
-    unsigned int tag;
-    Py_ssize_t off;       /* a member: its offset */
-    int none_if_unset;    /* ... T_OBJECT: unset reads as None (T_OBJECT_EX: AttributeError) */
-    PyGetSetDef *getset;  /* a getter (and setter), or NULL for a member */
-} Member;
-
-static int
-version_valid(PyTypeObject *type)
-{
-#ifdef Py_TPFLAGS_VALID_VERSION_TAG
-    return PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG);
-#else
-    return type->tp_version_tag != 0;
-#endif
-}
-
-/* Learn where `type` keeps the attribute `m` names, for reading (or `writing`), or forget. */
-static void
-member_learn(PyTypeObject *type, Member *m, int writing)
-{
-    Py_CLEAR(m->type);
-    if (writing ? type->tp_setattro != PyObject_GenericSetAttr : type->tp_getattro != PyObject_GenericGetAttr)
-        return;
-    PyObject *descr = _PyType_Lookup(type, *m->name); /* borrowed; assigns the version tag */
-    if (descr == NULL || !version_valid(type))
-        return;
-    if (Py_IS_TYPE(descr, &PyGetSetDescr_Type)) {
-        PyGetSetDef *def = ((PyGetSetDescrObject *)descr)->d_getset;
-        if (writing ? def->set == NULL : def->get == NULL)
-            return;
-        m->getset = def;
-    } else if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
-        PyMemberDef *def = ((PyMemberDescrObject *)descr)->d_member;
-        if ((def->type != T_OBJECT && def->type != T_OBJECT_EX) || (writing && (def->flags & READONLY)))
-            return;
-        m->getset = NULL;
-        m->off = def->offset;
-        m->none_if_unset = def->type == T_OBJECT;
-    } else {
-        return;
-    }
-    m->type = (PyTypeObject *)Py_NewRef((PyObject *)type);
-    m->tag = type->tp_version_tag;
-}
-
-/* `obj.<m>`: a new reference, or NULL with an error. */
-static NOINLINE PyObject *
-mget(PyObject *obj, Member *m)
-{
-    PyTypeObject *type = Py_TYPE(obj);
-    if (type == m->type && type->tp_version_tag == m->tag) {
-        if (m->getset != NULL)
-            return m->getset->get(obj, m->getset->closure);
-        PyObject *v = *(PyObject **)((char *)obj + m->off);
-        if (v != NULL)
-            return Py_NewRef(v);
-        if (m->none_if_unset)
-            Py_RETURN_NONE;
-    } else {
-        member_learn(type, m, 0);
-    }
-    return PyObject_GetAttr(obj, *m->name);
-}
-
-/* `obj.<m> = v`: 0, or -1 with an error. */
-static NOINLINE int
-mset(PyObject *obj, Member *m, PyObject *v)
-{
-    PyTypeObject *type = Py_TYPE(obj);
-    if (type == m->type && type->tp_version_tag == m->tag) {
-        if (m->getset != NULL)
-            return m->getset->set(obj, v, m->getset->closure);
-        Py_XSETREF(*(PyObject **)((char *)obj + m->off), Py_NewRef(v));
-        return 0;
-    }
-    member_learn(type, m, 1);
-    return PyObject_SetAttr(obj, *m->name, v);
-}
+/* --- the recorder's objects, read where they lie (`_member.h`) ----------------------------- */
 
 /* `module.<name>` from the module's dict (its own attributes, which nothing on the module type
  * shadows); the generic lookup where it is not there (a module `__getattr__`) or not a module. */
@@ -2123,18 +2027,6 @@ phase_end(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
-/* The closure `optimizer.step` was given: args[1], else kwargs["closure"] (borrowed; NULL: none
- * found or an error, told apart by PyErr_Occurred). */
-static PyObject *
-closure_of(PyObject *args, PyObject *kwargs)
-{
-    if (PyTuple_Check(args) && PyTuple_GET_SIZE(args) > 1)
-        return PyTuple_GET_ITEM(args, 1);
-    if (kwargs != Py_None && PyDict_Check(kwargs))
-        return PyDict_GetItemWithError(kwargs, s_closure);
-    return NULL;
-}
-
 PyDoc_STRVAR(optimizer_begin_doc,
 "optimizer_begin(optimizer, args, kwargs)\n--\n\n"
 "`optimizer.optimizer_begin_python`'s common path (the update of a step, no closure): called\n"
@@ -2149,7 +2041,7 @@ optimizer_begin(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 "bind_optimizer() or bind_phase") < 0)
         return NULL;
     PyObject *s = g_opt_state, *r = NULL, *t = NULL, *step = NULL, *callers = NULL, *ph = NULL;
-    PyFrameObject *wrapper = NULL, *caller = NULL, *outer = NULL;
+    PyFrameObject *wrapper = NULL, *caller = NULL;
     int slow = sattr_true(s, &f_opt_depth);
     if (slow < 0)
         return NULL;
@@ -2161,7 +2053,7 @@ optimizer_begin(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (!slow && (slow = sattr_true(s, &f_site_probe)) < 0)
         goto fail;
     if (!slow) {
-        PyObject *closure = closure_of(args[1], args[2]);
+        PyObject *closure = closure_of(args[1], args[2], s_closure);
         if (closure == NULL && PyErr_Occurred())
             goto fail;
         slow = (closure != NULL && closure != Py_None) || !PyTuple_Check(args[1]);
@@ -2194,16 +2086,8 @@ optimizer_begin(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     caller = wrapper == NULL ? NULL : PyFrame_GetBack(wrapper);
     if (g_replay == NULL && sset(s, &f_opt_frame, wrapper != NULL ? (PyObject *)wrapper : Py_None) < 0)
         goto fail;
-    if (caller != NULL) { /* where the update was called from: `sites.callers`, never the frames themselves */
-        outer = PyFrame_GetBack(caller);
-        PyCodeObject *caller_code = PyFrame_GetCode(caller), *outer_code = outer ? PyFrame_GetCode(outer) : NULL;
-        callers = Py_BuildValue("(NOiNOi)", PyLong_FromVoidPtr(caller), (PyObject *)caller_code,
-                                PyFrame_GetLasti(caller), outer != NULL ? PyLong_FromVoidPtr(outer) : Py_NewRef(Py_None),
-                                outer_code != NULL ? (PyObject *)outer_code : Py_None,
-                                outer != NULL ? PyFrame_GetLasti(outer) : -1);
-        Py_DECREF(caller_code);
-        Py_XDECREF(outer_code);
-        if (callers == NULL || sset(s, &f_last_callers, callers) < 0)
+    if (caller != NULL) { /* where the update was called from (`_update.h`) */
+        if ((callers = callers_of(caller)) == NULL || sset(s, &f_last_callers, callers) < 0)
             goto fail;
     }
     if (sset(s, &f_opt_owner, args[0]) < 0 || sset(s, &f_opt_closure, Py_False) < 0 || sset(s, &f_nest, Py_False) < 0
@@ -2216,7 +2100,6 @@ optimizer_begin(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_DECREF(step);
     Py_XDECREF(wrapper);
     Py_XDECREF(caller);
-    Py_XDECREF(outer);
     Py_XDECREF(callers);
     Py_RETURN_NONE;
 fail:
@@ -2226,7 +2109,6 @@ fail:
     Py_XDECREF(step);
     Py_XDECREF(wrapper);
     Py_XDECREF(caller);
-    Py_XDECREF(outer);
     Py_XDECREF(callers);
     return NULL;
 }
@@ -2442,6 +2324,51 @@ first_item(PyObject *seq)
     if (n < 0)
         return NULL;
     return n ? PySequence_GetItem(seq, 0) : Py_NewRef(Py_None);
+}
+
+/* --- the wrappers' guards ------------------------------------------------------------------ */
+/* Whether a call of a patched function is part of something else, which each wrapper asks every
+ * call and the replay of each noted call (`detect.batch`) asks again: `data.busy_python`,
+ * `backward.busy_python` and `optimizer.aux_busy_python`, here a C call rather than a Python
+ * frame. */
+static PyObject *
+busy_of(PyObject *s, Field *const *fields, int n)
+{
+    for (int i = 0; i < n; i++) {
+        int v = sattr_true(s, fields[i]);
+        if (v)
+            return v < 0 ? NULL : Py_NewRef(Py_True);
+    }
+    return Py_NewRef(Py_False);
+}
+
+static Field *const g_fetch_busy[] = {&f_fetching, &f_fwd_depth, &f_eval_explicit};
+static Field *const g_backward_busy[] = {&f_bwd_depth, &f_eval_explicit};
+static Field *const g_aux_busy[] = {&f_opt_depth, &f_aux_depth, &f_fwd_depth, &f_bwd_depth};
+
+PyDoc_STRVAR(fetch_busy_doc, "fetch_busy(s)\n--\n\n`data.busy_python`: a fetch now is not a training batch.");
+
+static PyObject *
+fetch_busy(PyObject *module, PyObject *s)
+{
+    return busy_of(s, g_fetch_busy, 3);
+}
+
+PyDoc_STRVAR(backward_busy_doc, "backward_busy(s)\n--\n\n`backward.busy_python`: a backward now is no micro-batch's.");
+
+static PyObject *
+backward_busy(PyObject *module, PyObject *s)
+{
+    return busy_of(s, g_backward_busy, 2);
+}
+
+PyDoc_STRVAR(aux_busy_doc,
+"aux_busy(s)\n--\n\n`optimizer.aux_busy_python`: a zero_grad or clipping now is part of something else.");
+
+static PyObject *
+aux_busy(PyObject *module, PyObject *s)
+{
+    return busy_of(s, g_aux_busy, 4);
 }
 
 PyDoc_STRVAR(size_of_doc,
@@ -2683,6 +2610,9 @@ static PyMethodDef methods[] = {
     {"bind_state", bind_state, METH_O, bind_state_doc},
     {"user_frames", user_frames, METH_O, user_frames_doc},
     {"size_of", size_of, METH_O, size_of_doc},
+    {"fetch_busy", fetch_busy, METH_O, fetch_busy_doc},
+    {"backward_busy", backward_busy, METH_O, backward_busy_doc},
+    {"aux_busy", aux_busy, METH_O, aux_busy_doc},
     {"bind", bind, METH_VARARGS, bind_doc},
     {"bind_sizes", bind_sizes, METH_VARARGS, bind_sizes_doc},
     {"part_begin", (PyCFunction)(void (*)(void))part_begin, METH_FASTCALL, part_begin_doc},

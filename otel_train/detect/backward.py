@@ -47,10 +47,13 @@ def backward_patch(original: Callable[..., Any]) -> Callable[..., Any]:
     return backward
 
 
-def busy(s: State) -> bool:
+def busy_python(s: State) -> bool:
     """A backward now is no micro-batch's: one inside a backward, or inside a framework's
-    evaluation pass."""
+    evaluation pass. `busy`: in C (`_loops.backward_busy`)."""
     return bool(s.bwd_depth or s.eval_explicit)
+
+
+busy = _loops.backward_busy if _loops is not None else busy_python
 
 
 def backward_python(original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Any:

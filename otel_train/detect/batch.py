@@ -425,7 +425,8 @@ def _call(stand_in: _StandIn, body: Any, *args: Any) -> None:
 # --- install -----------------------------------------------------------------------------------
 
 #: The entry points `_batch.c` has, each calling the Python one of the same name for the rest.
-_IN_C = ("forward_begin", "forward_end", "backward_run", "fetch", "optimizer_end", "zero_grad_run", "clip_run")
+_IN_C = ("forward_begin", "forward_end", "backward_run", "fetch", "optimizer_end", "zero_grad_run", "clip_run",
+         "optimizer_begin")
 
 
 def install() -> None:

@@ -55,10 +55,13 @@ def next_patch(original: Callable[..., Any]) -> Callable[..., Any]:
     return __next__
 
 
-def busy(s: State) -> bool:
+def busy_python(s: State) -> bool:
     """A fetch now is not a training batch: one inside a fetch or a forward, or inside a
-    framework's evaluation pass (which times its own)."""
+    framework's evaluation pass (which times its own). `busy`: in C (`_loops.fetch_busy`)."""
     return bool(s.fetching or s.fwd_depth or s.eval_explicit)
+
+
+busy = _loops.fetch_busy if _loops is not None else busy_python
 
 
 def fetch_python(original: Callable[..., Any], iterator: Any) -> Any:

@@ -232,10 +232,13 @@ def aux_patch(clip: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return make
 
 
-def aux_busy(s: State) -> bool:
+def aux_busy_python(s: State) -> bool:
     """A zero_grad or clipping now is part of something else: inside an update, another such
-    call, a forward or a backward."""
+    call, a forward or a backward. `aux_busy`: in C (`_loops.aux_busy`)."""
     return bool(s.opt_depth or s.aux_depth or s.fwd_depth or s.bwd_depth)
+
+
+aux_busy = _loops.aux_busy if _loops is not None else aux_busy_python
 
 
 def _clip(r: Recorder, s: State, original: Callable[..., Any], args: Any, kwargs: Any) -> Any:

@@ -13,6 +13,7 @@
  * parts, compiled with it as one translation unit (`_hotpath.h` says why).
  */
 #include "_hotpath.h"
+#include "_hotpath_api.h"
 
 #include "_hotpath_recorder.c"  /* RecorderBase: the buffer, the packed ring, the drains */
 #include "_hotpath_region.c"    /* Region: enter, exit, the current region */
@@ -166,6 +167,15 @@ static struct PyModuleDef hotpath_module = {
     PyModuleDef_HEAD_INIT, "otel_train.record._hotpath", "The region type and recorder fields in C.", -1, mod_methods,
 };
 
+/* The capsule other C modules read (`_hotpath_api.h`). */
+static int
+api_now_ns(PyObject *r, int64_t *out)
+{
+    return rec_now_ns((RecorderObject *)r, out);
+}
+
+static const HotpathAPI g_api = {&RecorderType, api_now_ns};
+
 PyMODINIT_FUNC
 PyInit__hotpath(void)
 {
@@ -210,6 +220,12 @@ PyInit__hotpath(void)
         PyModule_AddObjectRef(m, "After", (PyObject *)&AfterType) < 0 ||
         PyModule_AddIntConstant(m, "MAX_STRINGS", MAX_STRINGS) < 0 ||
         PyModule_AddIntConstant(m, "SLOT_SIZE", (long)sizeof(Slot)) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyObject *api = PyCapsule_New((void *)&g_api, HOTPATH_API_NAME, NULL);
+    if (api == NULL || PyModule_AddObject(m, "_C_API", api) < 0) {
+        Py_XDECREF(api);
         Py_DECREF(m);
         return NULL;
     }
