@@ -3,6 +3,8 @@
 - `paused_detection()`: installed automatic detection out of the way inside a block.
 - `held(worker)`: keep the worker from draining inside a block.
 - `spans_disabled()`: `otel_train.span` makes the disabled no-op inside a block.
+- `calls_at_once()`, `notes_in_python()`, `notes_dropped()`, `entry_points_stubbed()`: batched
+  detection's calls run another way inside a block (`bench auto-cost --per-call`, `--parts`).
 - `SyncCounter`: counts every call that makes the host wait for the device, per thread.
 - `ENV_EXPORTER_START_DELAY`: the exporter process waits this many seconds before it is ready,
   as on a node too busy to start it (`exporter_start_delay`, called by the exporter process).
@@ -76,6 +78,66 @@ def notes_in_python() -> Iterator[None]:
     finally:
         batch.settle()
         batch.point(was)
+
+
+@contextlib.contextmanager
+def notes_dropped() -> Iterator[None]:
+    """Batched detection's calls noted inside the block as usual, but never replayed: each batch
+    is dropped where it would run, so nothing is recorded and detection's state stands still.
+    For `bench auto-cost --parts`, which times the notes apart from their replay; a block of
+    whole steps leaves the state as it found it. Calls waiting run first."""
+    from otel_train.detect import batch
+
+    batch.settle()
+    was_c, was_python = batch._batch, batch._replay
+    batch._batch = _DroppingReplay  # type: ignore[assignment]
+    batch._replay = _DroppingReplay.replay  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        batch.settle()
+        batch._batch, batch._replay = was_c, was_python
+
+
+class _DroppingReplay:
+    @staticmethod
+    def replay(notes: Any, i: int, end: int, r: Any) -> int:
+        return end  # every note taken, none run
+
+
+@contextlib.contextmanager
+def entry_points_stubbed() -> Iterator[None]:
+    """Automatic mode's hooks and patched functions as installed, but the entry points they call
+    (`forward_begin`, `backward_run`, `fetch`, ...) replaced by stubs that only run the user's
+    function: the hooks' own cost, with nothing noted or recorded. For `bench auto-cost
+    --parts`. Calls waiting run first."""
+    import operator
+
+    from otel_train.detect import backward, batch, data, forward, optimizer
+
+    def run(original: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        return original(*args, **(kwargs or {}))
+
+    def run_aux(r: Any, s: Any, original: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        return original(*args, **(kwargs or {}))
+
+    def nothing(optimizer: Any, args: Any, kwargs: Any) -> None:
+        return None
+
+    none_for: dict[Any, Any] = {}  # `.get(module)`: None, in C
+    stubs = {(forward, "forward_begin"): none_for.get, (forward, "forward_end"): none_for.get,
+             (backward, "backward_run"): run, (data, "fetch"): operator.call,
+             (optimizer, "optimizer_begin"): nothing, (optimizer, "optimizer_end"): nothing,
+             (optimizer, "zero_grad_run"): run_aux, (optimizer, "clip_run"): run_aux}
+    batch.settle()
+    saved = {key: getattr(*key) for key in stubs}
+    for (module, name), stub in stubs.items():
+        setattr(module, name, stub)
+    try:
+        yield
+    finally:
+        for (module, name), entry in saved.items():
+            setattr(module, name, entry)
 
 
 @contextlib.contextmanager

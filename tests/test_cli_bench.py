@@ -319,6 +319,22 @@ def test_bench_auto_cost_per_call_times_four_variants_doing_the_same_work() -> N
     assert refused.returncode == 2 and "--per-call" in refused.stderr and "--floor" in refused.stderr
 
 
+def test_bench_auto_cost_parts_times_hooks_notes_and_all_in_the_same_rounds() -> None:
+    """`bench auto-cost --parts`: plain, the hooks alone, the notes alone and automatic blocks in
+    the same rounds, each figure with its interval; with `--per-call` it is refused, naming both."""
+    proc = run_python("from otel_train.cli import main; raise SystemExit(main())",
+                      args=["bench", "auto-cost", "--rounds", "3", "--block-steps", "1", "--parts"], timeout=300)
+    figures = dict(line.split(": ") for line in proc.stdout.splitlines())
+    for name in ("step_us_plain", "hooks_us_per_step", "notes_us_per_step", "auto_us_per_step",
+                 "notes_minus_hooks_us_per_step", "auto_minus_notes_us_per_step",
+                 "auto_minus_notes_us_per_step_ci95_hi", "rounds"):
+        assert name in figures, name
+    assert figures["rounds"] == "3"
+    refused = run_python("from otel_train.cli import main; raise SystemExit(main())",
+                         args=["bench", "auto-cost", "--parts", "--per-call"], timeout=60, check=False)
+    assert refused.returncode == 2 and "--parts" in refused.stderr and "--per-call" in refused.stderr
+
+
 def test_bench_auto_cost_noop_hooks_are_all_removed_after() -> None:
     """`noop_hooks` puts back every function it wrapped and removes every hook it added, even
     when its block raises."""

@@ -21,6 +21,7 @@ torch = pytest.importorskip("torch")
 
 from support.detect_loop import (Net, Run, Ticking, run, started, stepping, stop,  # noqa: E402,F401 - `run`: a fixture
                                  ticking_sgd)
+import torch
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
@@ -233,6 +234,61 @@ def test_notes_in_python_runs_the_python_entry_points_inside_and_puts_back_the_c
     for _ in range(2):
         step()
     assert len(run.finish().steps) == 6
+
+
+def test_bench_parts_note_without_replaying_and_stub_without_noting(run: Run, form: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`testing.notes_dropped` and `entry_points_stubbed` (`bench auto-cost --parts`): inside the
+    first, the forwards are noted and no batch runs them through their body; inside the second,
+    nothing is noted and no body runs, and the model still trains; after each, the entry points
+    and the replay are as installed and the steps go on being recorded."""
+    from otel_train.detect import backward, data, forward, optimizer
+    from otel_train.testing import entry_points_stubbed, notes_dropped
+
+    clock = run.clock
+    model = Net(clock)
+    opt = ticking_sgd(model, clock)
+    installed = [(module, name, getattr(module, name)) for module, name in (
+        (forward, "forward_begin"), (backward, "backward_run"), (data, "fetch"), (optimizer, "optimizer_begin"),
+        (optimizer, "zero_grad_run"))]
+    replay = batch._batch, batch._replay
+    bodies = {"n": 0}
+    body = batch.b.real["forward_begin"]
+
+    def counted(module: nn.Module) -> None:
+        bodies["n"] += 1
+        return body(module)
+
+    step = stepping(model, opt, iter(DataLoader(Ticking(clock, n=128), batch_size=4)))
+    for _ in range(8):  # past the discovery of the model's outermost module
+        step()
+    batch.settle()
+    monkeypatch.setitem(batch.b.real, "forward_begin", counted)
+    for _ in range(3):
+        step()
+    batch.settle()
+    assert bodies["n"] == 3  # each forward's body ran, in a replay
+    taken = batch.b.taken
+    with notes_dropped():
+        for _ in range(3):
+            step()
+        assert batch.b.notes  # noted as usual
+        batch.settle()
+        assert batch.b.taken > taken and not batch.b.notes  # taken, and run nowhere
+    assert bodies["n"] == 3
+    weight = model.body[0].weight.detach().clone()
+    with entry_points_stubbed():
+        for _ in range(3):
+            step()
+        assert not batch.b.notes
+    assert bodies["n"] == 3 and not torch.equal(weight, model.body[0].weight)  # trained, unseen
+    assert [(module, name, getattr(module, name)) for module, name, _ in installed] == installed
+    assert (batch._batch, batch._replay) == replay
+    for _ in range(2):
+        step()
+    batch.settle()
+    assert bodies["n"] == 5
+    assert len(run.finish(check=False).steps) >= 8
 
 
 def test_a_timed_bench_block_runs_the_calls_it_left_waiting_in_its_time(run: Run) -> None:

@@ -57,6 +57,13 @@ Every timed or counted block ends with the detection calls it left waiting run
 (`recorder.settle`), inside its time: an 8-step block of this loop makes ~88 notes, fewer than a
 batch, so before 2026-11-27 (afternoon) the replay of most of them fell to the untimed flush
 after the round and the batched figures left it out.
+- with `--parts`: where automatic mode's cost lies, four variants in the same rounds as
+  `--per-call` times its four: plain; `hooks`, automatic mode's hooks and patched functions
+  calling stubs that only run the user's function (`otel_train.testing.entry_points_stubbed`);
+  `notes`, the calls noted as usual but never replayed (`otel_train.testing.notes_dropped`:
+  nothing recorded); and automatic. `hooks_`, `notes_`, `auto_us_per_step` against plain, and
+  `notes_minus_hooks_` (making the notes) and `auto_minus_notes_us_per_step` (their replay and
+  the records it makes).
 - with `--floor`: the same figures, `floor` in their names where the others say `auto`, of
   `noop_hooks` against plain steps, no otel_train installed: the part of the cost any hook
   at those places pays.
@@ -280,11 +287,12 @@ def noop_hooks(loop: AutoCostLoop) -> Iterator[None]:
 
 
 def run_auto_cost(rounds: int = 20, block_steps: int = 8, callgrind_steps: int = 0, floor: bool = False,
-                  per_call: bool = False) -> int:
+                  per_call: bool = False, parts: bool = False) -> int:
     """Automatic mode against plain steps; with `floor`, `noop_hooks` against plain steps (no
     otel_train installed), `floor` in its figures' names where automatic mode's say `auto`;
     with `per_call`, plain, automatic and automatic with each call run at once
-    (`_measure_per_call`)."""
+    (`_measure_per_call`); with `parts`, plain, the hooks alone, the notes alone and automatic
+    (`_measure_parts`)."""
     import torch
 
     torch.set_num_threads(1)
@@ -313,6 +321,10 @@ def run_auto_cost(rounds: int = 20, block_steps: int = 8, callgrind_steps: int =
         if per_call:
             _measure_per_call(loop, rounds, block_steps, plain=paused_detection, between=lambda: held(worker),
                               after=worker.flush)
+            return 0
+        if parts:
+            _measure_parts(loop, rounds, block_steps, plain=paused_detection, between=lambda: held(worker),
+                           after=worker.flush)
             return 0
         _measure(loop, "auto", rounds, block_steps, callgrind_steps, plain=paused_detection,
                  variant=contextlib.nullcontext, between=lambda: held(worker), after=worker.flush)
@@ -396,17 +408,36 @@ def _measure_per_call(loop: AutoCostLoop, rounds: int, block_steps: int, plain: 
     print_figure("records_per_step_per_call", records["per_call"])
     variants = {"plain": plain, "auto": contextlib.nullcontext, "python_notes": notes_in_python,
                 "per_call": calls_at_once}
-    timed = _timed_rounds(loop, variants, rounds, block_steps, between, after)
+    _print_variants(_timed_rounds(loop, variants, rounds, block_steps, between, after), rounds, block_steps,
+                    (("auto", "plain"), ("python_notes", "plain"), ("per_call", "plain"), ("python_notes", "auto"),
+                     ("per_call", "auto")))
 
+
+def _measure_parts(loop: AutoCostLoop, rounds: int, block_steps: int, plain: Callable[[], Any],
+                   between: Callable[[], Any], after: Callable[[], None]) -> None:
+    """`--parts`: plain, the hooks alone, the notes alone and automatic blocks, each round's four
+    in an order drawn at random (seeded), as `_measure` times its two."""
+    from otel_train.testing import entry_points_stubbed, notes_dropped
+
+    variants = {"plain": plain, "hooks": entry_points_stubbed, "notes": notes_dropped,
+                "auto": contextlib.nullcontext}
+    _print_variants(_timed_rounds(loop, variants, rounds, block_steps, between, after), rounds, block_steps,
+                    (("hooks", "plain"), ("notes", "plain"), ("auto", "plain"), ("notes", "hooks"),
+                     ("auto", "notes")))
+
+
+def _print_variants(timed: dict[str, list[tuple[int, int]]], rounds: int, block_steps: int,
+                    pairs: tuple[tuple[str, str], ...]) -> None:
+    """The figures of `_timed_rounds`' blocks: µs a step each `(name, base)` pair adds, named
+    `name_us_per_step` against plain and `name_minus_base_us_per_step` otherwise."""
     def added(name: str, base: str) -> list[float]:
         return [(v[0] - b[0]) / block_steps / 1e3 for v, b in zip(timed[name], timed[base])]
 
     print_figure("rounds", rounds)
     print_figure("block_steps", block_steps)
     print_figure("step_us_plain", statistics.median(w / block_steps / 1e3 for w, _ in timed["plain"]))
-    for name, values in (("auto", added("auto", "plain")), ("python_notes", added("python_notes", "plain")),
-                         ("per_call", added("per_call", "plain")),
-                         ("python_notes_minus_auto", added("python_notes", "auto")),
-                         ("per_call_minus_auto", added("per_call", "auto"))):
-        print_figure(f"{name}_us_per_step", statistics.median(values))
-        print_ci(f"{name}_us_per_step", ci95_of(values))
+    for name, base in pairs:
+        values = added(name, base)
+        label = name if base == "plain" else f"{name}_minus_{base}"
+        print_figure(f"{label}_us_per_step", statistics.median(values))
+        print_ci(f"{label}_us_per_step", ci95_of(values))

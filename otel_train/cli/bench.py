@@ -72,6 +72,9 @@ def add_parser(sub: Any) -> None:
     auto.add_argument("--per-call", action="store_true",
                       help="also time automatic mode with batched detection's notes in Python, and with each "
                            "of detection's calls run at once (no batching), in the same rounds")
+    auto.add_argument("--parts", action="store_true",
+                      help="where automatic mode's cost lies: its hooks alone (stub entry points), its calls "
+                           "noted but not replayed, and all of it, against plain steps in the same rounds")
     device = bench_sub.add_parser("device", help="device timing: synchronisations and device durations")
     device.add_argument("--steps", type=int, default=50, help="training steps per variant (default 50)")
     bench_latency.add_parser(bench_sub)
@@ -127,11 +130,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.bench == "auto-cost":
         if args.rounds < 3 or args.block_steps < 1 or args.callgrind < 0:
             parser.error("--rounds must be >= 3, --block-steps >= 1 and --callgrind >= 0")
-        if args.per_call and (args.callgrind or args.floor):
-            parser.error("--per-call times its own four variants: not with --callgrind or --floor")
+        given = [flag for flag, on in (("--per-call", args.per_call), ("--parts", args.parts),
+                                       ("--callgrind", args.callgrind), ("--floor", args.floor)) if on]
+        if len(given) > 1 and (args.per_call or args.parts):
+            parser.error(f"{' with '.join(given)}: --per-call and --parts each time their own four variants, "
+                         "alone (not with --callgrind, --floor or each other)")
         from otel_train.bench.auto_cost import run_auto_cost
         return run_auto_cost(rounds=args.rounds, block_steps=args.block_steps, callgrind_steps=args.callgrind,
-                             floor=args.floor, per_call=args.per_call)
+                             floor=args.floor, per_call=args.per_call, parts=args.parts)
     if args.bench == "device":
         if args.steps < 1:
             parser.error("--steps must be a positive integer")
