@@ -905,3 +905,30 @@ def test_the_wrappers_guards_match_the_python_ones_on_random_states() -> None:
     assert len(seen) == 6  # each guard seen both ways
     assert data.busy is _loops.fetch_busy and backward.busy is _loops.backward_busy
     assert optimizer.aux_busy is _loops.aux_busy
+
+
+def test_decided_place_matches_the_python_function() -> None:
+    """`_loops.decided_place` against `sites.decided_place_python`, asked the way a noted
+    zero_grad asks (the user's frame calling a Python function of ours): a decided call site's
+    place, None for one not decided, ELSEWHERE where no frame of the user's is near."""
+    from otel_train.detect import sites
+
+    ours: dict = {"__name__": "otel_train.detect.fake_hook"}
+    exec("def hook(fn, depth=0):\n"  # noqa: S102 - a function that counts as ours, nested `depth` deep
+         "    return fn() if depth == 0 else hook(fn, depth - 1)\n", ours)
+
+    def user(fn, depth: int = 0):
+        return ours["hook"](fn, depth)
+
+    assert sites.decided_place is _loops.decided_place
+    code, key = user(sites._call_site)
+    try:
+        for place in (sites.TOP, sites.END, sites.ELSEWHERE, None):
+            sites._decided.pop(key, None)
+            if place is not None:
+                sites._decided[key] = (code, place)
+            assert user(_loops.decided_place) == user(sites.decided_place_python) == place, place
+        deep = sites._MAX_DEPTH + 2  # every frame looked through is ours
+        assert user(_loops.decided_place, deep) == user(sites.decided_place_python, deep) == sites.ELSEWHERE
+    finally:
+        sites._decided.pop(key, None)

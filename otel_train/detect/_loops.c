@@ -2191,6 +2191,25 @@ first_user_frame(void)
     return NULL;
 }
 
+/* `sites._decided`'s entry for the call site `frame` stands at (borrowed; NULL: none, or an
+ * error). */
+static PyObject *
+decided_entry(PyFrameObject *frame)
+{
+    PyCodeObject *code = PyFrame_GetCode(frame);
+    PyObject *key = Py_BuildValue("(Ni)", PyLong_FromVoidPtr(code), PyFrame_GetLasti(frame));
+    Py_DECREF(code);
+    if (key == NULL)
+        return NULL;
+    PyObject *found = PyDict_GetItemWithError(g_decided, key); /* borrowed */
+    Py_DECREF(key);
+    if (found != NULL && (!PyTuple_Check(found) || PyTuple_GET_SIZE(found) != 2)) {
+        PyErr_SetString(PyExc_TypeError, "sites._decided holds (code, place) pairs");
+        return NULL;
+    }
+    return found;
+}
+
 /* Where `sites` decided the calling zero_grad() belongs: TOP, END or ELSEWHERE, 0 where not
  * decided yet (or called from nowhere of the user's), -1 with an error. */
 static long
@@ -2201,21 +2220,35 @@ decided_place(void)
     PyFrameObject *frame = first_user_frame();
     if (frame == NULL)
         return PyErr_Occurred() ? -1 : 0;
-    PyCodeObject *code = PyFrame_GetCode(frame);
-    PyObject *key = Py_BuildValue("(Ni)", PyLong_FromVoidPtr(code), PyFrame_GetLasti(frame));
-    Py_DECREF(code);
+    PyObject *found = decided_entry(frame);
     Py_DECREF(frame);
-    if (key == NULL)
-        return -1;
-    PyObject *found = PyDict_GetItemWithError(g_decided, key); /* borrowed */
-    Py_DECREF(key);
     if (found == NULL)
         return PyErr_Occurred() ? -1 : 0;
-    if (!PyTuple_Check(found) || PyTuple_GET_SIZE(found) != 2) {
-        PyErr_SetString(PyExc_TypeError, "sites._decided holds (code, place) pairs");
-        return -1;
-    }
     return PyLong_AsLong(PyTuple_GET_ITEM(found, 1));
+}
+
+static long g_site_elsewhere = -1; /* `sites.ELSEWHERE` (`bind`) */
+
+PyDoc_STRVAR(decided_place_doc,
+"decided_place()\n--\n\n"
+"`sites.decided_place_python`: the place decided for the zero_grad being called (TOP, END, or\n"
+"ELSEWHERE where no frame of the user's called it), None where its call site is not decided yet.\n"
+"Called while a zero_grad is noted (`detect.batch`), never while one is replayed.");
+
+static PyObject *
+decided_place_(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    if (call_ok(1, "decided_place()", g_decided != NULL && g_site_elsewhere >= 0,
+                "bind(prefixes, max_depth, decided, elsewhere) or bind_optimizer") < 0)
+        return NULL;
+    PyFrameObject *frame = first_user_frame();
+    if (frame == NULL)
+        return PyErr_Occurred() ? NULL : PyLong_FromLong(g_site_elsewhere);
+    PyObject *found = decided_entry(frame);
+    Py_DECREF(frame);
+    if (found == NULL)
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    return Py_NewRef(PyTuple_GET_ITEM(found, 1));
 }
 
 PyDoc_STRVAR(zero_grad_run_doc,
@@ -2536,16 +2569,18 @@ bind_state(PyObject *module, PyObject *type)
 
 /* --- module --------------------------------------------------------------------------------- */
 PyDoc_STRVAR(bind_doc,
-"bind(own_prefixes, max_depth)\n--\n\n"
+"bind(own_prefixes, max_depth, decided=None, elsewhere=-1)\n--\n\n"
 "`sites._OURS` (module name prefixes of frames `user_frames` looks through, besides `torch`)\n"
-"and `sites._MAX_DEPTH`.");
+"and `sites._MAX_DEPTH`; for `decided_place`, `sites._decided` and `sites.ELSEWHERE`.");
 
 static PyObject *
 bind(PyObject *module, PyObject *args)
 {
-    PyObject *prefixes;
+    PyObject *prefixes, *decided = NULL;
     int max_depth;
-    if (!PyArg_ParseTuple(args, "O!i:bind", &PyTuple_Type, &prefixes, &max_depth))
+    long elsewhere = -1;
+    if (!PyArg_ParseTuple(args, "O!i|O!l:bind", &PyTuple_Type, &prefixes, &max_depth, &PyDict_Type, &decided,
+                          &elsewhere))
         return NULL;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(prefixes); i++) {
         if (!PyUnicode_Check(PyTuple_GET_ITEM(prefixes, i))) {
@@ -2555,6 +2590,10 @@ bind(PyObject *module, PyObject *args)
     }
     Py_XSETREF(g_own_prefixes, Py_NewRef(prefixes));
     g_max_depth = max_depth;
+    if (decided != NULL) {
+        Py_XSETREF(g_decided, Py_NewRef(decided));
+        g_site_elsewhere = elsewhere;
+    }
     Py_RETURN_NONE;
 }
 
@@ -2609,6 +2648,7 @@ static PyMethodDef methods[] = {
     {"bind_fetch", bind_fetch, METH_VARARGS, bind_fetch_doc},
     {"bind_state", bind_state, METH_O, bind_state_doc},
     {"user_frames", user_frames, METH_O, user_frames_doc},
+    {"decided_place", decided_place_, METH_NOARGS, decided_place_doc},
     {"size_of", size_of, METH_O, size_of_doc},
     {"fetch_busy", fetch_busy, METH_O, fetch_busy_doc},
     {"backward_busy", backward_busy, METH_O, backward_busy_doc},

@@ -56,7 +56,7 @@ def user_frames_python(limit: int) -> list[FrameType]:
 
 
 if _loops is not None:
-    _loops.bind(_OURS, _MAX_DEPTH)
+    _loops.bind(_OURS, _MAX_DEPTH, _decided, ELSEWHERE)
 #: `user_frames(limit)`: the C walk, called straight from the function whose stack it walks.
 user_frames = _loops.user_frames if _loops is not None else user_frames_python
 
@@ -98,14 +98,18 @@ def zero_grad_place(s: State) -> int:
     return place
 
 
-def decided_place() -> int | None:
+def decided_place_python() -> int | None:
     """The place decided for the zero_grad being called (from our patched function), None where
-    its call site is not decided yet: `zero_grad_place`'s first look, without probing."""
+    its call site is not decided yet: `zero_grad_place`'s first look, without probing. What a
+    noted zero_grad asks (`batch`); `decided_place`: in C (`_loops.decided_place`)."""
     site_of = _call_site()
     if site_of is None:
         return ELSEWHERE
     found = _decided.get(site_of[1])
     return found[1] if found is not None else None
+
+
+decided_place = _loops.decided_place if _loops is not None else decided_place_python
 
 
 def _call_site() -> tuple[CodeType, tuple[int, int]] | None:
