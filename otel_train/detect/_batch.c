@@ -102,17 +102,6 @@ static unsigned long g_thread_id;
 /* `roots.discovering` and `compiled.seen`, read where they lie (`_member.h`). */
 static Member m_discovering = {&s_discovering}, m_seen = {&s_seen};
 
-static int
-flag(PyObject *obj, Member *m)
-{
-    PyObject *v = mget(obj, m);
-    if (v == NULL)
-        return -1;
-    int truth = truthy(v);
-    Py_DECREF(v);
-    return truth;
-}
-
 /* `batch._can()`, and the recorder it found: 1 (a new reference in *rec), 0, -1 with an error.
  * Every call reads these between torch's operations, cold: each is read where it lies. */
 static int
@@ -135,9 +124,9 @@ can(PyObject **rec)
     PyObject *r = PyDict_GetItemWithError(g_rec_dict, s_rec); /* borrowed */
     if (r == NULL || r == Py_None)
         return PyErr_Occurred() ? -1 : 0;
-    int no = flag(g_roots, &m_discovering);
+    int no = true_of(mget(g_roots, &m_discovering));
     if (no == 0)
-        no = flag(g_compiled, &m_seen);
+        no = true_of(mget(g_compiled, &m_seen));
     if (no)
         return no < 0 ? -1 : 0;
     *rec = Py_NewRef(r);
@@ -508,7 +497,7 @@ optimizer_begin(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyObject *closure = depth == 0 ? closure_of(args[1], args[2], s_closure) : NULL; /* borrowed */
         ok = PyErr_Occurred() ? -1 : depth == 0 && (closure == NULL || closure == Py_None);
         if (ok > 0) { /* probing the call site: the body reads the whole stack, now */
-            int probing = g_s != NULL ? flag(g_s, &m_site_probe) : 1;
+            int probing = g_s != NULL ? true_of(mget(g_s, &m_site_probe)) : 1;
             ok = probing < 0 ? -1 : !probing;
         }
     }

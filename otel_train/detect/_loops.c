@@ -168,18 +168,6 @@ call_ok(int ok, const char *usage, int bound, const char *binder)
     return 0;
 }
 
-/* The truth of `v`, a new reference released here (NULL: an error already set): 1, 0 or -1. */
-static NOINLINE int
-true_of(PyObject *v)
-{
-    if (v == NULL)
-        return -1;
-    /* The state's flags are True, False or None: no call for those */
-    int truth = v == Py_True ? 1 : v == Py_False || v == Py_None ? 0 : PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return truth;
-}
-
 /* Whether `v`, a new reference released here (NULL: an error already set), is None: 1, 0 or -1. */
 static int
 none_of(PyObject *v)

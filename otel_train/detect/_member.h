@@ -15,6 +15,19 @@
 #define NOINLINE
 #endif
 
+/* The truth of `v`, a new reference released here (NULL: an error already set): 1, 0 or -1.
+ * As `true_of(mget(obj, &m))`, the truth of `obj.<m>`. */
+static NOINLINE int
+true_of(PyObject *v)
+{
+    if (v == NULL)
+        return -1;
+    /* detection's flags are True, False or None: no call for those */
+    int truth = v == Py_True ? 1 : v == Py_False || v == Py_None ? 0 : PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return truth;
+}
+
 /* Detection reads a few attributes of the recorder's and its own objects every call (`r.step`,
  * `r.now`, `step.ref`, `live.parent`, `live.t1`, `roots.discovering`...): object pointers at
  * fixed offsets (`PyMemberDef`) or C getters (`PyGetSetDef`), where a generic lookup (the type's method cache,
