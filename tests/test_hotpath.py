@@ -442,6 +442,46 @@ def test_the_c_region_reads_the_same_clock_as_perf_counter_ns() -> None:
     assert before <= region.t0 <= region.t1 <= after
 
 
+def _capsule_pin() -> Any:
+    """The hot path capsule's `pin(recorder, t)` (`_hotpath_api.h`), callable through ctypes."""
+    import ctypes
+
+    hotpath = pytest.importorskip("otel_train.record._hotpath")
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    api = get(hotpath._C_API, b"otel_train.record._hotpath._C_API")
+    fields = (ctypes.c_void_p * 3).from_address(api)  # recorder_type, now_ns, pin
+    return ctypes.CFUNCTYPE(None, ctypes.py_object, ctypes.c_int64)(fields[2])
+
+
+def test_a_pinned_clock_reads_its_time_in_c_and_python_until_now_is_set() -> None:
+    c_region, pin = _c_region(), _capsule_pin()
+    rec = _recorder.Recorder(16)
+    own = rec.now
+    _recorder.install(rec)
+    try:
+        pin(rec, 123_456_789)
+        with c_region("pinned") as pinned:  # read in C
+            pass
+        assert (pinned.t0, pinned.t1) == (123_456_789, 123_456_789)
+        assert rec.now() == 123_456_789  # read as Python code reads it
+        rec.now = own  # unpins: the system clock again, read in C
+        before = time.perf_counter_ns()
+        with c_region("after") as after:
+            pass
+        assert before <= after.t0 <= after.t1 <= time.perf_counter_ns()
+        assert rec.now is own
+        pin(rec, 5)
+        fake = FakeClock()
+        rec.now = fake.perf_ns  # a clock of the user's replaces a pinned time too
+        fake.advance(7)
+        with c_region("fake") as faked:
+            pass
+        assert faked.t0 == faked.t1 == fake.perf_ns() != 5
+    finally:
+        _recorder.install(None)
+
+
 def test_the_c_region_rejects_what_the_python_one_rejects() -> None:
     c_region = _c_region()
     for region in (c_region, _recorder._PyRegion):

@@ -133,28 +133,14 @@ can(PyObject **rec)
     return 1;
 }
 
-/* The hot path's capsule (`_hotpath_api.h`), NULL where it is not built; and the recorder type
- * last seen to be its `RecorderBase` (a strong reference). */
+/* The hot path's capsule (`_hotpath_api.h`), NULL where it is not built. */
 static const HotpathAPI *g_api;
-static PyTypeObject *g_rec_type;
 
-/* `r.now()`: a new int, or NULL with an error. A `RecorderBase` reads its own clock (no lookup,
- * and no call while it is perf_counter_ns). */
+/* `r.now()`: a new int, or NULL with an error. */
 static PyObject *
 now(PyObject *r)
 {
-    if (g_api != NULL && (Py_TYPE(r) == g_rec_type || PyObject_TypeCheck(r, g_api->recorder_type))) {
-        int64_t t;
-        if (Py_TYPE(r) != g_rec_type)
-            Py_XSETREF(g_rec_type, (PyTypeObject *)Py_NewRef((PyObject *)Py_TYPE(r)));
-        return g_api->now_ns(r, &t) < 0 ? NULL : PyLong_FromLongLong(t);
-    }
-    PyObject *fn = PyObject_GetAttr(r, s_now);
-    if (fn == NULL)
-        return NULL;
-    PyObject *t = PyObject_CallNoArgs(fn);
-    Py_DECREF(fn);
-    return t;
+    return recorder_now(g_api, r, s_now);
 }
 
 static Py_ssize_t
@@ -501,14 +487,15 @@ optimizer_begin(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             ok = probing < 0 ? -1 : !probing;
         }
     }
-    PyFrameObject *hook = ok > 0 ? PyEval_GetFrame() : NULL; /* borrowed: the pre-hook */
-    PyFrameObject *wrapper = hook != NULL ? PyFrame_GetBack(hook) : NULL, *caller = NULL;
+    PyFrameObject *wrapper = NULL, *caller = NULL;
+    if (ok > 0)
+        update_frames(&wrapper, &caller);
     if (ok <= 0 || wrapper == NULL) {
         Py_XDECREF(r);
         Py_XDECREF(wrapper);
+        Py_XDECREF(caller);
         return not_taken(ok, P_OPTIMIZER_BEGIN, args, nargs);
     }
-    caller = PyFrame_GetBack(wrapper);
     PyObject *callers = caller != NULL ? callers_of(caller) : Py_NewRef(Py_None), *t = NULL, *n = NULL;
     if (callers != NULL && (t = now(r)) != NULL && (n = PyList_New(7)) != NULL) {
         PyObject *const items[7] = {g_kind[OPT_BEGIN], t, args[0], args[1], args[2], (PyObject *)wrapper, callers};
@@ -626,17 +613,20 @@ static PyObject *s_real, *s_replay, *s_int, *s_generation, *s_forward_begin, *s_
 
 static Py_ssize_t replay_span(PyObject *notes, Py_ssize_t i, Py_ssize_t end, PyObject *r);
 
+/* `State.replay`, read and written where it lies (`_member.h`). */
+static Member m_replay = {&s_replay}, m_replay_w = {&s_replay};
+
 /* `batch._facts(facts)`: what the bodies read instead of the live values. */
 static int
 facts_set(PyObject *facts)
 {
-    PyObject *was = PyObject_GetAttr(g_s, s_replay);
+    PyObject *was = mget(g_s, &m_replay);
     if (was == NULL)
         return -1;
     Py_DECREF(was);
     if (was == facts)
         return 0;
-    if (PyObject_SetAttr(g_s, s_replay, facts) < 0)
+    if (mset(g_s, &m_replay_w, facts) < 0)
         return -1;
     PyObject *out = PyObject_CallOneArg(g_set_replay, facts);
     Py_XDECREF(out);
@@ -647,12 +637,7 @@ facts_set(PyObject *facts)
 static int
 clock_at(PyObject *r, PyObject *t)
 {
-    PyObject *fn = PyObject_GetAttr(t, s_int);
-    if (fn == NULL)
-        return -1;
-    int out = PyObject_SetAttr(r, s_now, fn);
-    Py_DECREF(fn);
-    return out;
+    return recorder_pin(g_api, r, t, s_now, s_int);
 }
 
 /* `batch._StandIn`: the user's function as a replayed body calls it. */

@@ -24,6 +24,7 @@
 
 #include "_member.h"
 #include "_update.h"
+#include "../record/_hotpath_api.h"
 
 /* Interned attribute names (set at init). */
 static PyObject *s_after, *s_append, *s_attrs, *s_boundary, *s_bwd_depth, *s_copying, *s_cover, *s_data_driven,
@@ -122,7 +123,6 @@ exit_of(PyObject *obj, PyObject *exc_type, PyObject *exc, PyObject *tb)
  * or `After` between steps), a region (`Region`: a phase, or the one a phase nests in),
  * `data.copy_edge`, `roots.roots`, a batch's tensor. */
 static Member m_rec_step = {&s_step};
-static Member m_rec_now = {&s_now};
 static Member m_step_ref = {&s_ref};
 static Member m_step_attrs = {&s_attrs}, m_step_attrs_w = {&s_attrs};
 static Member m_step_t0 = {&s_t0}, m_step_t0_w = {&s_t0};
@@ -136,16 +136,14 @@ static Member m_region_attrs_w = {&s_attrs};
 static Member m_region_events = {&s_events};
 static Member m_region_t0 = {&s_t0}, m_region_t1 = {&s_t1}, m_region_seq = {&s_seq};
 
+/* The hot path's capsule (`_hotpath_api.h`), NULL where it is not built. */
+static const HotpathAPI *g_api;
+
 /* `r.now()`: the recorder's clock read, a new reference (NULL with an error). */
 static NOINLINE PyObject *
 now_of(PyObject *r)
 {
-    PyObject *clock = mget(r, &m_rec_now);
-    if (clock == NULL)
-        return NULL;
-    PyObject *t = PyObject_CallNoArgs(clock);
-    Py_DECREF(clock);
-    return t;
+    return recorder_now(g_api, r, s_now);
 }
 static Member m_edge_needed = {&s_needed};
 static Member m_roots_discovering = {&s_discovering};
@@ -2068,12 +2066,11 @@ optimizer_begin(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyObject *frame = PyTuple_GET_ITEM(g_replay, RP_WRAPPER), *seen = PyTuple_GET_ITEM(g_replay, RP_CALLERS);
         if (sset(s, &f_opt_frame, frame) < 0 || (seen != Py_None && sset(s, &f_last_callers, seen) < 0))
             goto fail;
+    } else { /* the pre-hook's: torch's step wrapper above it, the update's call site above that */
+        update_frames(&wrapper, &caller);
+        if (sset(s, &f_opt_frame, wrapper != NULL ? (PyObject *)wrapper : Py_None) < 0)
+            goto fail;
     }
-    PyFrameObject *hook = g_replay != NULL ? NULL : PyEval_GetFrame(); /* borrowed: the pre-hook */
-    wrapper = hook == NULL ? NULL : PyFrame_GetBack(hook);
-    caller = wrapper == NULL ? NULL : PyFrame_GetBack(wrapper);
-    if (g_replay == NULL && sset(s, &f_opt_frame, wrapper != NULL ? (PyObject *)wrapper : Py_None) < 0)
-        goto fail;
     if (caller != NULL) { /* where the update was called from (`_update.h`) */
         if ((callers = callers_of(caller)) == NULL || sset(s, &f_last_callers, callers) < 0)
             goto fail;
@@ -2710,6 +2707,8 @@ PyInit__loops(void)
         g_c_region = (PyTypeObject *)PyObject_GetAttrString(hotpath, "Region");
         g_c_step = (PyTypeObject *)PyObject_GetAttrString(hotpath, "Step");
         Py_DECREF(hotpath);
+        if ((g_api = PyCapsule_Import(HOTPATH_API_NAME, 0)) == NULL)
+            PyErr_Clear();
         if (g_c_region == NULL || g_c_step == NULL || !PyType_Check(g_c_region) || !PyType_Check(g_c_step)) {
             PyErr_Clear();
             Py_CLEAR(g_c_region);

@@ -1,6 +1,6 @@
 /* What detection's C modules (`_loops.c`, `_batch.c`) read of an optimizer update's call as its
- * pre-hook sees it: the closure it was given, and the two frames that called it as
- * `sites.callers` keeps them. Each includes this file (its functions are static). */
+ * pre-hook sees it: the closure it was given, the frames above the hook, and the two frames that
+ * called the update as `sites.callers` keeps them. Each includes this file (its functions are static). */
 #ifndef OTEL_TRAIN_DETECT_UPDATE_H
 #define OTEL_TRAIN_DETECT_UPDATE_H
 
@@ -20,6 +20,17 @@ closure_of(PyObject *args, PyObject *kwargs, PyObject *closure)
     if (kwargs != Py_None && PyDict_Check(kwargs))
         return PyDict_GetItemWithError(kwargs, closure);
     return NULL;
+}
+
+/* The two frames above an optimizer's pre-hook that a C function called straight from it sees:
+ * torch's step wrapper (*wrapper) and the update's call site (*caller), new references or NULL
+ * where the stack ends. */
+static void
+update_frames(PyFrameObject **wrapper, PyFrameObject **caller)
+{
+    PyFrameObject *hook = PyEval_GetFrame(); /* borrowed: the pre-hook */
+    *wrapper = hook != NULL ? PyFrame_GetBack(hook) : NULL;
+    *caller = *wrapper != NULL ? PyFrame_GetBack(*wrapper) : NULL;
 }
 
 /* `sites.callers(caller, caller.f_back)`: the id, code and instruction offset of the frame that

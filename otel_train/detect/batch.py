@@ -333,7 +333,8 @@ def _facts(facts: tuple[Any, ...] | None) -> None:
 
 def _replay(notes: list[Any], i: int, end: int, r: Any) -> int:
     """Replay notes[i:end] to recorder `r`; the index reached (a wrapped call still running
-    stops it). The recorder's clock reads each note's time: `t.__int__` returns `t`, in C."""
+    stops it). The recorder's clock reads each note's time: `t.__int__` returns `t`, in C.
+    (`_batch.c` pins the C recorder's clock instead, which makes no object: `_hotpath_api.h`.)"""
     real = b.real
     s = _s
     while i < end:

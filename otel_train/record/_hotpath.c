@@ -174,7 +174,17 @@ api_now_ns(PyObject *r, int64_t *out)
     return rec_now_ns((RecorderObject *)r, out);
 }
 
-static const HotpathAPI g_api = {&RecorderType, api_now_ns};
+/* `r.now = t.__int__` without the objects: the clock reads `t` until `now` is set again. */
+static void
+api_pin(PyObject *r, int64_t t)
+{
+    RecorderObject *rec = (RecorderObject *)r;
+    rec->pinned = 1;
+    rec->pinned_ns = t;
+    rec->fast_clock = 0;
+}
+
+static const HotpathAPI g_api = {&RecorderType, api_now_ns, api_pin};
 
 PyMODINIT_FUNC
 PyInit__hotpath(void)

@@ -64,6 +64,8 @@ typedef struct {
     Py_ssize_t cap;
     Py_ssize_t dropped;
     int fast_clock;     /* `now` is time.perf_counter_ns: read CLOCK_MONOTONIC here (the same clock) */
+    int pinned;         /* the clock reads `pinned_ns` until `now` is set (`pin`: a replayed call's time) */
+    int64_t pinned_ns;
     /* Packing (`packing = True`, "the packed ring" in `_hotpath_recorder.c`): the records in
      * order, as slots; `buf` then holds only the records that are not slots, each marked by a
      * SLOT_SIDE slot. */

@@ -81,6 +81,12 @@ rec_set_buf(RecorderObject *self, PyObject *value, void *closure)
 static PyObject *
 rec_get_now(RecorderObject *self, void *closure)
 {
+    if (self->pinned) { /* the pinned time's `__int__`, as Python code that reads the clock calls it */
+        PyObject *t = PyLong_FromLongLong(self->pinned_ns);
+        PyObject *fn = t == NULL ? NULL : PyObject_GetAttrString(t, "__int__");
+        Py_XDECREF(t);
+        return fn;
+    }
     return Py_NewRef(self->now);
 }
 
@@ -92,6 +98,7 @@ rec_set_now(RecorderObject *self, PyObject *value, void *closure)
         return -1;
     }
     Py_XSETREF(self->now, Py_NewRef(value));
+    self->pinned = 0;
 #ifdef __linux__
     self->fast_clock = value == g_perf_counter_ns;
 #else
@@ -156,6 +163,8 @@ rec_now(RecorderObject *r)
     if (r->fast_clock)
         return PyLong_FromLongLong(monotonic_ns());
 #endif
+    if (r->pinned) /* (never with fast_clock) */
+        return PyLong_FromLongLong(r->pinned_ns);
     return PyObject_CallNoArgs(r->now);
 }
 
@@ -169,6 +178,10 @@ rec_now_ns(RecorderObject *r, int64_t *out)
         return 0;
     }
 #endif
+    if (r->pinned) { /* (never with fast_clock) */
+        *out = r->pinned_ns;
+        return 0;
+    }
     PyObject *t = PyObject_CallNoArgs(r->now);
     if (t == NULL)
         return -1;
