@@ -303,17 +303,21 @@ def test_bench_auto_cost_floor_hooks_in_without_otel_train() -> None:
 
 def test_bench_auto_cost_per_call_times_four_variants_doing_the_same_work() -> None:
     """`bench auto-cost --per-call`: plain, automatic (batched), automatic with its notes in
-    Python and per-call automatic blocks in the same rounds, making the same records a step;
-    with `--floor` it is refused, naming both flags."""
+    Python and per-call automatic blocks in the same rounds, exporting the same spans a step
+    (two data, forward and backward spans, the update and the step), `train.other` gaps counted
+    apart (how many a step gets follows how long its gaps are); with `--floor` it is refused,
+    naming both flags."""
     proc = run_python("from otel_train.cli import main; raise SystemExit(main())",
                       args=["bench", "auto-cost", "--rounds", "3", "--block-steps", "1", "--per-call"], timeout=300)
     figures = dict(line.split(": ") for line in proc.stdout.splitlines())
     for name in ("step_us_plain", "auto_us_per_step", "python_notes_us_per_step", "per_call_us_per_step",
                  "python_notes_minus_auto_us_per_step", "per_call_minus_auto_us_per_step",
-                 "per_call_minus_auto_us_per_step_ci95_lo", "records_per_step_auto", "records_per_step_per_call"):
+                 "per_call_minus_auto_us_per_step_ci95_lo", "records_per_step_auto", "records_per_step_per_call",
+                 "other_per_step_auto", "other_per_step_per_call"):
         assert name in figures, name
     auto, per_call = float(figures["records_per_step_auto"]), float(figures["records_per_step_per_call"])
-    assert auto >= 10 and abs(auto - per_call) <= 0.5, (auto, per_call)
+    assert auto >= 8 and abs(auto - per_call) <= 0.1, (auto, per_call)  # a GC pause may fall in either epoch
+    assert float(figures["other_per_step_auto"]) > 0 and float(figures["other_per_step_per_call"]) > 0
     refused = run_python("from otel_train.cli import main; raise SystemExit(main())",
                          args=["bench", "auto-cost", "--per-call", "--floor"], timeout=60, check=False)
     assert refused.returncode == 2 and "--per-call" in refused.stderr and "--floor" in refused.stderr

@@ -50,8 +50,11 @@ Figures (`name: value` lines):
   automatic with each of detection's calls run at once (`otel_train.testing.calls_at_once`: as
   before `detect/batch.py`) in the same rounds, each round's four blocks in an order drawn at
   random: `auto_`, `python_notes_`, `per_call_`, `python_notes_minus_auto_` and
-  `per_call_minus_auto_us_per_step`, and `records_per_step_auto` / `_per_call` (the same records
-  both ways).
+  `per_call_minus_auto_us_per_step`, and `records_per_step_auto` / `_per_call`: the spans each
+  way exported over an epoch, a step (the same both ways), `train.other` apart
+  (`other_per_step_auto` / `_per_call`: a step's gaps become spans until what stays uncovered
+  is under `coverage.MAX_UNCOVERED`, so their number follows how long the gaps are, which
+  per-call detection lengthens).
 
 Every timed or counted block ends with the detection calls it left waiting run
 (`recorder.settle`), inside its time: an 8-step block of this loop makes ~88 notes, fewer than a
@@ -71,6 +74,7 @@ after the round and the batched figures left it out.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import functools
@@ -85,6 +89,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from otel_train import semconv
 from otel_train.bench import callgrind
 from otel_train.bench.harness import print_ci, print_figure
 from otel_train.bench.stats import ci95_of
@@ -320,7 +325,7 @@ def run_auto_cost(rounds: int = 20, block_steps: int = 8, callgrind_steps: int =
         worker.flush()
         if per_call:
             _measure_per_call(loop, rounds, block_steps, plain=paused_detection, between=lambda: held(worker),
-                              after=worker.flush)
+                              after=worker.flush, exported=functools.partial(_span_names, out_dir))
             return 0
         if parts:
             _measure_parts(loop, rounds, block_steps, plain=paused_detection, between=lambda: held(worker),
@@ -380,32 +385,42 @@ def _measure(loop: AutoCostLoop, label: str, rounds: int, block_steps: int, call
     print_ci(f"{label}_cpu_us_per_step", ci95_of(added_cpu_us))
 
 
-def _records() -> int:
-    """The recorder's next sequence number (one is taken): records made so far."""
-    from otel_train.record import recorder
-    return next(recorder.seq)
+def _span_names(out_dir: str) -> collections.Counter[str]:
+    """The spans written to `out_dir` so far, by name."""
+    from otel_train.analyze import reader
+
+    try:
+        sources = reader.find_sources(out_dir)
+    except reader.InputError:  # nothing written yet
+        return collections.Counter()
+    return collections.Counter(span.name for span in reader.iter_spans(sources))
 
 
 def _measure_per_call(loop: AutoCostLoop, rounds: int, block_steps: int, plain: Callable[[], Any],
-                      between: Callable[[], Any], after: Callable[[], None]) -> None:
+                      between: Callable[[], Any], after: Callable[[], None],
+                      exported: Callable[[], collections.Counter[str]]) -> None:
     """`--per-call`: plain, automatic, automatic with its notes in Python and per-call automatic
-    blocks, each round's four in an order drawn at random (seeded), as `_measure` times its two."""
+    blocks, each round's four in an order drawn at random (seeded), as `_measure` times its two.
+    First one epoch each way, untimed, for the spans each makes (`exported()`: those written so
+    far, by name). An epoch's count holds the step before it and not its own last, which the
+    next step closes: one step record each way."""
     from otel_train.record import recorder
     from otel_train.testing import calls_at_once, notes_in_python
 
     epoch = loop.steps_per_epoch
-    records: dict[str, float] = {}
-    with between():
-        for name, block in (("auto", contextlib.nullcontext), ("per_call", calls_at_once)):
-            first = _records()
-            with block():
-                for _ in range(epoch):
-                    loop.step()
-                recorder.settle()
-            records[name] = (_records() - first - 1) / epoch
-    after()
-    print_figure("records_per_step_auto", records["auto"])
-    print_figure("records_per_step_per_call", records["per_call"])
+    made: dict[str, collections.Counter[str]] = {}
+    for name, block in (("auto", contextlib.nullcontext), ("per_call", calls_at_once)):
+        before = exported()
+        with between(), block():
+            for _ in range(epoch):
+                loop.step()
+            recorder.settle()
+        after()
+        made[name] = exported() - before
+    for name, spans in made.items():
+        other = spans.pop(semconv.SPAN_OTHER, 0)
+        print_figure(f"records_per_step_{name}", sum(spans.values()) / epoch)
+        print_figure(f"other_per_step_{name}", other / epoch)
     variants = {"plain": plain, "auto": contextlib.nullcontext, "python_notes": notes_in_python,
                 "per_call": calls_at_once}
     _print_variants(_timed_rounds(loop, variants, rounds, block_steps, between, after), rounds, block_steps,
