@@ -133,14 +133,16 @@ can(PyObject **rec)
     return 1;
 }
 
-/* The hot path's capsule (`_hotpath_api.h`), NULL where it is not built. */
+/* The hot path's capsule (`_hotpath_api.h`), NULL where it is not built; the recorder type last
+ * found to be its `RecorderBase`. */
 static const HotpathAPI *g_api;
+static PyTypeObject *g_rec_type;
 
 /* `r.now()`: a new int, or NULL with an error. */
 static PyObject *
 now(PyObject *r)
 {
-    return recorder_now(g_api, r, s_now);
+    return recorder_now(g_api, &g_rec_type, r, s_now);
 }
 
 static Py_ssize_t
@@ -167,17 +169,13 @@ settle(void)
  * and its time, read once a batch rather than once a note. */
 static PyObject *g_first;
 static Py_ssize_t g_most, g_bound;
-static long long g_first_t;
+static int64_t g_first_t;
 
 /* A note's time (its item 1) as a C integer: 0, or -1 with an error. */
 static int
-time_of(PyObject *n, long long *out)
+time_of(PyObject *n, int64_t *out)
 {
-    int overflow;
-    *out = PyLong_AsLongLongAndOverflow(PySequence_Fast_GET_ITEM(n, 1), &overflow);
-    if (overflow)
-        PyErr_SetString(PyExc_OverflowError, "otel_train: a note's time is out of range");
-    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+    return as_i64(PySequence_Fast_GET_ITEM(n, 1), out);
 }
 
 /* The batch begun by note `first`: its limits read. 0, or -1 with an error. */
@@ -185,7 +183,7 @@ static int
 batch_begun(PyObject *first)
 {
     Py_ssize_t most = module_int(s_batch_calls), bound = most == -1 && PyErr_Occurred() ? -1 : module_int(s_max_wait);
-    long long t;
+    int64_t t;
     if ((bound == -1 && PyErr_Occurred()) || time_of(first, &t) < 0)
         return -1;
     Py_XSETREF(g_first, Py_NewRef(first));
@@ -206,7 +204,7 @@ note(PyObject *n)
     }
     Py_ssize_t len = PyList_GET_SIZE(notes);
     if (len) {
-        long long t;
+        int64_t t;
         /* a batch begun by a note made elsewhere (in Python) is read now */
         if ((PyList_GET_ITEM(notes, 0) != g_first && batch_begun(PyList_GET_ITEM(notes, 0)) < 0) ||
             time_of(n, &t) < 0)
@@ -637,7 +635,7 @@ facts_set(PyObject *facts)
 static int
 clock_at(PyObject *r, PyObject *t)
 {
-    return recorder_pin(g_api, r, t, s_now, s_int);
+    return recorder_pin(g_api, &g_rec_type, r, t, s_now, s_int);
 }
 
 /* `batch._StandIn`: the user's function as a replayed body calls it. */

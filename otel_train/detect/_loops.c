@@ -136,14 +136,16 @@ static Member m_region_attrs_w = {&s_attrs};
 static Member m_region_events = {&s_events};
 static Member m_region_t0 = {&s_t0}, m_region_t1 = {&s_t1}, m_region_seq = {&s_seq};
 
-/* The hot path's capsule (`_hotpath_api.h`), NULL where it is not built. */
+/* The hot path's capsule (`_hotpath_api.h`), NULL where it is not built; the recorder type last
+ * found to be its `RecorderBase`. */
 static const HotpathAPI *g_api;
+static PyTypeObject *g_rec_type;
 
 /* `r.now()`: the recorder's clock read, a new reference (NULL with an error). */
 static NOINLINE PyObject *
 now_of(PyObject *r)
 {
-    return recorder_now(g_api, r, s_now);
+    return recorder_now(g_api, &g_rec_type, r, s_now);
 }
 static Member m_edge_needed = {&s_needed};
 static Member m_roots_discovering = {&s_discovering};
@@ -258,23 +260,6 @@ gap_cmp_desc(const void *x, const void *y)
     if (p->a != q->a)
         return p->a > q->a ? -1 : 1;
     return (p->b < q->b) - (p->b > q->b);
-}
-
-/* `PyLong_AsLongLong`, without its detour through `_PyLong_AsByteArray` (~200 instructions) for
- * every int over 2**30, which every perf-counter time is. */
-static int
-as_i64(PyObject *obj, int64_t *out)
-{
-    int overflow;
-    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
-    if (overflow) {
-        PyErr_SetString(PyExc_OverflowError, "Python int too large to convert to C long long");
-        return -1;
-    }
-    if (v == -1 && PyErr_Occurred())
-        return -1;
-    *out = (int64_t)v;
-    return 0;
 }
 
 /* One `(kind, name, next(seq), parent, ref, t0, t1, attrs, None, None)` record, appended. */

@@ -5,7 +5,8 @@
  * pinned to a time (a replayed call's, `detect/batch.py`) until `now` is set again.
  *
  * `recorder_now` and `recorder_pin` are the one way both modules read and pin a recorder's
- * clock: through the capsule where the recorder is a `RecorderBase`, else as Python would.
+ * clock: through the capsule where the recorder is a `RecorderBase`, else as Python would;
+ * `as_i64` is their one way to read a time (an int of ns) as a C integer.
  */
 #ifndef OTEL_TRAIN_HOTPATH_API_H
 #define OTEL_TRAIN_HOTPATH_API_H
@@ -23,12 +24,45 @@ typedef struct {
     void (*pin)(PyObject *recorder, int64_t t);
 } HotpathAPI;
 
-/* `r.now()`, a new int or NULL with an error; `api` may be NULL (the hot path not built) and
- * `name` is the interned "now". */
-static inline PyObject *
-recorder_now(const HotpathAPI *api, PyObject *r, PyObject *name)
+/* `PyLong_AsLongLong`, without its detour through `_PyLong_AsByteArray` (~200 instructions) for
+ * every int over 2**30, which every perf-counter time is: 0, or -1 with an error. */
+static inline int
+as_i64(PyObject *obj, int64_t *out)
 {
-    if (api != NULL && PyObject_TypeCheck(r, api->recorder_type)) {
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow) {
+        PyErr_SetString(PyExc_OverflowError, "Python int too large to convert to C long long");
+        return -1;
+    }
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *out = (int64_t)v;
+    return 0;
+}
+
+/* Whether `r` is a `RecorderBase` the capsule `api` serves (`api` NULL: the hot path not built).
+ * `*seen` is the caller's cache of the type last found to be one (a strong reference), so a
+ * recorder of that type costs one compare, not a walk of its MRO. */
+static inline int
+is_recorder(const HotpathAPI *api, PyTypeObject **seen, PyObject *r)
+{
+    if (api == NULL)
+        return 0;
+    if (Py_TYPE(r) == *seen)
+        return 1;
+    if (!PyObject_TypeCheck(r, api->recorder_type))
+        return 0;
+    Py_XSETREF(*seen, (PyTypeObject *)Py_NewRef((PyObject *)Py_TYPE(r)));
+    return 1;
+}
+
+/* `r.now()`, a new int or NULL with an error; `api` and `seen` as `is_recorder` takes them,
+ * `name` the interned "now". */
+static inline PyObject *
+recorder_now(const HotpathAPI *api, PyTypeObject **seen, PyObject *r, PyObject *name)
+{
+    if (is_recorder(api, seen, r)) {
         int64_t t;
         return api->now_ns(r, &t) < 0 ? NULL : PyLong_FromLongLong(t);
     }
@@ -36,18 +70,16 @@ recorder_now(const HotpathAPI *api, PyObject *r, PyObject *name)
 }
 
 /* `r.now = t.__int__`: the clock reads int `t` until `now` is set again. 0, or -1 with an error;
- * `name` is the interned "now", `int_name` "__int__". */
+ * `api` and `seen` as `is_recorder` takes them, `name` the interned "now", `int_name` "__int__". */
 static inline int
-recorder_pin(const HotpathAPI *api, PyObject *r, PyObject *t, PyObject *name, PyObject *int_name)
+recorder_pin(const HotpathAPI *api, PyTypeObject **seen, PyObject *r, PyObject *t, PyObject *name,
+             PyObject *int_name)
 {
-    if (api != NULL && PyObject_TypeCheck(r, api->recorder_type)) {
-        int overflow;
-        long long v = PyLong_AsLongLongAndOverflow(t, &overflow);
-        if (overflow)
-            PyErr_SetString(PyExc_OverflowError, "otel_train: a note's time is out of range");
-        if (overflow || (v == -1 && PyErr_Occurred()))
+    if (is_recorder(api, seen, r)) {
+        int64_t v;
+        if (as_i64(t, &v) < 0)
             return -1;
-        api->pin(r, (int64_t)v);
+        api->pin(r, v);
         return 0;
     }
     PyObject *fn = PyObject_GetAttr(t, int_name);
