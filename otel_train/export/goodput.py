@@ -29,11 +29,17 @@ from otel_train import semconv
 from otel_train.analyze import goodput as gp
 from otel_train.analyze.slow import SlowStepRule, ideal_step_time, slow_bound
 
+try:  # the window's two methods in C (`_slow_steps.c`); the Python below is the fallback
+    from otel_train.export import _slow_steps
+except ImportError:
+    _slow_steps = None  # type: ignore[assignment]
+
 SLOW_TAG = semconv.TAG_SLOW
 COMPILE_TAG = "compile"
 #: Spans whose duration is data wait (`data` badput), as in `diagnose`.
 DATA_SPANS = frozenset({semconv.SPAN_DATA, semconv.SPAN_DISPATCH_WAIT})
 _SIBLING_CATEGORY = {semconv.SPAN_CHECKPOINT: gp.CHECKPOINT, semconv.SPAN_EVAL: gp.EVAL, semconv.SPAN_GC: gp.GC}
+_OTHER, _PRODUCTIVE = gp.OTHER, gp.PRODUCTIVE
 #: Leading steps kept for the warm-up's excess: compilation is over long before this.
 _LEADING_KEPT = 256
 
@@ -76,22 +82,26 @@ class RunAccount:
         if self.steps == 0:
             self.open.append((self.painted_to, start_ns, self.startup))
         self.steps += 1
-        if end_ns > self.painted_to:
+        painted_to = self.painted_to
+        if end_ns > painted_to:
             if not self.open:
                 # The usual step, nothing beside it: what `paint` would say, without its sort.
-                begin = max(start_ns, self.painted_to)
-                self.totals[gp.OTHER] += begin - self.painted_to
-                self.totals[gp.PRODUCTIVE] += end_ns - begin
+                begin = start_ns if start_ns > painted_to else painted_to
+                totals = self.totals
+                totals[_OTHER] += begin - painted_to
+                totals[_PRODUCTIVE] += end_ns - begin
             else:
                 self.open.append((start_ns, end_ns, gp.PRODUCTIVE))
-                for category, ns in gp.paint(self.painted_to, end_ns, self.open).items():
+                for category, ns in gp.paint(painted_to, end_ns, self.open).items():
                     self.totals[category] += ns
                 self.open = [iv for iv in self.open if iv[1] > end_ns]
             self.painted_to = end_ns
-        self.seen(end_ns)
-        if len(self.leading) < _LEADING_KEPT and len(self.leading) == self.steps - 1:
-            self.leading.append(int(own_s * 1e9))
-        elif COMPILE_TAG in tags:
+        if end_ns > self.last_ns:  # `seen`
+            self.last_ns = end_ns
+        leading = self.leading
+        if len(leading) < _LEADING_KEPT and len(leading) == self.steps - 1:
+            leading.append(int(own_s * 1e9))
+        elif tags and COMPILE_TAG in tags:
             self.tagged.append(int(own_s * 1e9))
         slow = self.rule.observe(own_s)
         self.slow_steps += slow
@@ -133,13 +143,23 @@ class RecentSteps(SlowStepRule):
     least the median plus `floor` of it, so a step under that is not slow whatever the MAD is,
     and only a step over it pays for the MAD; the median comes from a sorted copy of the window
     kept up to date (`bisect`), and so does the MAD (`bound`: a selection in the two sorted runs
-    of deviations either side of the median, ~7 probes, not a list and a sort of 100, ~25 µs)."""
+    of deviations either side of the median, ~7 probes, not a list and a sort of 100, ~25 µs).
+    Both methods run in C where `_slow_steps` was built (`c` off: the Python, which tests hold
+    it to, and which takes a window of anything but floats)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.ordered: list[float] = []
+        self.c = _slow_steps is not None
 
     def bound(self) -> float | None:
+        if self.c:
+            found = _slow_steps.bound(self.ordered, self.min_history, self.k, self.floor)
+            if found is not NotImplemented:
+                return found
+        return self._bound()
+
+    def _bound(self) -> float | None:
         """`slow_bound` of the window, to the bit: the same median, and the MAD is the median of
         the same deviations (`m - x` is `abs(x - m)` exactly: IEEE subtraction is symmetric)."""
         ordered = self.ordered
@@ -154,13 +174,17 @@ class RecentSteps(SlowStepRule):
         return m + max(self.k * mad, self.floor * m)
 
     def observe(self, step_time: float) -> bool:
+        if self.c:
+            slow = _slow_steps.observe(self.recent, self.ordered, step_time, self.min_history, self.k, self.floor)
+            if slow is not NotImplemented:
+                return slow
         recent, ordered = self.recent, self.ordered
         slow = False
         if len(recent) >= self.min_history:
             n = len(ordered)
             m = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2.0
             if step_time > m + self.floor * m:
-                bound = self.bound()
+                bound = self._bound()
                 slow = bound is not None and step_time > bound
         if len(recent) == recent.maxlen:
             del ordered[bisect.bisect_left(ordered, recent[0])]

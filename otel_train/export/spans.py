@@ -52,6 +52,7 @@ _log = logging.getLogger("otel_train")
 #: Links kept per step span: OpenTelemetry's default span link count limit.
 MAX_LINKS = 128
 _NO_LOCK = nullcontext()
+_SAMPLES, _TOKENS = semconv.TRAIN_SAMPLES, semconv.TRAIN_TOKENS  # a lean step's throughput attributes
 
 
 class SpanAssembler:
@@ -239,12 +240,11 @@ class SpanAssembler:
     def _hold(self, wire: tuple[Any, ...], end: int, lean: bytes | None, out: list[Any]) -> None:
         if self.progress is not None and type(wire[W_STEP]) is int:
             self.progress.note(wire[W_STEP])
-        for earlier in self.timeline.hold(wire, end, lean):
+        held, done = self.timeline.hold(wire, end, lean)
+        for earlier in done:
             self._emit_step(earlier, out)
-        if self.account is not None:
-            held = self.timeline.held[wire[W_SEQ]]
-            if self.account.step(wire[W_T0], end, held.time_s, held.tags):
-                held.tags.append(SLOW_TAG)  # one search away: `train.step.tags` contains "slow"
+        if self.account is not None and self.account.step(wire[W_T0], end, held.time_s, held.tags):
+            held.tags.append(SLOW_TAG)  # one search away: `train.step.tags` contains "slow"
 
     def _emit_step(self, held: HeldStep, out: list[Any]) -> None:
         wire = held.wire
@@ -278,15 +278,17 @@ class SpanAssembler:
     def _emit_lean_step(self, held: HeldStep, out: list[Any]) -> None:
         """`_emit_step` for a step the fast path held (`FastPath.lean_step`) that nothing was added
         to since: the same metric and the same bytes, from its encoded fields."""
-        if self.metrics is not None:
-            attrs = held.wire[W_ATTRS]
-            if semconv.TRAIN_SAMPLES in attrs or semconv.TRAIN_TOKENS in attrs:  # throughput, MFU
-                self.metrics.observe_step(held.time_s, attrs, held.wire[W_STEP])
+        wire = held.wire
+        metrics = self.metrics
+        if metrics is not None:
+            attrs = wire[W_ATTRS]
+            if _SAMPLES in attrs or _TOKENS in attrs:  # throughput, MFU
+                metrics.observe_step(held.time_s, attrs, wire[W_STEP])
             else:
-                self.metrics.observe_step_time(held.time_s, held.wire[W_STEP])
-            if self.metrics.pipeline.active:
-                self.metrics.pipeline.step(held.wire[W_STEP], held.time_s, None)
-        if self.sampled(held.wire[W_STEP]):
+                metrics.observe_step_time(held.time_s, wire[W_STEP])
+            if metrics.pipeline.active:
+                metrics.pipeline.step(wire[W_STEP], held.time_s, None)
+        if self.sampling.step(wire[W_STEP]):  # `sampled`
             out.append(self.fast_path.lean_step_span(held))  # type: ignore[union-attr]
 
     # -- helpers -----------------------------------------------------------------------

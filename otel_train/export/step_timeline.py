@@ -54,26 +54,38 @@ class StepTimeline:
         self.early: dict[int, list[str]] = {}  # tags for step numbers not held yet (before the first step)
         self.last_n: int | None = None  # the highest step number held so far
 
-    def hold(self, wire: tuple[Any, ...], end: int, lean: bytes | None = None) -> list[HeldStep]:
+    def hold(self, wire: tuple[Any, ...], end: int, lean: bytes | None = None) -> tuple[HeldStep, list[HeldStep]]:
         """Hold step `wire`, whose boundary is `end`, until the next step: its own time runs from
         the previous step's boundary, less its siblings' time; the notes that came before it
-        join it. Returns the steps held before it, now complete, oldest first."""
+        join it. Returns it as held, and the steps held before it, now complete, oldest first.
+        (Once a step for every step of a run: the usual step, with no sibling or note waiting
+        and the one before it held, takes no call or list it does not need.)"""
         prev = self.prev_step_end
         start = prev if prev is not None and prev < end else wire[W_T0]
-        own_ns = (end - start) - self.sibling_ns(start, end)
+        own_ns = end - start
+        if self.siblings:
+            own_ns -= self.sibling_ns(start, end)
         self.prev_step_end = end
         held = HeldStep(wire, max(own_ns, 0) / 1e9, lean)
         seq = wire[W_SEQ]
-        for kind, payload in self.orphans.pop(seq, ()):
-            (held.tags if kind == KIND_TAG else held.events).append(payload)
+        if self.orphans:
+            for kind, payload in self.orphans.pop(seq, ()):
+                (held.tags if kind == KIND_TAG else held.events).append(payload)
         n = wire[W_STEP]
         if self.early:
             held.tags.extend(self.early.pop(n, ()))
         if type(n) is int and (self.last_n is None or n > self.last_n):
             self.last_n = n
-        done = [self.held.pop(earlier) for earlier in [s for s in self.held if s < seq]] if self.held else []
-        self.held[seq] = held
-        return done
+        steps = self.held
+        if not steps:
+            done = []
+        elif len(steps) == 1:
+            earlier = next(iter(steps))
+            done = [steps.pop(earlier)] if earlier < seq else []
+        else:
+            done = [steps.pop(earlier) for earlier in [s for s in steps if s < seq]]
+        steps[seq] = held
+        return held, done
 
     def release_all(self) -> list[HeldStep]:
         """Every held step, oldest first (at shutdown, or when a caller must see everything now)."""
