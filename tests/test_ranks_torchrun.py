@@ -24,6 +24,7 @@ from support.procs import REPO, clean_env, launch_torchrun
 
 from otel_train import semconv
 from otel_train.analyze.diagnose import analyse
+from otel_train.export.step_timeline import SIBLING_TAGS
 from otel_train.wire.sampling import sampled_ranks
 
 SCENARIO = REPO / "tests" / "support" / "scenarios" / "ddp_hooked.py"
@@ -116,15 +117,22 @@ def test_one_trace_per_step_holds_every_rank_under_rank_0(every_rank: Launch) ->
     steps = every_rank.steps()
     assert sorted(s["attributes"]["train.step"] for s in steps) == sorted(list(range(STEPS)) * RANKS)
     assert len(traces) == STEPS and set(traces) == {s["trace_id"] for s in steps}  # nothing outside them
+    assert {s["resource"]["ml.rank"] for s in every_rank.spans if s["name"] == semconv.SPAN_GC} == set(range(RANKS))
     for trace_id, spans in traces.items():
         assert {s["resource"]["ml.rank"] for s in spans} == set(range(RANKS))
         by_id = {s["span_id"]: s for s in spans}
-        (root,) = [s for s in spans if s["parent_span_id"] is None]
-        assert root["name"] == semconv.SPAN_STEP and root["resource"]["ml.rank"] == 0
+        roots = [s for s in spans if s["parent_span_id"] is None]
+        (root,) = [s for s in roots if s["name"] == semconv.SPAN_STEP]
+        assert root["resource"]["ml.rank"] == 0
+        # Beside it, only rank 0's siblings of the step (the scenario's full collection after its
+        # loop is a `train.gc` in the last step's trace on every rank; docs/trace-shape.md).
+        assert all(s["name"] in SIBLING_TAGS and s["resource"]["ml.rank"] == 0 for s in roots if s is not root)
         for s in spans:
-            if s["name"] == semconv.SPAN_STEP and s is not root:
-                assert s["parent_span_id"] == root["span_id"]  # every rank's step under rank 0's
-            elif s is not root:
+            if s["parent_span_id"] is None:
+                continue
+            if s["name"] == semconv.SPAN_STEP or s["name"] in SIBLING_TAGS:
+                assert s["parent_span_id"] == root["span_id"]  # every rank's step and siblings under rank 0's step
+            else:
                 assert s["parent_span_id"] in by_id  # phases under their own rank's step
                 assert by_id[s["parent_span_id"]]["resource"]["ml.rank"] == s["resource"]["ml.rank"]
 

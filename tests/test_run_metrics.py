@@ -141,6 +141,7 @@ def test_metrics_reach_the_receiver_with_their_names_units_and_attributes(tmp_pa
 
 # --- 2 ranks under torchrun: the console line on rank 0 only -------------------------------------
 DDP = r"""
+import gc
 import torch, torch.distributed as dist
 import otel_train.auto
 from torch import nn
@@ -152,6 +153,8 @@ for _ in range(6):
     model(torch.randn(4, 8)).sum().backward()
     opt.step()
     opt.zero_grad()
+del model, opt  # before exit: tests/support/procs.py TORCH_EXIT_ABORT
+gc.collect()
 dist.destroy_process_group()
 """
 

@@ -48,8 +48,11 @@ def pytest_without(module: str, check: str, pytest_args: Sequence[str],
 #: state holds the autograd context torch stashes there (`torch.autograd.graph._engine_run_backward`),
 #: only once the interpreter has begun finalizing; taking the GIL then ends the thread inside a
 #: C++ destructor, and the rank dies by SIGABRT after its work is done (pytorch/pytorch#179291,
-#: abandoned). Seen in ~1 of 20 plain 4-rank `ddp_hooked.py` launches on the 2-core CI machine;
-#: a barrier before `destroy_process_group()` did not stop it (2 of 29).
+#: abandoned). Seen in ~1 of 20 plain 4-rank `ddp_hooked.py` launches on the 2-core CI machine,
+#: and on 2026-11-27 in 3 of 8 (twice in a row once, which failed CI); a barrier before
+#: `destroy_process_group()` did not stop it (2 of 29), nor did one more all-reduce (2 of 12)
+#: or `del model` alone (4 of 16). `del model, opt` and a `gc.collect()` first did (0 of 20):
+#: the DDP scenarios end so, and a launch that still aborts is launched once more.
 TORCH_EXIT_ABORT = "terminate called without an active exception"
 
 

@@ -5,6 +5,7 @@ a collective's end is when it completed on every rank. No otel_train in it. STEP
 optimizer steps.
 """
 
+import gc
 import os
 
 import torch
@@ -37,6 +38,10 @@ def main() -> None:
         opt.zero_grad()
         nn.functional.mse_loss(model(x), y).backward()
         opt.step()
+    # Torch aborts at exit while a DDP model outlives the interpreter's start of finalizing
+    # (tests/support/procs.py TORCH_EXIT_ABORT): let it go first (it lies in reference cycles).
+    del model, opt
+    gc.collect()
     dist.destroy_process_group()
 
 

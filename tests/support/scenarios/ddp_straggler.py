@@ -5,6 +5,7 @@ SLOW_RANK=all sleeps on every rank (a balanced run with longer steps); unset: no
 STEPS (default 12) optimizer steps. Prints SCENARIO {"rank": R, "steps": N} per rank.
 """
 
+import gc
 import json
 import os
 import time
@@ -42,6 +43,10 @@ def main() -> None:
         opt.step()
         steps += 1
     print("SCENARIO " + json.dumps({"rank": rank, "steps": steps}))
+    # Torch aborts at exit while a DDP model outlives the interpreter's start of finalizing
+    # (tests/support/procs.py TORCH_EXIT_ABORT): let it go first (it lies in reference cycles).
+    del model, opt
+    gc.collect()
     dist.destroy_process_group()
 
 
