@@ -20,7 +20,12 @@ static PyObject *g_maxlen; /* "maxlen", interned */
 /* The float at `i` of `ordered` (a list of exact floats: checked by `all_floats`). */
 #define AT(ordered, i) PyFloat_AS_DOUBLE(PyList_GET_ITEM((ordered), (i)))
 
+/* Whether `ordered` (which must be a list) holds only floats: 1 or 0, -1 with an error. */
 static int all_floats(PyObject *ordered) {
+    if (!PyList_CheckExact(ordered)) {
+        PyErr_SetString(PyExc_TypeError, "ordered must be a list");
+        return -1;
+    }
     Py_ssize_t n = PyList_GET_SIZE(ordered);
     for (Py_ssize_t i = 0; i < n; i++) {
         if (!PyFloat_CheckExact(PyList_GET_ITEM(ordered, i))) {
@@ -98,29 +103,24 @@ static double window_bound(PyObject *ordered, double k, double floor) {
     return m + (least > spread ? least : spread); /* Python's max(spread, least), NaN included */
 }
 
-static int parse_window(PyObject *const *args, PyObject **recent, PyObject **ordered) {
-    *recent = args[0];
-    *ordered = args[1];
-    if (!PyList_CheckExact(*ordered)) {
-        PyErr_SetString(PyExc_TypeError, "ordered must be a list");
-        return -1;
-    }
-    return all_floats(*ordered);
-}
 
 /* bound(ordered, min_history, k, floor) -> float | None | NotImplemented */
 static PyObject *bound(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyList_CheckExact(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "bound(ordered: list, min_history, k, floor)");
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "bound(ordered, min_history, k, floor)");
         return NULL;
     }
     PyObject *ordered = args[0];
+    int floats = all_floats(ordered);
+    if (floats < 0) {
+        return NULL;
+    }
     Py_ssize_t min_history = PyLong_AsSsize_t(args[1]);
     double k = PyFloat_AsDouble(args[2]), floor = PyFloat_AsDouble(args[3]);
     if (PyErr_Occurred()) {
         return NULL;
     }
-    if (!all_floats(ordered)) {
+    if (!floats) {
         Py_RETURN_NOTIMPLEMENTED;
     }
     if (PyList_GET_SIZE(ordered) < min_history || PyList_GET_SIZE(ordered) == 0) {
@@ -136,8 +136,8 @@ static PyObject *observe(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_TypeError, "observe(recent, ordered, step_time, min_history, k, floor)");
         return NULL;
     }
-    PyObject *recent, *ordered, *step_obj = args[2];
-    int floats = parse_window(args, &recent, &ordered);
+    PyObject *recent = args[0], *ordered = args[1], *step_obj = args[2];
+    int floats = all_floats(ordered);
     if (floats < 0) {
         return NULL;
     }

@@ -39,7 +39,6 @@ COMPILE_TAG = "compile"
 #: Spans whose duration is data wait (`data` badput), as in `diagnose`.
 DATA_SPANS = frozenset({semconv.SPAN_DATA, semconv.SPAN_DISPATCH_WAIT})
 _SIBLING_CATEGORY = {semconv.SPAN_CHECKPOINT: gp.CHECKPOINT, semconv.SPAN_EVAL: gp.EVAL, semconv.SPAN_GC: gp.GC}
-_OTHER, _PRODUCTIVE = gp.OTHER, gp.PRODUCTIVE
 #: Leading steps kept for the warm-up's excess: compilation is over long before this.
 _LEADING_KEPT = 256
 
@@ -88,16 +87,15 @@ class RunAccount:
                 # The usual step, nothing beside it: what `paint` would say, without its sort.
                 begin = start_ns if start_ns > painted_to else painted_to
                 totals = self.totals
-                totals[_OTHER] += begin - painted_to
-                totals[_PRODUCTIVE] += end_ns - begin
+                totals[gp.OTHER] += begin - painted_to
+                totals[gp.PRODUCTIVE] += end_ns - begin
             else:
                 self.open.append((start_ns, end_ns, gp.PRODUCTIVE))
                 for category, ns in gp.paint(painted_to, end_ns, self.open).items():
                     self.totals[category] += ns
                 self.open = [iv for iv in self.open if iv[1] > end_ns]
             self.painted_to = end_ns
-        if end_ns > self.last_ns:  # `seen`
-            self.last_ns = end_ns
+        self.seen(end_ns)
         leading = self.leading
         if len(leading) < _LEADING_KEPT and len(leading) == self.steps - 1:
             leading.append(int(own_s * 1e9))

@@ -52,7 +52,6 @@ _log = logging.getLogger("otel_train")
 #: Links kept per step span: OpenTelemetry's default span link count limit.
 MAX_LINKS = 128
 _NO_LOCK = nullcontext()
-_SAMPLES, _TOKENS = semconv.TRAIN_SAMPLES, semconv.TRAIN_TOKENS  # a lean step's throughput attributes
 
 
 class SpanAssembler:
@@ -282,13 +281,13 @@ class SpanAssembler:
         metrics = self.metrics
         if metrics is not None:
             attrs = wire[W_ATTRS]
-            if _SAMPLES in attrs or _TOKENS in attrs:  # throughput, MFU
+            if semconv.TRAIN_SAMPLES in attrs or semconv.TRAIN_TOKENS in attrs:  # throughput, MFU
                 metrics.observe_step(held.time_s, attrs, wire[W_STEP])
             else:
                 metrics.observe_step_time(held.time_s, wire[W_STEP])
             if metrics.pipeline.active:
                 metrics.pipeline.step(wire[W_STEP], held.time_s, None)
-        if self.sampling.step(wire[W_STEP]):  # `sampled`
+        if self.sampled(wire[W_STEP]):
             out.append(self.fast_path.lean_step_span(held))  # type: ignore[union-attr]
 
     # -- helpers -----------------------------------------------------------------------
