@@ -19,8 +19,9 @@ what they see. What each source becomes (span names: docs/trace-shape.md):
 
 How these become steps (boundaries, micro-batches, epochs, siblings): `machine`. The state
 they share: `state`. Which modules carry the forward hooks: `roots`. What is patched, and its
-undoing: `patches`. torch.compile: `compile`. The hooks' common calls noted and run a few
-steps at a time, not each at its call: `batch`.
+undoing: `patches`; the patched functions that call the user's code as C objects (no frame
+of ours in a traceback): `entry`. torch.compile: `compile`. The hooks' common calls noted and
+run a few steps at a time, not each at its call: `batch`.
 
 Everything on the hot path returns at once when the recorder is off (`recorder._rec is None`)
 or while torch.compile traces. It only creates, enters and leaves regions and opens and closes

@@ -104,7 +104,10 @@ mget(PyObject *obj, Member *m)
     return PyObject_GetAttr(obj, *m->name);
 }
 
-/* `obj.<m> = v`: 0, or -1 with an error. */
+/* `obj.<m> = v`: 0, or -1 with an error. (Unused where a module only reads.) */
+#if defined(__GNUC__)
+__attribute__((unused))
+#endif
 static NOINLINE int
 mset(PyObject *obj, Member *m, PyObject *v)
 {

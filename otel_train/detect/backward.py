@@ -17,7 +17,7 @@ from otel_train.detect.compile import compiled as _c, dynamo_compiling, tc
 from otel_train.detect.machine import train_activity
 from otel_train.detect.patches import Patches
 from otel_train.detect.roots import roots
-from otel_train.detect import phase
+from otel_train.detect import entry, phase
 from otel_train.detect.state import BACKWARD, MB_ATTRS, PH_BWD, State, active, caught_up, mb_attrs, region
 from otel_train.detect.state import s as _s
 from otel_train.record import recorder
@@ -32,11 +32,13 @@ patches = Patches()
 
 
 def backward_patch(original: Callable[..., Any]) -> Callable[..., Any]:
-    """`torch.autograd.backward` inside a `train.backward` region.
-
-    The patched function itself, not a wrapper called by one (`patches.Patches.wrap`'s lean
-    form): it runs every micro-batch, and each Python frame between torch's operations costs a
-    few µs of cold cache."""
+    """`torch.autograd.backward` inside a `train.backward` region: an object in C that calls
+    `backward_run` (`entry`: no frame of ours in a traceback from autograd), else this Python
+    function, the patched function itself rather than a wrapper called by one (each Python frame
+    between torch's operations costs a few µs of cold cache)."""
+    made = entry.make(original, busy, globals(), "backward_run", entry.CALL)
+    if made is not None:
+        return made
     s = _s
 
     @functools.wraps(original)

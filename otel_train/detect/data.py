@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from otel_train.detect import phase
+from otel_train.detect import entry, phase
 from otel_train.detect.batch_size import size_of
 from otel_train.detect.compile import compiled as _c
 from otel_train.detect.compile import dynamo_compiling, tc
@@ -43,8 +43,12 @@ patches = Patches()
 
 
 def next_patch(original: Callable[..., Any]) -> Callable[..., Any]:
-    """`_BaseDataLoaderIter.__next__` timed as a batch fetch. The patched method itself, not a
-    wrapper called by one (`backward.backward_patch`): a frame fewer every batch."""
+    """`_BaseDataLoaderIter.__next__` timed as a batch fetch: an object in C that calls `fetch`
+    (`entry`: no frame of ours in a traceback from the user's dataset), else this Python
+    function, the patched method itself rather than a wrapper called by one."""
+    made = entry.make(original, busy, globals(), "fetch", entry.FETCH)
+    if made is not None:
+        return made
     s = _s
 
     @functools.wraps(original)

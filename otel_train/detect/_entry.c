@@ -1,0 +1,323 @@
+/* The patched `torch.autograd.backward` and `DataLoader` iterators' `__next__` as objects in C
+ * (`entry.py`): no Python frame of ours between the user's code and torch's.
+ *
+ * Each was a Python function: its frame stood in the traceback of every error raised through it
+ * (a dataset's `__getitem__`, "Trying to backward through the graph a second time"), where a
+ * user reads it as ours, and it was one more cold Python call every micro-batch. An `Entry` does
+ * what that function did, in the same order (docs/automatic.md, "Patches"):
+ *
+ *     if compiled.seen and dynamo_compiling() or tc._is_compiling_flag or busy(s) and caught_up(busy, s):
+ *         return original(*args, **kwargs)
+ *     return run(original, iterator)              # a fetch: `data.fetch`
+ *     return run(original, args, kwargs)          # a backward: `backward.backward_run`
+ *
+ * `run` is read from its module's globals at each call (`batch` points it at the noting entry
+ * points, `otel_train.testing` at stubs). An error that comes back through `run` loses the
+ * frames of ours in its traceback (the Python bodies `run` may call, which call the user's
+ * function), unless it began in one of them (an error of ours keeps where it happened).
+ *
+ * Neither function is traced by Dynamo: `Tensor.backward()` is its own rewrite or a graph
+ * break, `torch.autograd.backward` a skipped function; a `DataLoader`'s iteration a graph break.
+ * An `Entry` binds as a method does (`__get__`, and the method-descriptor flag for the
+ * interpreter's unbound call), carries the original's `__name__`, `__doc__` and `__wrapped__`
+ * (`functools.update_wrapper`) and pickles by name, as the function it replaced did. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <frameobject.h>
+
+#include "_member.h"
+
+/* What every entry reads: `compile.compiled`, `compile.dynamo_compiling`, `compile.tc`, the
+ * detection state and `state.caught_up` (`bind`). */
+static PyObject *g_compiled, *g_dynamo_compiling, *g_tc, *g_state, *g_caught_up;
+static PyObject *s_seen, *s_flag, *s_name, *s_qualname, *g_prefix;
+static Member m_seen = {&s_seen};
+
+enum { FETCH, CALL };
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *original; /* the function replaced */
+    PyObject *busy;     /* `busy(s)`: the call is part of something else */
+    PyObject *globals;  /* the module whose `run` this calls */
+    PyObject *run;      /* its name there */
+    int kind;           /* FETCH: run(original, iterator); CALL: run(original, args, kwargs) */
+    PyObject *dict;     /* `__name__`, `__doc__`, `__wrapped__`... */
+    vectorcallfunc vectorcall;
+} Entry;
+
+/* 1 where the user's function is called alone (the check above), 0 where `run` is, -1 on error. */
+static int
+alone(Entry *self)
+{
+    if (g_compiled == NULL)
+        return 1; /* not bound: nothing of ours runs */
+    int yes = true_of(mget(g_compiled, &m_seen));
+    if (yes > 0)
+        yes = true_of(PyObject_CallNoArgs(g_dynamo_compiling));
+    if (yes == 0)
+        yes = true_of(PyObject_GetAttr(g_tc, s_flag));
+    if (yes != 0)
+        return yes;
+    yes = true_of(PyObject_CallOneArg(self->busy, g_state));
+    if (yes <= 0)
+        return yes;
+    PyObject *args[2] = {self->busy, g_state};
+    return true_of(PyObject_Vectorcall(g_caught_up, args, 2, NULL));
+}
+
+/* Whether `frame` runs code of otel_train's (its module's `__name__`). */
+static int
+ours(PyFrameObject *frame)
+{
+    PyObject *globals = PyFrame_GetGlobals(frame);
+    if (globals == NULL)
+        return 0;
+    PyObject *name = PyDict_GetItemWithError(globals, s_name); /* borrowed */
+    int yes = name != NULL && PyUnicode_Check(name) &&
+              (PyUnicode_Tailmatch(name, g_prefix, 0, PY_SSIZE_T_MAX, -1) > 0 ||
+               PyUnicode_CompareWithASCIIString(name, "otel_train") == 0);
+    Py_DECREF(globals);
+    PyErr_Clear();
+    return yes;
+}
+
+/* `tb` (owned) with the entries of our frames unlinked, unless its innermost is one (owned). */
+static PyObject *
+without_ours(PyObject *tb)
+{
+    PyTracebackObject *t = (PyTracebackObject *)tb, *last = t;
+    for (; t != NULL; t = t->tb_next)
+        last = t;
+    if (last == NULL || ours(last->tb_frame))
+        return tb;
+    while (ours(((PyTracebackObject *)tb)->tb_frame)) {
+        PyObject *next = Py_NewRef((PyObject *)((PyTracebackObject *)tb)->tb_next);
+        Py_SETREF(tb, next);
+    }
+    for (PyTracebackObject *prev = (PyTracebackObject *)tb; prev->tb_next != NULL;) {
+        PyTracebackObject *cur = prev->tb_next;
+        if (ours(cur->tb_frame)) {
+            prev->tb_next = (PyTracebackObject *)Py_XNewRef((PyObject *)cur->tb_next);
+            Py_DECREF(cur);
+        }
+        else
+            prev = cur;
+    }
+    return tb;
+}
+
+/* The error set, its traceback without our frames. */
+static void
+hide_ours(void)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && PyTraceBack_Check(tb)) {
+        tb = without_ours(tb);
+        if (value != NULL)
+            PyException_SetTraceback(value, tb);
+    }
+    PyErr_Restore(type, value, tb);
+}
+
+static PyObject *
+entry_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Entry *self = (Entry *)op;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    int skip = alone(self);
+    if (skip < 0)
+        return NULL;
+    if (skip || (self->kind == FETCH && (nargs != 1 || kwnames != NULL)))
+        return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    PyObject *run = PyDict_GetItemWithError(self->globals, self->run); /* borrowed */
+    if (run == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetObject(PyExc_NameError, self->run);
+        return NULL;
+    }
+    Py_INCREF(run);
+    PyObject *out;
+    if (self->kind == FETCH) {
+        PyObject *call[2] = {self->original, args[0]};
+        out = PyObject_Vectorcall(run, call, 2, NULL);
+    }
+    else {
+        PyObject *positional = PyTuple_New(nargs), *keywords = PyDict_New();
+        if (positional == NULL || keywords == NULL)
+            out = NULL;
+        else {
+            for (Py_ssize_t i = 0; i < nargs; i++)
+                PyTuple_SET_ITEM(positional, i, Py_NewRef(args[i]));
+            Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+            int ok = 0;
+            for (Py_ssize_t i = 0; i < nkw && ok == 0; i++)
+                ok = PyDict_SetItem(keywords, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]);
+            PyObject *call[3] = {self->original, positional, keywords};
+            out = ok < 0 ? NULL : PyObject_Vectorcall(run, call, 3, NULL);
+        }
+        Py_XDECREF(positional);
+        Py_XDECREF(keywords);
+    }
+    Py_DECREF(run);
+    if (out == NULL)
+        hide_ours();
+    return out;
+}
+
+static PyObject *
+entry_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *original, *busy, *globals, *run;
+    int kind;
+    if (!PyArg_ParseTuple(args, "OOO!Ui:Entry", &original, &busy, &PyDict_Type, &globals, &run, &kind))
+        return NULL;
+    if (kind != FETCH && kind != CALL) {
+        PyErr_SetString(PyExc_ValueError, "Entry: kind must be 0 (a fetch) or 1 (a call)");
+        return NULL;
+    }
+    Entry *self = (Entry *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->original = Py_NewRef(original);
+    self->busy = Py_NewRef(busy);
+    self->globals = Py_NewRef(globals);
+    self->run = Py_NewRef(run);
+    self->kind = kind;
+    self->vectorcall = entry_call;
+    return (PyObject *)self;
+}
+
+static int
+entry_traverse(Entry *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->original);
+    Py_VISIT(self->busy);
+    Py_VISIT(self->globals);
+    Py_VISIT(self->run);
+    Py_VISIT(self->dict);
+    return 0;
+}
+
+static int
+entry_clear(Entry *self)
+{
+    Py_CLEAR(self->original);
+    Py_CLEAR(self->busy);
+    Py_CLEAR(self->globals);
+    Py_CLEAR(self->run);
+    Py_CLEAR(self->dict);
+    return 0;
+}
+
+static void
+entry_dealloc(Entry *self)
+{
+    PyObject_GC_UnTrack(self);
+    entry_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* A method of the class it is set on, as the function it replaced was. */
+static PyObject *
+entry_get(PyObject *self, PyObject *obj, PyObject *type)
+{
+    if (obj == NULL || obj == Py_None)
+        return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+static PyObject *
+entry_repr(Entry *self)
+{
+    return PyUnicode_FromFormat("<%R, timed by otel_train>", self->original);
+}
+
+/* Pickled by name, as a function is: `__module__` and `__qualname__` are the replaced one's. */
+static PyObject *
+entry_reduce(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyObject_GetAttr(self, s_qualname);
+}
+
+static PyMethodDef entry_methods[] = {
+    {"__reduce__", entry_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef entry_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(Entry, vectorcall), READONLY, NULL},
+    {"__dictoffset__", T_PYSSIZET, offsetof(Entry, dict), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef entry_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject EntryType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_train.detect._entry.Entry",
+    .tp_doc = "Entry(original, busy, globals, run, kind): `original` timed by `globals[run]` (the module's docstring).",
+    .tp_basicsize = sizeof(Entry),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_new = entry_new,
+    .tp_traverse = (traverseproc)entry_traverse,
+    .tp_clear = (inquiry)entry_clear,
+    .tp_dealloc = (destructor)entry_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Entry, vectorcall),
+    .tp_dictoffset = offsetof(Entry, dict),
+    .tp_descr_get = entry_get,
+    .tp_repr = (reprfunc)entry_repr,
+    .tp_methods = entry_methods,
+    .tp_members = entry_members,
+    .tp_getset = entry_getset,
+};
+
+static PyObject *
+bind(PyObject *module, PyObject *args)
+{
+    PyObject *compiled, *dynamo_compiling, *tc, *state, *caught_up;
+    if (!PyArg_ParseTuple(args, "OOOOO:bind", &compiled, &dynamo_compiling, &tc, &state, &caught_up))
+        return NULL;
+    Py_XSETREF(g_compiled, Py_NewRef(compiled));
+    Py_XSETREF(g_dynamo_compiling, Py_NewRef(dynamo_compiling));
+    Py_XSETREF(g_tc, Py_NewRef(tc));
+    Py_XSETREF(g_state, Py_NewRef(state));
+    Py_XSETREF(g_caught_up, Py_NewRef(caught_up));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"bind", bind, METH_VARARGS,
+     "bind(compiled, dynamo_compiling, tc, state, caught_up): what every entry's check reads."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "otel_train.detect._entry", NULL, -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__entry(void)
+{
+    if ((s_seen = PyUnicode_InternFromString("seen")) == NULL ||
+        (s_flag = PyUnicode_InternFromString("_is_compiling_flag")) == NULL ||
+        (s_name = PyUnicode_InternFromString("__name__")) == NULL ||
+        (s_qualname = PyUnicode_InternFromString("__qualname__")) == NULL ||
+        (g_prefix = PyUnicode_InternFromString("otel_train.")) == NULL || PyType_Ready(&EntryType) < 0)
+        return NULL;
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(module, "Entry", (PyObject *)&EntryType) < 0 ||
+        PyModule_AddIntConstant(module, "FETCH", FETCH) < 0 || PyModule_AddIntConstant(module, "CALL", CALL) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

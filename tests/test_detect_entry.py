@@ -1,0 +1,211 @@
+"""The patched `torch.autograd.backward` and `DataLoader` iteration as objects in C
+(`otel_train.detect.entry`, `_entry.c`): an error from the user's code or torch's shows the
+frames it shows without otel_train, the patched objects act as the functions they replaced, and
+their checks call the user's function alone where the Python functions did.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import pickle
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from support.detect_loop import Net, Run, run, ticking_sgd  # noqa: E402,F401 - `run`: a fixture
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+from torch.utils.data.dataloader import _BaseDataLoaderIter  # noqa: E402
+
+import otel_train  # noqa: E402
+from otel_train import semconv  # noqa: E402
+from otel_train.detect import backward, batch, data, entry  # noqa: E402
+from otel_train.detect.state import s  # noqa: E402
+from otel_train.testing import calls_at_once, paused_detection  # noqa: E402
+
+pytestmark = pytest.mark.skipif(entry._entry is None, reason="the entry objects are a C extension")
+
+_PACKAGE = str(Path(otel_train.__file__).parent)
+
+
+class Failing(Dataset):
+    """Eight samples; the one at `bad` raises."""
+
+    def __init__(self, bad: int = 5) -> None:
+        self.bad = bad
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        if i == self.bad:
+            raise ValueError("a bad sample")
+        return torch.ones(4), torch.zeros(1)
+
+
+def _dataset_fails(model: nn.Module, opt: Any) -> BaseException:
+    """Train over `Failing` until its bad sample raises (the third batch); the error."""
+    try:
+        for x, y in DataLoader(Failing(), batch_size=2):
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    except ValueError as err:
+        return err
+    raise AssertionError("the dataset did not raise")
+
+
+def _backward_twice(model: nn.Module, opt: Any) -> BaseException:
+    """Two good steps, then a backward through a freed graph; the error."""
+    x, y = torch.ones(2, 4), torch.zeros(2, 1)
+    for _ in range(2):
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    try:
+        loss.backward()
+    except RuntimeError as err:
+        return err
+    raise AssertionError("the second backward did not raise")
+
+
+def _frames(err: BaseException) -> list[tuple[str, str]]:
+    return [(Path(f.filename).name, f.name) for f in traceback.extract_tb(err.__traceback__)]
+
+
+def _ours(err: BaseException) -> list[str]:
+    return [f"{f.filename}:{f.lineno} {f.name}" for f in traceback.extract_tb(err.__traceback__)
+            if f.filename.startswith(_PACKAGE)]
+
+
+def _warm(run: Run, model: nn.Module, opt: Any, steps: int) -> None:
+    """`steps` plain steps through a DataLoader, so that discovery is over and calls are noted."""
+    loader = DataLoader([(torch.ones(4), torch.zeros(1))] * (2 * steps), batch_size=2)
+    for x, y in loader:
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+@pytest.mark.parametrize("fails", [_dataset_fails, _backward_twice], ids=["dataset", "backward"])
+@pytest.mark.parametrize("when", ["discovering", "noted", "at_once"])
+def test_an_error_shows_the_frames_it_shows_without_us(run: Run, fails: Callable[..., BaseException],
+                                                       when: str) -> None:
+    """While discovery's hooks run the bodies in Python, while calls are noted (C), and with each
+    call run at its moment (the Python bodies that call the user's function): the same frames."""
+    model = Net(run.clock)
+    opt = ticking_sgd(model, run.clock)
+    with paused_detection():
+        plain = fails(model, opt)
+    if when != "discovering":
+        _warm(run, model, opt, 4)
+    if when == "at_once":
+        with calls_at_once():
+            err = fails(model, opt)
+    else:
+        err = fails(model, opt)
+    assert _ours(err) == []
+    assert _frames(err) == _frames(plain)
+    assert "".join(traceback.format_exception(err)).count(_PACKAGE) == 0
+    batch.settle()
+    run.finish()
+    names = {span.name for span in run.exporter.get_finished_spans()}
+    assert semconv.SPAN_BACKWARD in names and (semconv.SPAN_DATA in names or fails is _backward_twice)
+
+
+def _in_our_namespace(source: str, **names: Any) -> Callable[..., Any]:
+    """A function compiled as if written in a module of otel_train's (its frames are ours)."""
+    namespace: dict[str, Any] = {"__name__": "otel_train.detect.a_body", **names}
+    exec(compile(source, str(Path(_PACKAGE) / "detect" / "a_body.py"), "exec"), namespace)  # noqa: S102
+    return namespace["fetch"]
+
+
+def test_an_error_begun_in_our_code_keeps_its_frames(run: Run) -> None:
+    """A body of ours that raises is ours to be seen; one that only passes on the user's error is not."""
+    ours = _in_our_namespace("def fetch(original, iterator):\n    raise KeyError('ours')\n")
+    passing = _in_our_namespace("def fetch(original, iterator):\n    return original(iterator)\n")
+    with pytest.MonkeyPatch.context() as patch:  # undone before the run stops, which restores `data.fetch`
+        patch.setattr(data, "fetch", ours)
+        with pytest.raises(KeyError) as caught:
+            next(iter(DataLoader(Failing(bad=-1), batch_size=2)))
+        assert any(line.endswith(" fetch") and "a_body.py" in line for line in _ours(caught.value)), \
+            _frames(caught.value)
+        patch.setattr(data, "fetch", passing)
+        with pytest.raises(ValueError) as caught:
+            next(iter(DataLoader(Failing(bad=0), batch_size=2)))
+        assert _ours(caught.value) == []
+
+
+def test_the_patched_objects_act_as_the_functions_they_replaced(run: Run) -> None:
+    patched, original = torch.autograd.backward, torch.autograd.backward.__wrapped__
+    assert type(patched) is entry._entry.Entry and inspect.isfunction(original)
+    assert (patched.__name__, patched.__qualname__, patched.__module__, patched.__doc__) == (
+        original.__name__, original.__qualname__, original.__module__, original.__doc__)
+    assert inspect.signature(patched) == inspect.signature(original)
+    assert pickle.loads(pickle.dumps(patched)) is patched and copy.deepcopy(patched) is patched
+    method = _BaseDataLoaderIter.__next__
+    assert type(method) is entry._entry.Entry and method.__name__ == "__next__"
+    assert pickle.loads(pickle.dumps(method)) is method
+
+    model = Net(run.clock)
+    x = torch.ones(2, 4)
+    it = iter(DataLoader([(torch.ones(4), torch.zeros(1))] * 6, batch_size=2))
+    assert it.__next__.__self__ is it and it.__next__.__func__ is method
+    first, second, third = next(it), it.__next__(), _BaseDataLoaderIter.__next__(it)
+    assert all(b[0].shape == (2, 4) for b in (first, second, third))
+    with pytest.raises(StopIteration):
+        next(it)
+    loss = model(x).sum()
+    torch.autograd.backward(loss, retain_graph=True)
+    grads = [p.grad.clone() for p in model.parameters()]
+    torch.autograd.backward([loss], grad_tensors=[torch.tensor(1.0)], inputs=list(model.parameters()))
+    assert all(torch.equal(p.grad, 2 * g) for p, g in zip(model.parameters(), grads))
+
+
+def test_the_check_calls_the_users_function_alone_where_the_python_one_did(run: Run) -> None:
+    """Under torch.export's tracing flag, or inside a backward (a backward from a tensor hook),
+    `backward_run` is not called; otherwise it is, with the arguments as a tuple and a dict."""
+    calls: list[tuple[Any, ...]] = []
+
+    def recording(original: Any, args: Any, kwargs: Any) -> Any:
+        calls.append((args, kwargs))
+        return original(*args, **kwargs)
+
+    model = Net(run.clock)
+    loss = model(torch.ones(2, 4)).sum()
+    with pytest.MonkeyPatch.context() as patch:  # undone before the run stops (`backward_run` restored)
+        patch.setattr(backward, "backward_run", recording)
+        loss.backward(retain_graph=True)
+        assert len(calls) == 1 and calls[0][0][0] is loss and calls[0][1]["inputs"] is None
+        patch.setattr(torch.compiler, "_is_compiling_flag", True)
+        loss.backward(retain_graph=True)
+        patch.setattr(torch.compiler, "_is_compiling_flag", False)
+        s.bwd_depth = 1
+        try:
+            loss.backward(retain_graph=True)
+        finally:
+            s.bwd_depth = 0
+        assert len(calls) == 1
+        loss.backward()
+        assert len(calls) == 2
+
+
+def test_detection_works_the_same_without_the_extension() -> None:
+    """No compiler at install time means no `_entry`: the families keep their Python functions
+    (whose frames then stand in a traceback), and detection records the same."""
+    from support.procs import pytest_without
+    check = ("import torch\nfrom otel_train.detect import backward, data, entry\n"
+             "assert entry.make(len, len, {}, 'x', entry.CALL) is None\n"
+             "assert backward.backward_patch(torch.autograd.backward).__code__.co_name == 'backward'\n")
+    proc = pytest_without("otel_train.detect._entry", check, ["tests/test_detect_edges.py", "tests/test_detect_batch.py"],
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout
