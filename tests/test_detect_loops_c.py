@@ -700,8 +700,9 @@ patched = _ours("def patched(run, r, s, original, a, k):\n    return run(r, s, o
 opt_hook = _ours("def opt_hook(run, optimizer, a, k):\n    return run(optimizer, a, k)\n")
 
 
-def _update_moment(seed: int, begin, end, zero_grad, end_phase) -> tuple:
-    """A random update on the process's detection state (reset first): the optimizer's pre-hook
+def _update_moment(seed: int, begin, end, zero_grad, end_phase, clip) -> tuple:
+    """A random update on the process's detection state (reset first): maybe a gradient clipping
+    first through `clip` (r, s, original, args, kwargs), maybe raising, the optimizer's pre-hook
     body (`begin`) called as torch's step wrapper calls the hook, maybe a nested update, the
     post-hook's (`end`), maybe a zero_grad through `zero_grad` (r, s, original, args, kwargs)
     from a call site decided or not, then the phase recorded (`end_phase`). Returns what changed."""
@@ -745,6 +746,23 @@ def _update_moment(seed: int, begin, end, zero_grad, end_phase) -> tuple:
 
         first = next(_recorder.seq)
         clock.advance(10)
+        clipped = clip_state = None
+        if r is not None and rng.random() < 0.5:  # the patched clip_grad_norm_ calls `clip` only while recording
+            clip_raises = rng.random() < 0.15
+
+            def clip_original(*a, **k):
+                clock.advance(20)
+                if clip_raises:
+                    raise ValueError("in clip_grad_norm_")
+                return (a, k)
+
+            try:
+                clipped = patched(clip, r, s, clip_original, (3,), {"max_norm": 1.0})
+            except ValueError as err:
+                clipped = ("raised", str(err))
+            clip_state = (s.phase is None, list(s.phase_parts), s.part_phase is None, s.aux_depth, s.last_end,
+                          s.opt_end, list(s.cover), _recorder.current_get() is None)
+            clock.advance(3)
         wrapper(rng.random() < 0.1)
         after_update = (s.opt_depth, s.opt_owner is None, s.opt_closure, s.nest, s.opt_t0, s.evaluations,
                         s.opt_frame is None, s.phase is None, list(s.phase_parts), s.phase_end,
@@ -785,7 +803,7 @@ def _update_moment(seed: int, begin, end, zero_grad, end_phase) -> tuple:
             end_phase(r, s)
         records = _records(r, first)
         decided = sorted(place for _, place in sites._decided.values())
-        return (after_update, out, in_zero_grad, s.phase is None, list(s.cover), decided, records)
+        return (clipped, clip_state, after_update, out, in_zero_grad, s.phase is None, list(s.cover), decided, records)
     finally:
         phase.abandon(s)
         s.reset()
@@ -794,24 +812,30 @@ def _update_moment(seed: int, begin, end, zero_grad, end_phase) -> tuple:
 
 
 def test_optimizer_phase_matches_the_python_bodies() -> None:
-    """The optimizer's hooks, zero_grad and the phase's functions in C, the rest by the Python
-    bodies: on random updates (nested, with a closure, while probing the call sites, in the open
-    step or not, a zero_grad decided at the end, the top or elsewhere, raising, not recording),
+    """The optimizer's hooks, clipping, zero_grad and the phase's functions in C, the rest by the
+    Python bodies: on random updates (a clipping first or not, nested, with a closure, while
+    probing the call sites, in the open step or not, a zero_grad decided at the end, the top or
+    elsewhere, raising, not recording),
     the same state, result, exception and records after."""
     from otel_train.detect import optimizer, phase
-    paths = set()
+    paths, clips = set(), set()
     for seed in range(600):
         with _phase_python():
             python = _update_moment(seed, optimizer.optimizer_begin_python, optimizer.optimizer_end_python,
-                                    optimizer._zero_grad, phase.end_python)
+                                    optimizer._zero_grad, phase.end_python, optimizer._clip)
         c = _update_moment(seed, _loops.optimizer_begin, _loops.optimizer_end, _loops.zero_grad_run,
-                           _loops.phase_end)
+                           _loops.phase_end, _loops.clip_run)
         assert c == python, seed
-        joined = python[2][1] == ["step", "zero_grad"]
-        paths.add((bool(python[-1]), joined, python[1] is not None and python[1][0] == "raised"))
+        parts = python[4][1]
+        joined = parts[-2:] == ["step", "zero_grad"]
+        paths.add((bool(python[-1]), joined, python[3] is not None and python[3][0] == "raised"))
+        clips.add((python[1] is not None and python[1][1][:1] == ["clip_grad_norm_"],
+                   python[0] is not None and python[0][0] == "raised"))
     # (recorded, zero_grad joined the update, it raised): each way a zero_grad went
     assert {(True, True, False), (True, True, True), (True, False, False), (True, False, True),
             (False, False, False)} <= paths, paths
+    # (the clipping began the update's phase, it raised): each way a clipping went (or none came)
+    assert {(True, False), (True, True), (False, False)} <= clips, clips
 
 
 def test_optimizer_phase_in_c_joins_zero_grad_at_the_end() -> None:

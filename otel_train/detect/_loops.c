@@ -637,10 +637,15 @@ bind_machine(PyObject *module, PyObject *args)
 
 /* --- machine.train_activity -------------------------------------------------------------- */
 static PyObject *begin(PyObject *r, PyObject *s, PyObject *t);
-/* Its common path here; anything else (a step to open or close, the optimizer phase or an
- * evaluation to end, gradient accumulation to tell from a manual update) calls the Python
- * function from its start, before anything is changed here: so the two cannot disagree. */
+/* Its common paths here: a phase of the open step, a new micro-batch, the update's phase ended
+ * by the next phase, and the next step begun by a forward after an update where no batch fetch
+ * closes steps (a loop without a `DataLoader`). Anything else (an evaluation to end, a step to
+ * close for a manual update, gradient accumulation to tell from one) calls the Python function,
+ * from its start before anything is changed here, or once the update's phase is ended (its
+ * first line, which it then skips): so the two cannot disagree. */
 static PyObject *g_train_activity_python, *g_step_type, *g_one;
+static PyObject *g_close_phase_end; /* `phase.end` (`bind_close`) */
+static PyObject *close_(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 static long g_ph_fwd = -1, g_ph_opt = -1, g_ph_bwd = -1;
 
 /* The attribute's truth value: 1, 0, or -1 with an error. */
@@ -652,8 +657,9 @@ attr_true(PyObject *obj, PyObject *name)
 
 PyDoc_STRVAR(train_activity_doc,
 "train_activity(r, s, t, phase_kind, module=None)\n--\n\n"
-"`machine.train_activity_python`'s common path (a phase of the open step, a new micro-batch,\n"
-"its fetches resolved); the Python function for anything else.");
+"`machine.train_activity_python`'s common paths (a phase of the open step, a new micro-batch,\n"
+"its fetches resolved, the update's phase ended, the next step after an update with no fetch to\n"
+"close it); the Python function for anything else.");
 
 static PyObject *
 train_activity(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -670,20 +676,26 @@ train_activity(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     long kind = PyLong_AsLong(args[3]);
     if (kind == -1 && PyErr_Occurred())
         return NULL;
-    int slow = 0, v;
+    int slow = 0, end_phase = 0, v;
     if (kind != g_ph_opt) {
         if ((v = sattr_none(s, &f_phase)) < 0)
             return NULL;
-        slow = !v; /* the update is over: its phase ends */
+        end_phase = !v; /* the update is over: its phase ends */
     }
-    if (!slow) {
-        if ((v = sattr_none(s, &f_eval_t0)) < 0)
+    if ((v = sattr_none(s, &f_eval_t0)) < 0)
+        return NULL;
+    if (!v) { /* an evaluation pass in progress */
+        if ((v = sattr_true(s, &f_eval_explicit)) < 0)
             return NULL;
-        if (!v) { /* an evaluation pass in progress */
-            if ((v = sattr_true(s, &f_eval_explicit)) < 0)
-                return NULL;
-            slow = !v;
-        }
+        slow = !v;
+    }
+    if (slow || (end_phase && g_close_phase_end == NULL))
+        return PyObject_Vectorcall(g_train_activity_python, args, nargs, NULL);
+    if (end_phase) { /* the Python function's first line; from here on it would skip it */
+        PyObject *res = PyObject_CallFunctionObjArgs(g_close_phase_end, r, s, NULL);
+        if (res == NULL)
+            return NULL;
+        Py_DECREF(res);
     }
     if (!slow) {
         if ((step = mget(r, &m_rec_step)) == NULL)
@@ -714,8 +726,20 @@ train_activity(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (driven < 0)
             goto fail;
         new_mb = mb_bwd && (kind == g_ph_fwd || !mb_fwd);
-        if (!no_opt_end && !driven) {
-            slow = 1; /* a new forward after an optimizer step begins a new step */
+        if (!no_opt_end && !driven) { /* a new forward after an optimizer step begins a new step */
+            PyObject *opt_end = sget(s, &f_opt_end);
+            if (opt_end == NULL)
+                goto fail;
+            PyObject *const closing[3] = {r, s, opt_end};
+            PyObject *res = close_(module, closing, 3);
+            Py_DECREF(opt_end);
+            if (res == NULL)
+                goto fail;
+            Py_DECREF(res);
+            Py_SETREF(step, begin(r, s, args[2]));
+            if (step == NULL)
+                goto fail;
+            goto resolve;
         } else if (new_mb && no_opt_end) {
             PyObject *uses_opt = sget(s, &f_uses_opt);
             if (uses_opt == NULL)
@@ -799,7 +823,7 @@ phase_ended(PyObject *s, PyObject *live, int ours)
 }
 
 /* --- machine.close, machine.begin, machine.track_epoch ------------------------------------ */
-static PyObject *g_close_phase_end, *g_close_step, *g_close_roots, *g_other, *g_uncovered_key;
+static PyObject *g_close_step, *g_close_roots, *g_other, *g_uncovered_key;
 static PyObject *g_track_step_type, *g_epoch_zero;
 static double g_max_uncovered = 0.0;
 static int64_t g_min_gap = 0;
@@ -1744,6 +1768,7 @@ static PyObject *g_finish;         /* `direct.finish` */
 static PyObject *g_opt_begin_python, *g_opt_end_python, *g_zero_grad_python, *g_several_updates;
 static PyObject *g_decided;        /* `sites._decided` */
 static PyObject *g_zero_grad_part; /* `phase.ZERO_GRAD` */
+static PyObject *g_clip_part;      /* `phase.CLIP` */
 /* `recorder.Region`, KIND_SPAN, NO_STEP, `phase.STEP` */
 static PyObject *g_ph_region_type, *g_ph_kind, *g_ph_no_step, *g_ph_step_part;
 static PyObject *g_opt_state, *g_opt_recorder_module; /* detection's state, `otel_train.record.recorder` */
@@ -2221,37 +2246,19 @@ decided_place_(PyObject *module, PyObject *Py_UNUSED(ignored))
     return Py_NewRef(PyTuple_GET_ITEM(found, 1));
 }
 
-PyDoc_STRVAR(zero_grad_run_doc,
-"zero_grad_run(r, s, original, args, kwargs)\n--\n\n"
-"`optimizer._zero_grad`'s common path (a zero_grad placed at the end of the open step's\n"
-"update joins its `train.optimizer`): called by the patched zero_grad, straight from it.");
-
+/* `optimizer._part`: `original(*args, **kwargs)` as the part `name` of the update's phase:
+ *     phase.part_begin(s, name); s.aux_depth = 1
+ *     try: return original(...)
+ *     finally: s.aux_depth = 0; t = phase.part_end(r, s); [our step:] s.last_end = t, s.opt_end = t if set */
 static PyObject *
-zero_grad_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+part_call(PyObject *r, PyObject *s, PyObject *name, PyObject *original, PyObject *args, PyObject *kwargs)
 {
-    if (call_ok(nargs == 5 && PyTuple_Check(args[3]) && (args[4] == Py_None || PyDict_Check(args[4])),
-                "zero_grad_run(r, s, original, args, kwargs)", g_zero_grad_python != NULL && g_opt_name != NULL,
-                "bind_optimizer() or bind_phase") < 0)
+    if (part_begin_c(s, name) < 0 || sset(s, &f_aux_depth, g_one) < 0)
         return NULL;
-    PyObject *r = args[0], *s = args[1], *kwargs = args[4] == Py_None ? NULL : args[4];
-    int mine = same_step(s, r), v;
-    long place = 0;
-    if (mine < 0)
-        return NULL;
-    if (mine) { /* the update of our open step is over, its phase open: where was this zero_grad placed? */
-        if ((v = sattr_none(s, &f_opt_end)) < 0 || (!v && (v = sattr_none(s, &f_phase)) < 0))
-            return NULL;
-        if (!v && (place = decided_place()) < 0)
-            return NULL;
-    }
-    if (place != g_site_end) /* anything else: the Python function, from its start */
-        return PyObject_Vectorcall(g_zero_grad_python, args, nargs, NULL);
-    /* `_part`: the update's zero_grad part, `try: original(...) finally: ...` */
-    if (part_begin_c(s, g_zero_grad_part) < 0 || sset(s, &f_aux_depth, g_one) < 0)
-        return NULL;
-    PyObject *out = PyObject_Call(args[2], args[3], kwargs), *type = NULL, *value = NULL, *tb = NULL, *t = NULL;
+    PyObject *out = PyObject_Call(original, args, kwargs), *type = NULL, *value = NULL, *tb = NULL, *t = NULL;
     if (out == NULL)
         PyErr_Fetch(&type, &value, &tb);
+    int mine = 0, v;
     int err = sset(s, &f_aux_depth, g_zero) < 0 || (t = part_end_c(r, s)) == NULL || (mine = same_step(s, r)) < 0;
     if (!err && mine) {
         err = sset(s, &f_last_end, t) < 0 || (v = sattr_none(s, &f_opt_end)) < 0 || (!v && sset(s, &f_opt_end, t) < 0);
@@ -2268,23 +2275,83 @@ zero_grad_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
+/* `call_ok` for what the patched zero_grad and clip_grad_norm_ call: (r, s, original, args, kwargs),
+ * `args` a tuple and `kwargs` a dict or None. */
+static int
+aux_call_ok(PyObject *const *args, Py_ssize_t nargs, const char *signature, int bound, const char *bind)
+{
+    return call_ok(nargs == 5 && PyTuple_Check(args[3]) && (args[4] == Py_None || PyDict_Check(args[4])), signature,
+                   bound, bind);
+}
+
+PyDoc_STRVAR(zero_grad_run_doc,
+"zero_grad_run(r, s, original, args, kwargs)\n--\n\n"
+"`optimizer._zero_grad`'s common path (a zero_grad placed at the end of the open step's\n"
+"update joins its `train.optimizer`): called by the patched zero_grad, straight from it.");
+
+static PyObject *
+zero_grad_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (aux_call_ok(args, nargs, "zero_grad_run(r, s, original, args, kwargs)",
+                    g_zero_grad_python != NULL && g_opt_name != NULL, "bind_optimizer() or bind_phase") < 0)
+        return NULL;
+    PyObject *r = args[0], *s = args[1], *kwargs = args[4] == Py_None ? NULL : args[4];
+    int mine = same_step(s, r), v;
+    long place = 0;
+    if (mine < 0)
+        return NULL;
+    if (mine) { /* the update of our open step is over, its phase open: where was this zero_grad placed? */
+        if ((v = sattr_none(s, &f_opt_end)) < 0 || (!v && (v = sattr_none(s, &f_phase)) < 0))
+            return NULL;
+        if (!v && (place = decided_place()) < 0)
+            return NULL;
+    }
+    if (place != g_site_end) /* anything else: the Python function, from its start */
+        return PyObject_Vectorcall(g_zero_grad_python, args, nargs, NULL);
+    return part_call(r, s, g_zero_grad_part, args[2], args[3], kwargs);
+}
+
+PyDoc_STRVAR(clip_run_doc,
+"clip_run(r, s, original, args, kwargs)\n--\n\n"
+"`optimizer._clip`: gradient clipping in a step is the first part of its update (as the patched\n"
+"clip_grad_norm_ calls it); outside any step, the user's function alone.");
+
+static PyObject *
+clip_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (aux_call_ok(args, nargs, "clip_run(r, s, original, args, kwargs)",
+                    g_clip_part != NULL && g_step_type != NULL, "bind_phase() or bind_train_activity") < 0)
+        return NULL;
+    PyObject *kwargs = args[4] == Py_None ? NULL : args[4], *step = mget(args[0], &m_rec_step);
+    if (step == NULL)
+        return NULL;
+    int in_step = PyObject_IsInstance(step, g_step_type);
+    Py_DECREF(step);
+    if (in_step < 0)
+        return NULL;
+    if (!in_step)
+        return PyObject_Call(args[2], args[3], kwargs);
+    return part_call(args[0], args[1], g_clip_part, args[2], args[3], kwargs);
+}
+
 PyDoc_STRVAR(bind_phase_doc,
 "bind_phase(optimizer_name, region_type, kind_span, no_step, leave, make_current, calls, calls_key,\n"
-"           end_event, finish, step_part, zero_grad_part)\n--\n\n"
+"           end_event, finish, step_part, zero_grad_part, clip_part)\n--\n\n"
 "What the phase's functions read: its span name, `recorder.Region`, KIND_SPAN, NO_STEP,\n"
 "`phase._leave`, `phase._make_current`, `phase._CALLS` and TRAIN_OPTIMIZER_CALLS,\n"
-"`device.end_event`, `direct.finish`, `phase.STEP` and `phase.ZERO_GRAD`.");
+"`device.end_event`, `direct.finish`, `phase.STEP`, `phase.ZERO_GRAD` and `phase.CLIP`.");
 
 static PyObject *
 bind_phase(PyObject *module, PyObject *args)
 {
-    PyObject *o[12];
-    if (!PyArg_ParseTuple(args, "OOOOOOO!OOOOO:bind_phase", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &PyDict_Type,
-                          &o[6], &o[7], &o[8], &o[9], &o[10], &o[11]))
+    PyObject *o[13];
+    if (!PyArg_ParseTuple(args, "OOOOOOO!OOOOOO:bind_phase", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &PyDict_Type,
+                          &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &o[12]))
         return NULL;
-    PyObject **slots[12] = {&g_opt_name, &g_ph_region_type, &g_ph_kind, &g_ph_no_step, &g_leave, &g_make_current,
-                            &g_calls, &g_calls_key, &g_end_event, &g_finish, &g_ph_step_part, &g_zero_grad_part};
-    for (int i = 0; i < 12; i++)
+    PyObject **slots[13] = {&g_opt_name, &g_ph_region_type, &g_ph_kind, &g_ph_no_step, &g_leave, &g_make_current,
+                            &g_calls, &g_calls_key, &g_end_event, &g_finish, &g_ph_step_part, &g_zero_grad_part,
+                            &g_clip_part};
+    for (int i = 0; i < 13; i++)
         Py_XSETREF(*slots[i], Py_NewRef(o[i]));
     Py_RETURN_NONE;
 }
@@ -2631,6 +2698,7 @@ static PyMethodDef methods[] = {
     {"optimizer_begin", (PyCFunction)(void (*)(void))optimizer_begin, METH_FASTCALL, optimizer_begin_doc},
     {"optimizer_end", (PyCFunction)(void (*)(void))optimizer_end, METH_FASTCALL, optimizer_end_doc},
     {"zero_grad_run", (PyCFunction)(void (*)(void))zero_grad_run, METH_FASTCALL, zero_grad_run_doc},
+    {"clip_run", (PyCFunction)(void (*)(void))clip_run, METH_FASTCALL, clip_run_doc},
     {"bind_phase", bind_phase, METH_VARARGS, bind_phase_doc},
     {"bind_optimizer", bind_optimizer, METH_VARARGS, bind_optimizer_doc},
     {NULL, NULL, 0, NULL},

@@ -242,7 +242,7 @@ aux_busy = _loops.aux_busy if _loops is not None else aux_busy_python
 
 
 def _clip(r: Recorder, s: State, original: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-    """Gradient clipping in a step is the first call of its update."""
+    """Gradient clipping in a step is the first call of its update. `clip_run`: in C (`_loops.clip_run`)."""
     if not isinstance(r.step, Step):
         return original(*args, **kwargs)
     return _part(r, s, phase.CLIP, original, args, kwargs)
@@ -294,8 +294,8 @@ optimizer_begin = _loops.optimizer_begin if _loops is not None else optimizer_be
 optimizer_end = _loops.optimizer_end if _loops is not None else optimizer_end_python
 #: `_zero_grad(r, s, original, args, kwargs)`: its common path in C, called straight from the patched zero_grad.
 zero_grad_run = _loops.zero_grad_run if _loops is not None else _zero_grad
-#: `_clip(r, s, original, args, kwargs)`, as the patched clip_grad_norm_ calls it (`batch` notes it).
-clip_run = _clip
+#: `_clip(r, s, original, args, kwargs)`, as the patched clip_grad_norm_ calls it (`batch` notes it): in C.
+clip_run = _loops.clip_run if _loops is not None else _clip
 
 
 def _own(r: Recorder, s: State, original: Callable[..., Any], args: Any, kwargs: Any) -> Any:

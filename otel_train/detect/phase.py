@@ -99,7 +99,7 @@ def end_python(r: Recorder, s: State) -> None:
 
 if _loops is not None:
     _loops.bind_phase(OPTIMIZER, Region, KIND_SPAN, NO_STEP, _leave, _make_current, _CALLS,
-                      semconv.TRAIN_OPTIMIZER_CALLS, device.end_event, direct.finish, STEP, ZERO_GRAD)
+                      semconv.TRAIN_OPTIMIZER_CALLS, device.end_event, direct.finish, STEP, ZERO_GRAD, CLIP)
 part_begin = _loops.part_begin if _loops is not None else part_begin_python
 part_end = _loops.part_end if _loops is not None else part_end_python
 end = _loops.phase_end if _loops is not None else end_python
