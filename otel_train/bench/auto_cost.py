@@ -91,7 +91,7 @@ from typing import Any
 
 from otel_train import semconv
 from otel_train.bench import callgrind
-from otel_train.bench.harness import print_ci, print_figure
+from otel_train.bench.harness import as_script, print_ci, print_figure
 from otel_train.bench.stats import ci95_of
 
 ACCUM = 2
@@ -137,9 +137,7 @@ def step(self):
     self.opt.step()
     self.opt.zero_grad(set_to_none=True)
 """
-_script: dict[str, Any] = {"__name__": "auto_cost_loop", "ACCUM": ACCUM}
-exec(compile(_LOOP, "<otel-train bench auto-cost loop>", "exec"), _script)  # noqa: S102 - our own constant
-AutoCostLoop.step = _script["step"]  # type: ignore[method-assign]
+AutoCostLoop.step = as_script(_LOOP, "auto_cost_loop", ACCUM=ACCUM)["step"]  # type: ignore[method-assign]
 
 
 def round_orders(rounds: int, names: tuple[str, ...] = ("plain", "auto"), seed: int = 0) -> list[tuple[str, ...]]:

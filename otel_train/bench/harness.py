@@ -1,4 +1,5 @@
-"""What the overhead benchmark's designs share: the live receiver, init per export mode, output lines."""
+"""What the benchmarks share: the live receiver, init per export mode, output lines, a step
+written as a user's script."""
 
 from __future__ import annotations
 
@@ -25,6 +26,16 @@ class Receiver:
     def close(self) -> None:
         self.proc.stdin.close()  # type: ignore[union-attr]
         self.proc.wait(timeout=10)
+
+
+def as_script(source: str, name: str, **names: Any) -> dict[str, Any]:
+    """`source` run as the code of a user's script named `name` (its globals: `names`): the
+    functions it defines. Automatic detection reads a script's call sites (where `zero_grad()`
+    stands against the update: `detect/sites.py`) and skips frames of otel_train's own modules,
+    so a step written in a module of ours would take a path no user's does."""
+    namespace: dict[str, Any] = {"__name__": name, **names}
+    exec(compile(source, f"<otel-train bench: {name}>", "exec"), namespace)  # noqa: S102 - our own constants
+    return namespace
 
 
 def print_figure(name: str, value: float | int | str) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from otel_train import semconv
+from otel_train.bench.harness import as_script
 
 PHASE_ATTR = semconv.TRAIN_MICRO_BATCH
 CLIP_SPAN = "bench.clip_grad_norm"  # a user span: the ninth region of the small step
@@ -39,16 +40,7 @@ class Workload:
         while True:
             yield from self._batches
 
-    def plain(self) -> None:
-        for _ in range(self.accum):
-            x, y = next(self.data)
-            out = self.model(x)
-            loss = self.loss(out.reshape(-1, self.vocab), y.reshape(-1)) / self.accum
-            loss.backward()
-        import torch
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
+    plain: Callable[[Workload], None]  # `_PLAIN`, compiled as a script's code (below)
 
     def instrumented(self, span: Callable[..., Any] | None = None) -> None:
         import otel_train
@@ -76,3 +68,23 @@ class Workload:
                     torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
                 self.opt.step()
                 self.opt.zero_grad(set_to_none=True)
+
+
+#: The plain step, which automatic mode also runs: compiled as a user's script (`as_script`), as
+#: a user's loop is. Until 2026-11-27 it was a method of this module, so detection
+#: placed its `zero_grad()` by the benchmark's frames, not the step's: at the top of the next
+#: step, through the Python path no user's loop takes.
+_PLAIN = """
+def plain(self):
+    for _ in range(self.accum):
+        x, y = next(self.data)
+        out = self.model(x)
+        loss = self.loss(out.reshape(-1, self.vocab), y.reshape(-1)) / self.accum
+        loss.backward()
+    import torch
+    torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+    self.opt.step()
+    self.opt.zero_grad(set_to_none=True)
+"""
+
+Workload.plain = as_script(_PLAIN, "bench_workload_step")["plain"]  # type: ignore[method-assign]
