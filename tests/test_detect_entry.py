@@ -121,6 +121,38 @@ def test_an_error_shows_the_frames_it_shows_without_us(run: Run, fails: Callable
     assert semconv.SPAN_BACKWARD in names and (semconv.SPAN_DATA in names or fails is _backward_twice)
 
 
+def _save_fails(model: nn.Module, opt: Any) -> BaseException:
+    try:
+        torch.save(model.state_dict(), "/nonexistent-dir-otel-train/ckpt.pt")
+    except RuntimeError as err:
+        return err
+    raise AssertionError("torch.save did not raise")
+
+
+def _collective_fails(model: nn.Module, opt: Any) -> BaseException:
+    import torch.distributed as dist
+    try:
+        dist.all_reduce(torch.ones(1))  # no process group
+    except ValueError as err:
+        return err
+    raise AssertionError("all_reduce did not raise")
+
+
+@pytest.mark.parametrize("fails", [_save_fails, _collective_fails], ids=["torch.save", "all_reduce"])
+def test_an_error_inside_a_wrapt_wrapped_function_shows_the_frames_it_shows_without_us(
+        run: Run, fails: Callable[..., BaseException]) -> None:
+    """Checkpoints and collectives keep their wrapt wrappers, which call ours through `Hidden`."""
+    if fails is _collective_fails and not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not built")
+    model = Net(run.clock)
+    opt = ticking_sgd(model, run.clock)
+    with paused_detection():
+        plain = fails(model, opt)
+    _warm(run, model, opt, 3)
+    err = fails(model, opt)
+    assert _ours(err) == [] and _frames(err) == _frames(plain)
+
+
 def _in_our_namespace(source: str, **names: Any) -> Callable[..., Any]:
     """A function compiled as if written in a module of otel_train's (its frames are ours)."""
     namespace: dict[str, Any] = {"__name__": "otel_train.detect.a_body", **names}

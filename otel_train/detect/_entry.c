@@ -20,7 +20,11 @@
  * break, `torch.autograd.backward` a skipped function; a `DataLoader`'s iteration a graph break.
  * An `Entry` binds as a method does (`__get__`, and the method-descriptor flag for the
  * interpreter's unbound call), carries the original's `__name__`, `__doc__` and `__wrapped__`
- * (`functools.update_wrapper`) and pickles by name, as the function it replaced did. */
+ * (`functools.update_wrapper`) and pickles by name, as the function it replaced did.
+ *
+ * What else is patched (checkpoints, collectives, framework methods) is a `wrapt` wrapper, whose
+ * call is C: `Hidden(wrapper)` is the Python wrapper it calls, with our frames taken out of an
+ * error that comes back through it the same way (`patches.Patches.wrap`). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
@@ -278,6 +282,87 @@ static PyTypeObject EntryType = {
     .tp_getset = entry_getset,
 };
 
+/* `Hidden(fn)`: `fn(*args, **kwargs)`, our frames taken out of an error's traceback. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *fn;
+    vectorcallfunc vectorcall;
+} Hidden;
+
+static PyObject *
+hidden_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyObject *out = PyObject_Vectorcall(((Hidden *)op)->fn, args, nargsf, kwnames);
+    if (out == NULL)
+        hide_ours();
+    return out;
+}
+
+static PyObject *
+hidden_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *fn;
+    if (!PyArg_ParseTuple(args, "O:Hidden", &fn))
+        return NULL;
+    Hidden *self = (Hidden *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->fn = Py_NewRef(fn);
+    self->vectorcall = hidden_call;
+    return (PyObject *)self;
+}
+
+static int
+hidden_traverse(Hidden *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->fn);
+    return 0;
+}
+
+static int
+hidden_clear(Hidden *self)
+{
+    Py_CLEAR(self->fn);
+    return 0;
+}
+
+static void
+hidden_dealloc(Hidden *self)
+{
+    PyObject_GC_UnTrack(self);
+    hidden_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+hidden_repr(Hidden *self)
+{
+    return PyUnicode_FromFormat("<otel_train Hidden(%R)>", self->fn);
+}
+
+static PyMemberDef hidden_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(Hidden, vectorcall), READONLY, NULL},
+    {"fn", T_OBJECT_EX, offsetof(Hidden, fn), READONLY, "the function called"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject HiddenType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_train.detect._entry.Hidden",
+    .tp_doc = "Hidden(fn): `fn(*args, **kwargs)`, the frames of otel_train's taken out of the traceback of an "
+              "error that comes back (unless it began in one).",
+    .tp_basicsize = sizeof(Hidden),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_new = hidden_new,
+    .tp_traverse = (traverseproc)hidden_traverse,
+    .tp_clear = (inquiry)hidden_clear,
+    .tp_dealloc = (destructor)hidden_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Hidden, vectorcall),
+    .tp_repr = (reprfunc)hidden_repr,
+    .tp_members = hidden_members,
+};
+
 static PyObject *
 bind(PyObject *module, PyObject *args)
 {
@@ -309,12 +394,14 @@ PyInit__entry(void)
         (s_flag = PyUnicode_InternFromString("_is_compiling_flag")) == NULL ||
         (s_name = PyUnicode_InternFromString("__name__")) == NULL ||
         (s_qualname = PyUnicode_InternFromString("__qualname__")) == NULL ||
-        (g_prefix = PyUnicode_InternFromString("otel_train.")) == NULL || PyType_Ready(&EntryType) < 0)
+        (g_prefix = PyUnicode_InternFromString("otel_train.")) == NULL || PyType_Ready(&EntryType) < 0 ||
+        PyType_Ready(&HiddenType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL)
         return NULL;
     if (PyModule_AddObjectRef(module, "Entry", (PyObject *)&EntryType) < 0 ||
+        PyModule_AddObjectRef(module, "Hidden", (PyObject *)&HiddenType) < 0 ||
         PyModule_AddIntConstant(module, "FETCH", FETCH) < 0 || PyModule_AddIntConstant(module, "CALL", CALL) < 0) {
         Py_DECREF(module);
         return NULL;

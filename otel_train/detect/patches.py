@@ -14,6 +14,11 @@ from typing import Any
 
 import wrapt
 
+try:  # the wrapper a wrapt wrapper calls, our frames taken out of a traceback (`_entry.c`)
+    from otel_train.detect._entry import Hidden
+except ImportError:
+    Hidden = None  # type: ignore[assignment,misc]
+
 _log = logging.getLogger("otel_train")
 
 #: One patch: (owner, name, original, whether the owner had its own attribute, the replacement).
@@ -31,12 +36,15 @@ class Patches:
         Patches.everywhere.append(self)
 
     def wrap(self, owner: Any, name: str, wrapper: Callable[..., Any], lean: bool = False) -> None:
-        """Replace `owner.name` by a wrapt wrapper around it. `lean`, for what runs every step:
-        by a plain function calling `wrapper(original, args, kwargs)` (a method's `self` is
-        `args[0]`), ~0.1 µs a call where wrapt's binding costs 0.6-1.3 µs and trips
-        torch.compile's guards when a compiled function calls it."""
+        """Replace `owner.name` by a wrapt wrapper around it, whose call (C) calls `wrapper`
+        through `Hidden` where built: an error raised inside the original shows no frame of
+        ours, as without us. `lean`, for what runs every step: by a plain function calling
+        `wrapper(original, args, kwargs)` (a method's `self` is `args[0]`), ~0.1 µs a call where
+        wrapt's binding costs 0.6-1.3 µs and trips torch.compile's guards when a compiled
+        function calls it (its frames stay in a traceback)."""
+        hidden = wrapper if Hidden is None else Hidden(wrapper)
         self.replace(owner, name, lambda original: _lean(original, wrapper) if lean
-                     else wrapt.FunctionWrapper(original, wrapper))
+                     else wrapt.FunctionWrapper(original, hidden))
 
     def replace(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
         """Replace `owner.name` by `make(original)`."""
