@@ -139,7 +139,9 @@ def test_quickstart_example_leaves_traces_on_the_embedded_default(tmp_path) -> N
     spans = list(read_spans(tmp_path / "otel-train" / "qs" / "traces-rank0.jsonl"))
     steps = {s["attributes"]["train.step"]: s for s in spans if s["name"] == "train.step"}
     assert sorted(steps) == list(range(20))
-    assert steps[19]["attributes"]["train.step.tags"] == ["checkpoint", "eval"]
+    # 'slow' (over the median + 3 MAD of recent steps) is a wall-clock verdict: a loaded host may add it.
+    tags = steps[19]["attributes"]["train.step.tags"]
+    assert [tag for tag in tags if tag != "slow"] == ["checkpoint", "eval"], tags
     assert sum(s["name"] == "train.forward" for s in spans) == 40
 
 
