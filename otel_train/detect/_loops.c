@@ -697,29 +697,25 @@ train_activity(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         Py_DECREF(res);
     }
-    if (!slow) {
-        if ((step = mget(r, &m_rec_step)) == NULL)
-            return NULL;
-        if ((v = PyObject_IsInstance(step, g_step_type)) < 0)
+    if ((step = mget(r, &m_rec_step)) == NULL)
+        return NULL;
+    if ((v = PyObject_IsInstance(step, g_step_type)) < 0)
+        goto fail;
+    if (!v) { /* no step open: one begins */
+        Py_SETREF(step, begin(r, s, args[2]));
+        if (step == NULL)
             goto fail;
-        if (!v) { /* no step open: one begins */
-            Py_SETREF(step, begin(r, s, args[2]));
-            if (step == NULL)
-                goto fail;
-            goto resolve;
-        }
+        goto resolve;
     }
-    if (!slow) {
-        if ((s_step_obj = sget(s, &f_step)) == NULL)
-            goto fail;
-        if (step != s_step_obj) { /* the user's explicit `otel_train.step()` rules; phases only */
-            Py_DECREF(s_step_obj);
-            return step;
-        }
-        Py_CLEAR(s_step_obj);
+    if ((s_step_obj = sget(s, &f_step)) == NULL)
+        goto fail;
+    if (step != s_step_obj) { /* the user's explicit `otel_train.step()` rules; phases only */
+        Py_DECREF(s_step_obj);
+        return step;
     }
+    Py_CLEAR(s_step_obj);
     int new_mb = 0;
-    if (!slow && kind != g_ph_opt) {
+    if (kind != g_ph_opt) {
         int mb_bwd = sattr_true(s, &f_mb_bwd), mb_fwd = mb_bwd < 0 ? -1 : sattr_true(s, &f_mb_fwd);
         int no_opt_end = mb_fwd < 0 ? -1 : sattr_none(s, &f_opt_end);
         int driven = no_opt_end < 0 ? -1 : sattr_true(s, &f_data_driven);

@@ -42,9 +42,11 @@ class Patches:
         `wrapper(original, args, kwargs)` (a method's `self` is `args[0]`), ~0.1 µs a call where
         wrapt's binding costs 0.6-1.3 µs and trips torch.compile's guards when a compiled
         function calls it (its frames stay in a traceback)."""
+        if lean:
+            self.replace(owner, name, lambda original: _lean(original, wrapper))
+            return
         hidden = wrapper if Hidden is None else Hidden(wrapper)
-        self.replace(owner, name, lambda original: _lean(original, wrapper) if lean
-                     else wrapt.FunctionWrapper(original, hidden))
+        self.replace(owner, name, lambda original: wrapt.FunctionWrapper(original, hidden))
 
     def replace(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
         """Replace `owner.name` by `make(original)`."""
