@@ -13,6 +13,7 @@ import json
 import pickle
 import subprocess
 import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -173,6 +174,38 @@ def test_a_model_saved_under_detection_loads_without_otel_train_and_with_no_hook
     # weights_only=True refuses exactly what it refuses in a plain save: the model's own classes.
     assert out["unsafe"] == sorted(["user_model.Model", "torch.nn.modules.activation.ReLU",
                                     "torch.nn.modules.container.Sequential", "torch.nn.modules.linear.Linear"])
+
+
+def test_a_model_scripts_as_it_does_without_us_and_keeps_our_hooks(exporter: InMemorySpanExporter) -> None:
+    """torch.jit.script compiles a module tree's hooks into the script module, and failed on
+    ours; scripted under detection, the model gives the plain script, keeps our hooks in their
+    place, and training goes on detected."""
+    model = _hooked(exporter)
+
+    def tables() -> list[list[tuple[Any, Any]]]:
+        return [list(table.items()) for table in (model._forward_pre_hooks, model._forward_hooks,
+                                                  model._forward_hooks_always_called)]
+
+    before = tables()
+    assert all(torch_hooks.ours(dict(table)) for table in before)
+    scripted = torch.jit.script(model)
+    assert tables() == before
+    x = torch.randn(3, 4)
+    assert torch.equal(scripted(x), model(x))
+    with pytest.raises(torch.jit.frontend.NotSupportedError) as caught:  # no frame of ours in its traceback
+        torch.jit.script(nn.Sequential(_Unscriptable()))
+    assert not [f for f in traceback.extract_tb(caught.value.__traceback__) if "otel_train" in f.filename]
+    _train(model, steps=2)
+    _detect.uninstall()
+    plain = torch.jit.script(model)
+    assert str(plain.graph) == str(scripted.graph) and plain.code == scripted.code
+    otel_train.shutdown()
+    assert sum(span.name == semconv.SPAN_STEP for span in exporter.get_finished_spans()) == 6
+
+
+class _Unscriptable(nn.Module):
+    def forward(self, *xs: Any) -> Any:  # TorchScript takes no *args
+        return xs
 
 
 def test_uninstall_removes_the_pickling_filter_and_every_entry(exporter: InMemorySpanExporter) -> None:

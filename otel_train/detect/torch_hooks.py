@@ -11,6 +11,8 @@ keep the user's objects byte for byte what they are without us:
   returns the state with our entries taken out of its hook tables (installed with
   detection). `copy.copy` is left alone: a shallow copy shares the tables, as it does
   without us.
+- `torch.jit.script(module)` compiles the module tree's hooks into the script module; ours are
+  taken out of the tables for the call (`_script_wrapper`).
 - Our entries take no number from torch's `RemovableHandle` counter, which numbers every hook
   the program registers and which a pickled hook table holds as its keys: ours are negative
   numbers of our own (`put`), so a hook the user registers later gets the number it would get
@@ -123,9 +125,34 @@ def _reduce_ex(self: torch.nn.Module, protocol: int) -> Any:
     return (*rv[:2], clean if slots is None else (clean, slots), *rv[3:])
 
 
+def _script_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+    """`torch.jit._recursive.create_script_module(nn_module, ...)`, behind `torch.jit.script`:
+    TorchScript compiles every hook in a module tree's tables into the script module (and fails
+    on ours: they are not TorchScript). Ours are out of the tables for the call and back after,
+    so the scripted module is what it is without us."""
+    module = args[0] if args else kwargs.get("nn_module")
+    saved: list[tuple[MutableMapping[int, Any], list[tuple[Any, Any]]]] = []
+    if isinstance(module, torch.nn.Module):
+        for sub in module.modules():
+            for name in _MODULE_TABLES:
+                table = getattr(sub, name, None)
+                if table and ours(table):
+                    saved.append((table, list(table.items())))
+                    for key in [k for k in table if type(k) is int and k <= FLOOR]:
+                        del table[key]
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        for table, items in saved:  # as they were, in their order
+            table.clear()
+            table.update(items)
+
+
 def install() -> None:
-    """Modules pickle and deep-copy without our hook entries (until `uninstall()`)."""
+    """Modules pickle, deep-copy and script without our hook entries (until `uninstall()`)."""
+    import torch.jit._recursive
     patches.replace(torch.nn.Module, "__reduce_ex__", lambda original: _reduce_ex)
+    patches.wrap(torch.jit._recursive, "create_script_module", _script_wrapper)
 
 
 def uninstall() -> None:
