@@ -34,8 +34,8 @@ patches = Patches()
 def backward_patch(original: Callable[..., Any]) -> Callable[..., Any]:
     """`torch.autograd.backward` inside a `train.backward` region: an object in C that calls
     `backward_run` (`entry`: no frame of ours in a traceback from autograd), else this Python
-    function, the patched function itself rather than a wrapper called by one (each Python frame
-    between torch's operations costs a few µs of cold cache)."""
+    function, the patched function itself rather than a wrapper called by one (a frame fewer in a
+    traceback)."""
     made = entry.make(original, busy, globals(), "backward_run", entry.CALL)
     if made is not None:
         return made

@@ -94,12 +94,14 @@ _object_reduce_ex = object.__reduce_ex__
 _COPY = copy.copy.__code__
 
 
+def our_key(key: Any) -> bool:
+    """Whether a key of a hook table is one of ours (`put`)."""
+    return type(key) is int and key <= FLOOR
+
+
 def ours(table: Any) -> bool:
     """Whether a hook table holds an entry of ours."""
-    for key in table:
-        if type(key) is int and key <= FLOOR:
-            return True
-    return False
+    return any(our_key(key) for key in table)
 
 
 def _reduce_ex(self: torch.nn.Module, protocol: int) -> Any:
@@ -119,7 +121,7 @@ def _reduce_ex(self: torch.nn.Module, protocol: int) -> Any:
         if table and ours(table):
             if clean is None:
                 clean = dict(state)  # never the module's own __dict__, which some __getstate__ return
-            clean[name] = type(table)((k, v) for k, v in table.items() if not (type(k) is int and k <= FLOOR))
+            clean[name] = type(table)((k, v) for k, v in table.items() if not our_key(k))
     if clean is None:
         return rv
     return (*rv[:2], clean if slots is None else (clean, slots), *rv[3:])
@@ -138,7 +140,7 @@ def _script_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwarg
                 table = getattr(sub, name, None)
                 if table and ours(table):
                     saved.append((table, list(table.items())))
-                    for key in [k for k in table if type(k) is int and k <= FLOOR]:
+                    for key in [k for k in table if our_key(k)]:
                         del table[key]
     try:
         return wrapped(*args, **kwargs)
