@@ -1,13 +1,15 @@
-"""The patched `torch.autograd.backward` and `DataLoader` iteration as objects in C
-(`otel_train.detect.entry`, `_entry.c`): an error from the user's code or torch's shows the
-frames it shows without otel_train, the patched objects act as the functions they replaced, and
-their checks call the user's function alone where the Python functions did.
+"""The patched `torch.autograd.backward`, `DataLoader` iteration, `zero_grad`, `clip_grad_norm_`
+and `GradScaler.step` as objects in C (`otel_train.detect.entry`, `_entry.c`): an error from the
+user's code or torch's shows the frames it shows without otel_train, the patched objects act as
+the functions they replaced (Dynamo traces them as it traces torch's), and their checks call the
+user's function alone where the Python functions did.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
+import json
 import pickle
 import traceback
 from collections.abc import Callable
@@ -77,6 +79,59 @@ def _backward_twice(model: nn.Module, opt: Any) -> BaseException:
     raise AssertionError("the second backward did not raise")
 
 
+def _clip_fails(model: nn.Module, opt: Any) -> BaseException:
+    """Two good steps, then a non-finite gradient norm that clipping refuses; the error."""
+    x, y = torch.ones(2, 4), torch.zeros(2, 1)
+    for n in range(3):
+        (nn.functional.mse_loss(model(x), y) * (float("nan") if n == 2 else 1.0)).backward()
+        try:
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=True)
+        except RuntimeError as err:
+            opt.zero_grad()
+            return err
+        opt.step()
+        opt.zero_grad()
+    raise AssertionError("clipping did not raise")
+
+
+class _Unlisted(nn.Module):
+    """A module whose `parameters()` fails: `zero_grad()` calls it."""
+
+    def parameters(self, recurse: bool = True) -> Any:
+        raise LookupError("no parameters here")
+
+
+def _zero_grad_fails(model: nn.Module, opt: Any) -> BaseException:
+    """A good step, then a `zero_grad()` whose module's code raises inside it; the error."""
+    x, y = torch.ones(2, 4), torch.zeros(2, 1)
+    nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    opt.zero_grad()
+    try:
+        _Unlisted().zero_grad()
+    except LookupError as err:
+        return err
+    raise AssertionError("zero_grad did not raise")
+
+
+def _scaler_fails(model: nn.Module, opt: Any) -> BaseException:
+    """Two good steps through a gradient scaler, then its `step()` twice before an `update()`."""
+    scaler = torch.amp.GradScaler("cpu")
+    x, y = torch.ones(2, 4), torch.zeros(2, 1)
+    for n in range(3):
+        scaler.scale(nn.functional.mse_loss(model(x), y)).backward()
+        scaler.step(opt)
+        if n == 2:
+            try:
+                scaler.step(opt)
+            except RuntimeError as err:
+                opt.zero_grad()
+                return err
+        scaler.update()
+        opt.zero_grad()
+    raise AssertionError("the scaler did not raise")
+
+
 def _frames(err: BaseException) -> list[tuple[str, str]]:
     return [(Path(f.filename).name, f.name) for f in traceback.extract_tb(err.__traceback__)]
 
@@ -95,7 +150,8 @@ def _warm(run: Run, model: nn.Module, opt: Any, steps: int) -> None:
         opt.zero_grad()
 
 
-@pytest.mark.parametrize("fails", [_dataset_fails, _backward_twice], ids=["dataset", "backward"])
+@pytest.mark.parametrize("fails", [_dataset_fails, _backward_twice, _clip_fails, _zero_grad_fails, _scaler_fails],
+                         ids=["dataset", "backward", "clip_grad_norm_", "zero_grad", "GradScaler.step"])
 @pytest.mark.parametrize("when", ["discovering", "noted", "at_once"])
 def test_an_error_shows_the_frames_it_shows_without_us(run: Run, fails: Callable[..., BaseException],
                                                        when: str) -> None:
@@ -118,7 +174,8 @@ def test_an_error_shows_the_frames_it_shows_without_us(run: Run, fails: Callable
     batch.settle()
     run.finish()
     names = {span.name for span in run.exporter.get_finished_spans()}
-    assert semconv.SPAN_BACKWARD in names and (semconv.SPAN_DATA in names or fails is _backward_twice)
+    assert semconv.SPAN_BACKWARD in names and semconv.SPAN_OPTIMIZER in names
+    assert semconv.SPAN_DATA in names or fails is not _dataset_fails
 
 
 def _save_fails(model: nn.Module, opt: Any) -> BaseException:
@@ -200,6 +257,81 @@ def test_the_patched_objects_act_as_the_functions_they_replaced(run: Run) -> Non
     grads = [p.grad.clone() for p in model.parameters()]
     torch.autograd.backward([loss], grad_tensors=[torch.tensor(1.0)], inputs=list(model.parameters()))
     assert all(torch.equal(p.grad, 2 * g) for p, g in zip(model.parameters(), grads))
+
+
+@pytest.mark.parametrize("owner, name", [(torch.nn.utils, "clip_grad_norm_"), (torch.optim.Optimizer, "zero_grad"),
+                                          (nn.Module, "zero_grad"), (torch.amp.GradScaler, "step")])
+def test_the_update_s_patched_functions_act_as_the_ones_they_replaced(run: Run, owner: Any, name: str) -> None:
+    patched = vars(owner)[name]
+    original = patched.__wrapped__
+    assert isinstance(patched, entry._entry.Entry) and inspect.isfunction(original)
+    assert (patched.__name__, patched.__qualname__, patched.__module__, patched.__doc__) == (
+        original.__name__, original.__qualname__, original.__module__, original.__doc__)
+    assert inspect.signature(patched) == inspect.signature(original)
+    assert pickle.loads(pickle.dumps(patched)) is patched and copy.deepcopy(patched) is patched
+    if isinstance(owner, type):  # a method: bound as the function was, looked up on the class or an instance
+        assert getattr(owner, name) is patched
+        model = Net(run.clock)
+        instance = {nn.Module: model, torch.optim.Optimizer: ticking_sgd(model, run.clock),
+                    torch.amp.GradScaler: torch.amp.GradScaler("cpu")}[owner]
+        bound = getattr(instance, name)
+        assert bound.__self__ is instance and bound.__func__ is patched
+        assert inspect.signature(bound) == inspect.signature(getattr(original, "__get__")(instance))
+
+
+def test_dynamo_traces_the_update_s_patched_functions_as_it_traces_torch_s(tmp_path: Path) -> None:
+    """A compiled function that clips (through a reference taken beforehand) and zeroes the
+    gradients compiles as without otel_train: the same frames, graphs, breaks and recompiles.
+    (In a process of its own: once anything was compiled, detection never goes back.)"""
+    from support.procs import run_python
+    out = run_python(f"""
+        import json
+        import torch
+        from torch import nn
+        from torch._dynamo.utils import counters
+        import otel_train
+        from otel_train import detect
+        from otel_train.detect import entry
+        from otel_train.testing import paused_detection
+
+        otel_train.init(run_id="twins", output_dir={str(tmp_path)!r})
+        detect.install()
+
+        def compile_and_count():
+            torch._dynamo.reset()
+            counters.clear()
+            model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            clip = torch.nn.utils.clip_grad_norm_
+
+            @torch.compile(backend="eager")
+            def clip_and_zero(x):
+                model(x).sum().backward()
+                norm = clip(model.parameters(), 1.0)
+                model.zero_grad()
+                return norm
+
+            @torch.compile(backend="eager")
+            def zero_grad():
+                opt.zero_grad()
+
+            for _ in range(3):
+                clip_and_zero(torch.ones(2, 4))
+                zero_grad()
+            return {{group: sorted(counters[group].values())
+                     for group in ("frames", "graph_break", "recompiles", "stats")}}
+
+        with paused_detection():
+            plain = compile_and_count()
+        assert type(torch.nn.utils.clip_grad_norm_) is entry._entry.Entry
+        ours = compile_and_count()
+        detect.uninstall()
+        otel_train.shutdown()
+        print("COUNTS " + json.dumps({{"plain": plain, "ours": ours}}))
+    """, timeout=300).stdout
+    counts = json.loads(out.split("COUNTS ", 1)[1].splitlines()[0])
+    assert counts["ours"] == counts["plain"]
+    assert len(counts["plain"]["graph_break"]) == 2  # at `.backward()` and at `Optimizer.zero_grad`, torch's own
 
 
 def test_the_check_calls_the_users_function_alone_where_the_python_one_did(run: Run) -> None:

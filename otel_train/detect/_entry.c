@@ -1,25 +1,31 @@
-/* The patched `torch.autograd.backward` and `DataLoader` iterators' `__next__` as objects in C
+/* The patched functions that run torch's or the user's code inside them, as objects in C
  * (`entry.py`): no Python frame of ours between the user's code and torch's.
  *
  * Each was a Python function: its frame stood in the traceback of every error raised through it
- * (a dataset's `__getitem__`, "Trying to backward through the graph a second time"), where a
- * user reads it as ours, and it was one more cold Python call every micro-batch. An `Entry` does
- * what that function did, in the same order (docs/automatic.md, "Patches"):
+ * (a dataset's `__getitem__`, "Trying to backward through the graph a second time", a
+ * non-finite norm in `clip_grad_norm_(error_if_nonfinite=True)`), where a user reads it as ours.
+ * An `Entry` does what that function did, in the same order (docs/automatic.md, "Patches"):
  *
  *     if compiled.seen and dynamo_compiling() or tc._is_compiling_flag or busy(s) and caught_up(busy, s):
  *         return original(*args, **kwargs)
  *     return run(original, iterator)              # a fetch: `data.fetch`
- *     return run(original, args, kwargs)          # a backward: `backward.backward_run`
+ *     return run(original, args, kwargs)          # a call: `backward.backward_run`, `GradScaler.step`'s wrapper
+ *     r = recorder._rec                           # a recorded call: `optimizer.zero_grad_run`, `clip_run`
+ *     return run(r, s, original, args, kwargs) if r is not None else original(*args, **kwargs)
  *
- * `run` is read from its module's globals at each call (`batch` points it at the noting entry
- * points, `otel_train.testing` at stubs). An error that comes back through `run` loses the
- * frames of ours in its traceback (the Python bodies `run` may call, which call the user's
- * function), unless it began in one of them (an error of ours keeps where it happened).
+ * (`busy` None: never busy.) `run` is read from its module's globals at each call (`batch`
+ * points it at the noting entry points, `otel_train.testing` at stubs). An error that comes back
+ * through `run` loses the frames of ours in its traceback (the Python bodies `run` may call,
+ * which call the user's function), unless it began in one of them (an error of ours keeps where
+ * it happened).
  *
- * Neither function is traced by Dynamo: `Tensor.backward()` is its own rewrite or a graph
- * break, `torch.autograd.backward` a skipped function; a `DataLoader`'s iteration a graph break.
- * An `Entry` binds as a method does (`__get__`, and the method-descriptor flag for the
- * interpreter's unbound call), carries the original's `__name__`, `__doc__` and `__wrapped__`
+ * Dynamo cannot trace a C object. Where Dynamo would trace the call (`clip_grad_norm_` or
+ * `model.zero_grad()` in a compiled step), the entry carries its Python twin (`entry.make`'s
+ * `twin`), which Dynamo inlines in its place (on a class, `entry.MethodEntry`, whose Python
+ * `__get__` Dynamo follows, binds to it); `backward` and a `DataLoader`'s iteration it never
+ * traces. An `Entry`
+ * binds as a method does (`__get__`, and the method-descriptor flag for the interpreter's
+ * unbound call), carries the original's `__name__`, `__doc__` and `__wrapped__`
  * (`functools.update_wrapper`) and pickles by name, as the function it replaced did.
  *
  * What else is patched (checkpoints, collectives, framework methods) is a `wrapt` wrapper, whose
@@ -32,20 +38,21 @@
 #include "_member.h"
 
 /* What every entry reads: `compile.compiled`, `compile.dynamo_compiling`, `compile.tc`, the
- * detection state and `state.caught_up` (`bind`). */
-static PyObject *g_compiled, *g_dynamo_compiling, *g_tc, *g_state, *g_caught_up;
-static PyObject *s_seen, *s_flag, *s_name, *s_qualname, *g_prefix;
+ * detection state, `state.caught_up` and the recorder module's globals (`bind`). */
+static PyObject *g_compiled, *g_dynamo_compiling, *g_tc, *g_state, *g_caught_up, *g_recorder;
+static PyObject *s_seen, *s_flag, *s_name, *s_qualname, *s_rec, *g_prefix;
 static Member m_seen = {&s_seen};
 
-enum { FETCH, CALL };
+enum { FETCH, CALL, RECORDED };
 
 typedef struct {
     PyObject_HEAD
     PyObject *original; /* the function replaced */
-    PyObject *busy;     /* `busy(s)`: the call is part of something else */
+    PyObject *busy;     /* `busy(s)`: the call is part of something else (None: never) */
     PyObject *globals;  /* the module whose `run` this calls */
     PyObject *run;      /* its name there */
-    int kind;           /* FETCH: run(original, iterator); CALL: run(original, args, kwargs) */
+    int kind;           /* FETCH: run(original, iterator); CALL: run(original, args, kwargs);
+                           RECORDED: run(recorder._rec, s, original, args, kwargs) */
     PyObject *dict;     /* `__name__`, `__doc__`, `__wrapped__`... */
     vectorcallfunc vectorcall;
 } Entry;
@@ -61,7 +68,7 @@ alone(Entry *self)
         yes = true_of(PyObject_CallNoArgs(g_dynamo_compiling));
     if (yes == 0)
         yes = true_of(PyObject_GetAttr(g_tc, s_flag));
-    if (yes != 0)
+    if (yes != 0 || self->busy == Py_None)
         return yes;
     yes = true_of(PyObject_CallOneArg(self->busy, g_state));
     if (yes <= 0)
@@ -142,6 +149,15 @@ entry_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames
             PyErr_SetObject(PyExc_NameError, self->run);
         return NULL;
     }
+    PyObject *r = NULL;
+    if (self->kind == RECORDED) {
+        r = PyDict_GetItemWithError(g_recorder, s_rec); /* borrowed */
+        if (r == NULL && PyErr_Occurred())
+            return NULL;
+        if (r == NULL || r == Py_None)
+            return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+        Py_INCREF(r);
+    }
     Py_INCREF(run);
     PyObject *out;
     if (self->kind == FETCH) {
@@ -159,13 +175,16 @@ entry_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames
             int ok = 0;
             for (Py_ssize_t i = 0; i < nkw && ok == 0; i++)
                 ok = PyDict_SetItem(keywords, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]);
-            PyObject *call[3] = {self->original, positional, keywords};
-            out = ok < 0 ? NULL : PyObject_Vectorcall(run, call, 3, NULL);
+            PyObject *call[5] = {r, g_state, self->original, positional, keywords};
+            out = ok < 0 ? NULL
+                  : r != NULL ? PyObject_Vectorcall(run, call, 5, NULL)
+                              : PyObject_Vectorcall(run, call + 2, 3, NULL);
         }
         Py_XDECREF(positional);
         Py_XDECREF(keywords);
     }
     Py_DECREF(run);
+    Py_XDECREF(r);
     if (out == NULL)
         hide_ours();
     return out;
@@ -178,8 +197,8 @@ entry_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     int kind;
     if (!PyArg_ParseTuple(args, "OOO!Ui:Entry", &original, &busy, &PyDict_Type, &globals, &run, &kind))
         return NULL;
-    if (kind != FETCH && kind != CALL) {
-        PyErr_SetString(PyExc_ValueError, "Entry: kind must be 0 (a fetch) or 1 (a call)");
+    if (kind != FETCH && kind != CALL && kind != RECORDED) {
+        PyErr_SetString(PyExc_ValueError, "Entry: kind must be 0 (a fetch), 1 (a call) or 2 (a recorded call)");
         return NULL;
     }
     Entry *self = (Entry *)type->tp_alloc(type, 0);
@@ -267,7 +286,8 @@ static PyTypeObject EntryType = {
     .tp_name = "otel_train.detect._entry.Entry",
     .tp_doc = "Entry(original, busy, globals, run, kind): `original` timed by `globals[run]` (the module's docstring).",
     .tp_basicsize = sizeof(Entry),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR |
+                Py_TPFLAGS_BASETYPE,
     .tp_new = entry_new,
     .tp_traverse = (traverseproc)entry_traverse,
     .tp_clear = (inquiry)entry_clear,
@@ -366,20 +386,22 @@ static PyTypeObject HiddenType = {
 static PyObject *
 bind(PyObject *module, PyObject *args)
 {
-    PyObject *compiled, *dynamo_compiling, *tc, *state, *caught_up;
-    if (!PyArg_ParseTuple(args, "OOOOO:bind", &compiled, &dynamo_compiling, &tc, &state, &caught_up))
+    PyObject *compiled, *dynamo_compiling, *tc, *state, *caught_up, *recorder;
+    if (!PyArg_ParseTuple(args, "OOOOOO!:bind", &compiled, &dynamo_compiling, &tc, &state, &caught_up, &PyDict_Type,
+                          &recorder))
         return NULL;
     Py_XSETREF(g_compiled, Py_NewRef(compiled));
     Py_XSETREF(g_dynamo_compiling, Py_NewRef(dynamo_compiling));
     Py_XSETREF(g_tc, Py_NewRef(tc));
     Py_XSETREF(g_state, Py_NewRef(state));
     Py_XSETREF(g_caught_up, Py_NewRef(caught_up));
+    Py_XSETREF(g_recorder, Py_NewRef(recorder));
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS,
-     "bind(compiled, dynamo_compiling, tc, state, caught_up): what every entry's check reads."},
+     "bind(compiled, dynamo_compiling, tc, state, caught_up, recorder_globals): what every entry reads."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -394,6 +416,7 @@ PyInit__entry(void)
         (s_flag = PyUnicode_InternFromString("_is_compiling_flag")) == NULL ||
         (s_name = PyUnicode_InternFromString("__name__")) == NULL ||
         (s_qualname = PyUnicode_InternFromString("__qualname__")) == NULL ||
+        (s_rec = PyUnicode_InternFromString("_rec")) == NULL ||
         (g_prefix = PyUnicode_InternFromString("otel_train.")) == NULL || PyType_Ready(&EntryType) < 0 ||
         PyType_Ready(&HiddenType) < 0)
         return NULL;
@@ -402,7 +425,8 @@ PyInit__entry(void)
         return NULL;
     if (PyModule_AddObjectRef(module, "Entry", (PyObject *)&EntryType) < 0 ||
         PyModule_AddObjectRef(module, "Hidden", (PyObject *)&HiddenType) < 0 ||
-        PyModule_AddIntConstant(module, "FETCH", FETCH) < 0 || PyModule_AddIntConstant(module, "CALL", CALL) < 0) {
+        PyModule_AddIntConstant(module, "FETCH", FETCH) < 0 || PyModule_AddIntConstant(module, "CALL", CALL) < 0 ||
+        PyModule_AddIntConstant(module, "RECORDED", RECORDED) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -1,11 +1,12 @@
-"""The patched functions that call the user's code inside them, as objects in C (`_entry.c`).
+"""The patched functions that call torch's or the user's code inside them, as objects in C (`_entry.c`).
 
-`torch.autograd.backward` and `_BaseDataLoaderIter.__next__` run autograd and the user's
-dataset inside the call. Made as Python functions, their frame (and the Python bodies' they
-fall back to) stood in the traceback of every error raised there, between the user's frames
-and torch's, and each was one more Python call a micro-batch. `make` returns an `Entry` that
-does what the Python function does, in C: no frame of ours on the user's stack, and an error
-that comes back through a body of ours loses those frames too (unless it began in one).
+`torch.autograd.backward`, `_BaseDataLoaderIter.__next__`, `zero_grad`, `clip_grad_norm_` and
+`GradScaler.step` run autograd, the user's dataset or torch's checks inside the call. Made as
+Python functions, their frame (and the Python bodies' they fall back to) stood in the
+traceback of every error raised there, between the user's frames and torch's. `make` returns
+an `Entry` that does what the Python function does, in C: no frame of ours on the user's
+stack, and an error that comes back through a body of ours loses those frames too (unless it
+began in one).
 
 Where `_entry` is not built, `make` returns None and each family keeps its Python function.
 """
@@ -14,10 +15,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from types import MethodType
 from typing import Any
 
 from otel_train.detect.compile import compiled, dynamo_compiling, tc
 from otel_train.detect.state import caught_up, s
+from otel_train.record import recorder
 
 try:
     from otel_train.detect import _entry
@@ -25,19 +28,40 @@ except ImportError:
     _entry = None  # type: ignore[assignment]
 
 if _entry is not None:
-    _entry.bind(compiled, dynamo_compiling, tc, s, caught_up)
-    FETCH, CALL = _entry.FETCH, _entry.CALL
+    _entry.bind(compiled, dynamo_compiling, tc, s, caught_up, vars(recorder))
+    FETCH, CALL, RECORDED = _entry.FETCH, _entry.CALL, _entry.RECORDED
+
+    class MethodEntry(_entry.Entry):
+        """An `Entry` set on a class. Dynamo traces a Python `__get__` (not a C one): while it
+        traces, the method is its twin, bound, which it inlines; otherwise the entry, bound."""
+
+        def __get__(self, obj: Any, owner: Any = None) -> Any:
+            if obj is None:
+                return self
+            if compiled.seen and dynamo_compiling():
+                return getattr(self, "__original_fn").__get__(obj, owner)
+            return MethodType(self, obj)
 else:
-    FETCH, CALL = 0, 1
+    FETCH, CALL, RECORDED = 0, 1, 2
 
 
-def make(original: Callable[..., Any], busy: Callable[[Any], bool], owner: dict[str, Any], run: str,
-         kind: int) -> Callable[..., Any] | None:
+def make(original: Callable[..., Any], busy: Callable[[Any], bool] | None, owner: dict[str, Any], run: str,
+         kind: int, twin: Callable[..., Any] | None = None, method: bool = False) -> Callable[..., Any] | None:
     """`original` replaced by an object that checks as the families' patched functions do and
-    then calls `owner[run](original, iterator)` (FETCH) or `owner[run](original, args, kwargs)`
-    (CALL); None where the extension is not built."""
+    then calls `owner[run](original, iterator)` (FETCH), `owner[run](original, args, kwargs)`
+    (CALL) or, while a run records, `owner[run](recorder._rec, s, original, args, kwargs)`
+    (RECORDED); None where the extension is not built. `busy` None: never busy.
+
+    `twin`, the Python function that does the same, is what Dynamo traces in the object's place
+    (it cannot trace C): the entry carries it as torch.jit's `script_if_tracing` wrappers carry
+    theirs, under the two attributes Dynamo inlines through (`__original_fn`), and with `method`
+    (the entry is set on a class) binds to it while Dynamo traces. Without a twin, a compiled
+    function that calls the entry breaks its graph there."""
     if _entry is None:
         return None
-    entry = _entry.Entry(original, busy, owner, run, kind)
-    functools.update_wrapper(entry, original)
-    return entry
+    made = (MethodEntry if method else _entry.Entry)(original, busy, owner, run, kind)
+    functools.update_wrapper(made, original)
+    if twin is not None:
+        setattr(made, "__script_if_tracing_wrapper", True)
+        setattr(made, "__original_fn", twin)
+    return made

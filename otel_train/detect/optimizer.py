@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from otel_train.detect import coverage, phase, sites, torch_hooks
+from otel_train.detect import coverage, entry, phase, sites, torch_hooks
 from otel_train.detect.compile import compiled as _c, dynamo_compiling, tc
 from otel_train.detect.machine import close, complete, ours, train_activity
 from otel_train.detect.patches import Patches
@@ -214,9 +214,11 @@ def scaler_step_wrapper(wrapped: Callable[..., Any], args: Any, kwargs: Any) -> 
     return out
 
 
-def aux_patch(clip: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """zero_grad (`clip` False) or clip_grad_norm_ (True) replaced by a function that places it
-    (`_clip`, `_zero_grad`). The patched function itself, as `backward.backward_patch` is."""
+def aux_patch(clip: bool, method: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """zero_grad (`clip` False; `method`, of a class) or clip_grad_norm_ (True) replaced by an
+    object in C that places it (`entry`: no frame of ours in the traceback of an error raised
+    inside, such as clipping's non-finite norm), else by the Python function `aux`, which
+    Dynamo traces in its place."""
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         s = _s
 
@@ -228,7 +230,8 @@ def aux_patch(clip: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
             if r is None:
                 return original(*args, **kwargs)
             return (clip_run if clip else zero_grad_run)(r, s, original, args, kwargs)
-        return aux
+        run = "clip_run" if clip else "zero_grad_run"
+        return entry.make(original, aux_busy, globals(), run, entry.RECORDED, twin=aux, method=method) or aux
     return make
 
 
@@ -343,10 +346,13 @@ def install() -> None:
     import torch.nn.utils
     import torch.nn.utils.clip_grad
     add_hooks()
-    patches.replace(torch.optim.Optimizer, "zero_grad", aux_patch(False))
-    patches.replace(torch.nn.Module, "zero_grad", aux_patch(False))
-    patches.replace(torch.nn.utils, "clip_grad_norm_", aux_patch(True))
-    patches.replace(torch.nn.utils.clip_grad, "clip_grad_norm_", aux_patch(True))
+    patches.replace(torch.optim.Optimizer, "zero_grad", aux_patch(False, method=True))
+    patches.replace(torch.nn.Module, "zero_grad", aux_patch(False, method=True))
+    clips: dict[Any, Any] = {}  # one object under both names (pickled by name, it must be the one found there)
+    clip = aux_patch(True, method=False)
+    for owner in (torch.nn.utils.clip_grad, torch.nn.utils):
+        patches.replace(owner, "clip_grad_norm_", lambda original: clips.get(original) or clips.setdefault(
+            original, clip(original)))
     patches.wrap(torch.amp.grad_scaler.GradScaler, "step", scaler_step_wrapper, lean=True)
 
 

@@ -38,12 +38,12 @@ class Patches:
     def wrap(self, owner: Any, name: str, wrapper: Callable[..., Any], lean: bool = False) -> None:
         """Replace `owner.name` by a wrapt wrapper around it, whose call (C) calls `wrapper`
         through `Hidden` where built: an error raised inside the original shows no frame of
-        ours, as without us. `lean`, for what runs every step: by a plain function calling
-        `wrapper(original, args, kwargs)` (a method's `self` is `args[0]`), ~0.1 µs a call where
-        wrapt's binding costs 0.6-1.3 µs and trips torch.compile's guards when a compiled
-        function calls it (its frames stay in a traceback)."""
+        ours, as without us. `lean`, for what runs every step: by an `entry.Entry` (C) calling
+        `wrapper(original, args, kwargs)` (a method's `self` is `args[0]`) with our frames taken
+        out the same way, ~0.1 µs a call where wrapt's binding costs 0.6-1.3 µs and trips
+        torch.compile's guards when a compiled function calls it; Dynamo traces its Python twin."""
         if lean:
-            self.replace(owner, name, lambda original: _lean(original, wrapper))
+            self.replace(owner, name, lambda original: _lean(original, wrapper, isinstance(owner, type)))
             return
         hidden = wrapper if Hidden is None else Hidden(wrapper)
         self.replace(owner, name, lambda original: wrapt.FunctionWrapper(original, hidden))
@@ -64,11 +64,13 @@ class Patches:
             unpatch(*self.made.pop())
 
 
-def _lean(original: Callable[..., Any], wrapper: Callable[..., Any]) -> Callable[..., Any]:
+def _lean(original: Callable[..., Any], wrapper: Callable[..., Any], method: bool) -> Callable[..., Any]:
+    from otel_train.detect import entry  # it imports `compile`, which imports this module
+
     @functools.wraps(original)
     def patched(*args: Any, **kwargs: Any) -> Any:
         return wrapper(original, args, kwargs)
-    return patched
+    return entry.make(original, None, {"run": wrapper}, "run", entry.CALL, twin=patched, method=method) or patched
 
 
 def unpatch(owner: Any, name: str, original: Any, own: bool, patched: Any) -> None:
