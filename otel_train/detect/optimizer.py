@@ -348,11 +348,16 @@ def install() -> None:
     add_hooks()
     patches.replace(torch.optim.Optimizer, "zero_grad", aux_patch(False, method=True))
     patches.replace(torch.nn.Module, "zero_grad", aux_patch(False, method=True))
-    clips: dict[Any, Any] = {}  # one object under both names (pickled by name, it must be the one found there)
+    clips: dict[Any, Any] = {}
     clip = aux_patch(True, method=False)
+
+    def one_clip(original: Callable[..., Any]) -> Callable[..., Any]:
+        """One object under both names: pickled by name, it must be the one found there."""
+        if original not in clips:
+            clips[original] = clip(original)
+        return clips[original]
     for owner in (torch.nn.utils.clip_grad, torch.nn.utils):
-        patches.replace(owner, "clip_grad_norm_", lambda original: clips.get(original) or clips.setdefault(
-            original, clip(original)))
+        patches.replace(owner, "clip_grad_norm_", one_clip)
     patches.wrap(torch.amp.grad_scaler.GradScaler, "step", scaler_step_wrapper, lean=True)
 
 
