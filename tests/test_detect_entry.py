@@ -178,6 +178,27 @@ def test_an_error_shows_the_frames_it_shows_without_us(run: Run, fails: Callable
     assert semconv.SPAN_DATA in names or fails is not _dataset_fails
 
 
+def test_a_failing_copy_to_the_device_shows_the_frames_it_shows_without_us(
+        run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Tensor.to`, patched where torch has an accelerator (here as if it had one): a copy that
+    fails (this build has no CUDA, as a device out of memory would fail) shows no frame of ours."""
+    monkeypatch.setattr(data, "_accelerator_present", lambda: True)
+
+    def copy_fails() -> BaseException:
+        for x, _ in DataLoader([(torch.ones(4), torch.zeros(1))] * 4, batch_size=2):
+            try:
+                x.to("cuda")
+            except (AssertionError, RuntimeError) as err:
+                return err
+        raise AssertionError("the copy did not raise")
+
+    with paused_detection():
+        plain = copy_fails()
+    err = copy_fails()
+    assert isinstance(vars(torch.Tensor)["to"], entry._entry.Entry)
+    assert _ours(err) == [] and _frames(err) == _frames(plain) and _frames(err)
+
+
 def _save_fails(model: nn.Module, opt: Any) -> BaseException:
     try:
         torch.save(model.state_dict(), "/nonexistent-dir-otel-train/ckpt.pt")
@@ -281,7 +302,8 @@ def test_the_update_s_patched_functions_act_as_the_ones_they_replaced(run: Run, 
 
 def test_dynamo_traces_the_update_s_patched_functions_as_it_traces_torch_s(tmp_path: Path) -> None:
     """A compiled function that clips (through a reference taken beforehand) and zeroes the
-    gradients compiles as without otel_train: the same frames, graphs, breaks and recompiles.
+    gradients, or copies tensors (`Tensor.to`, bound and unbound), compiles as without
+    otel_train: the same frames, graphs, breaks and recompiles.
     (In a process of its own: once anything was compiled, detection never goes back.)"""
     from support.procs import run_python
     out = run_python(f"""
@@ -291,11 +313,13 @@ def test_dynamo_traces_the_update_s_patched_functions_as_it_traces_torch_s(tmp_p
         from torch._dynamo.utils import counters
         import otel_train
         from otel_train import detect
-        from otel_train.detect import entry
+        from otel_train.detect import data, entry
         from otel_train.testing import paused_detection
 
+        data._accelerator_present = lambda: True  # as if a device were there: `Tensor.to` patched
         otel_train.init(run_id="twins", output_dir={str(tmp_path)!r})
         detect.install()
+        next(iter(torch.utils.data.DataLoader(range(4), batch_size=2)))
 
         def compile_and_count():
             torch._dynamo.reset()
@@ -315,15 +339,22 @@ def test_dynamo_traces_the_update_s_patched_functions_as_it_traces_torch_s(tmp_p
             def zero_grad():
                 opt.zero_grad()
 
+            @torch.compile(backend="eager")
+            def copies(x):
+                y = torch.Tensor.to(x, torch.float32)
+                return model(y.to(torch.float32)).to(torch.float64).sum()
+
             for _ in range(3):
                 clip_and_zero(torch.ones(2, 4))
                 zero_grad()
+                copies(torch.ones(2, 4, dtype=torch.float64))
             return {{group: sorted(counters[group].values())
                      for group in ("frames", "graph_break", "recompiles", "stats")}}
 
         with paused_detection():
             plain = compile_and_count()
         assert type(torch.nn.utils.clip_grad_norm_) is entry._entry.Entry
+        assert type(vars(torch.Tensor)["to"]) is entry._entry.Entry
         ours = compile_and_count()
         detect.uninstall()
         otel_train.shutdown()
