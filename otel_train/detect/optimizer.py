@@ -214,9 +214,9 @@ def scaler_step_wrapper(wrapped: Callable[..., Any], args: Any, kwargs: Any) -> 
     return out
 
 
-def aux_patch(clip: bool, method: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """zero_grad (`clip` False; `method`, of a class) or clip_grad_norm_ (True) replaced by an
-    object in C that places it (`entry`: no frame of ours in the traceback of an error raised
+def aux_patch(clip: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """zero_grad (`clip` False: a method of a class) or clip_grad_norm_ (True: a function)
+    replaced by an object in C that places it (`entry`: no frame of ours in the traceback of an error raised
     inside, such as clipping's non-finite norm), else by the Python function `aux`, which
     Dynamo traces in its place."""
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -231,7 +231,7 @@ def aux_patch(clip: bool, method: bool) -> Callable[[Callable[..., Any]], Callab
                 return original(*args, **kwargs)
             return (clip_run if clip else zero_grad_run)(r, s, original, args, kwargs)
         run = "clip_run" if clip else "zero_grad_run"
-        return entry.make(original, aux_busy, globals(), run, entry.RECORDED, twin=aux, method=method) or aux
+        return entry.make(original, aux_busy, globals(), run, entry.RECORDED, twin=aux, method=not clip) or aux
     return make
 
 
@@ -346,10 +346,10 @@ def install() -> None:
     import torch.nn.utils
     import torch.nn.utils.clip_grad
     add_hooks()
-    patches.replace(torch.optim.Optimizer, "zero_grad", aux_patch(False, method=True))
-    patches.replace(torch.nn.Module, "zero_grad", aux_patch(False, method=True))
+    patches.replace(torch.optim.Optimizer, "zero_grad", aux_patch(False))
+    patches.replace(torch.nn.Module, "zero_grad", aux_patch(False))
     clips: dict[Any, Any] = {}
-    clip = aux_patch(True, method=False)
+    clip = aux_patch(True)
 
     def one_clip(original: Callable[..., Any]) -> Callable[..., Any]:
         """One object under both names: pickled by name, it must be the one found there."""
