@@ -95,7 +95,9 @@ def test_data_span_covers_the_fetch_and_the_batch_copies_after_it(accelerator: N
         assert data_span["end_ns"] - data_span["start_ns"] == 4 * 1_000 + 2_000
 
 
-def test_without_an_accelerator_data_is_the_fetch_and_tensor_to_is_never_patched(run: Run) -> None:
+def test_without_an_accelerator_data_is_the_fetch_and_tensor_to_is_never_patched(
+        run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(data, "_accelerator_present", lambda: False)  # as on this CPU build, on any
     clock = run.clock
     model = Net(clock)
     opt = ticking_sgd(model, clock)

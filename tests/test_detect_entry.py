@@ -181,13 +181,14 @@ def test_an_error_shows_the_frames_it_shows_without_us(run: Run, fails: Callable
 def test_a_failing_copy_to_the_device_shows_the_frames_it_shows_without_us(
         run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
     """`Tensor.to`, patched where torch has an accelerator (here as if it had one): a copy that
-    fails (this build has no CUDA, as a device out of memory would fail) shows no frame of ours."""
+    fails (no such device: this build has no CUDA, a GPU machine no 100th GPU; as a device out of
+    memory would fail) shows no frame of ours."""
     monkeypatch.setattr(data, "_accelerator_present", lambda: True)
 
     def copy_fails() -> BaseException:
         for x, _ in DataLoader([(torch.ones(4), torch.zeros(1))] * 4, batch_size=2):
             try:
-                x.to("cuda")
+                x.to("cuda:99")
             except (AssertionError, RuntimeError) as err:
                 return err
         raise AssertionError("the copy did not raise")

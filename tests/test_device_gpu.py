@@ -23,6 +23,7 @@ from otel_train import _runtime, semconv  # noqa: E402
 from otel_train.bench.device import train_instrumented  # noqa: E402
 from otel_train.record import device as _device  # noqa: E402
 from otel_train.testing import SyncCounter  # noqa: E402
+from support.cuda_events import event_calls  # noqa: E402,F401 - the fixture
 
 PHASES = (semconv.SPAN_FORWARD, semconv.SPAN_BACKWARD, semconv.SPAN_OPTIMIZER)
 
@@ -51,26 +52,6 @@ def _model() -> tuple[Any, Any, Any, Any]:
 
 def _train(model: Any, opt: Any, x: Any, y: Any, steps: int) -> None:
     train_instrumented(torch, model, opt, x, y, steps)
-
-
-@pytest.fixture
-def event_calls(monkeypatch: pytest.MonkeyPatch) -> Counter[tuple[int, str, bool]]:
-    """(thread ident, method, were both events complete) for every query / elapsed_time call."""
-    calls: Counter[tuple[int, str, bool]] = Counter()
-    query, elapsed = torch.cuda.Event.query, torch.cuda.Event.elapsed_time
-
-    def logged_query(self: Any) -> bool:
-        done = query(self)
-        calls[(threading.get_ident(), "query", done)] += 1
-        return done
-
-    def logged_elapsed(self: Any, end: Any) -> float:
-        calls[(threading.get_ident(), "elapsed_time", bool(query(self) and query(end)))] += 1
-        return elapsed(self, end)
-
-    monkeypatch.setattr(torch.cuda.Event, "query", logged_query)
-    monkeypatch.setattr(torch.cuda.Event, "elapsed_time", logged_elapsed)
-    return calls
 
 
 def test_no_synchronisation_is_added(session: Any, event_calls: Counter) -> None:
@@ -141,14 +122,24 @@ def test_step_time_is_device_bounded_and_host_spans_are_dispatch(session: Any) -
     assert max(s.attributes[semconv.DEVICE_LAG_S] for s in forwards) > 0.001  # the queue is visible
 
 
-def test_events_are_pooled(session: Any) -> None:
+def test_events_are_pooled(session: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Events go back to the pool once read and are taken again: after each round (synchronised,
+    drained) the same few are out, and the pool holds no more than one round's worth."""
+    takes = Counter[int]()
+    take = _device.EventPool.take
+
+    def counted(pool: Any) -> Any:
+        takes[rounds] += 1
+        return take(pool)
+
+    monkeypatch.setattr(_device.EventPool, "take", counted)
     model, opt, x, y = _model()
-    _train(model, opt, x, y, 5)
-    torch.cuda.synchronize()  # CPU-GPU sync point: the test's own
-    _runtime.state().worker.drain()
-    created = _device.active().pool.created
-    for _ in range(5):
+    out = []
+    for rounds in range(6):
         _train(model, opt, x, y, 5)
         torch.cuda.synchronize()  # CPU-GPU sync point: the test's own
         _runtime.state().worker.drain()
-    assert _device.active().pool.created == created
+        pool = _device.active().pool
+        out.append(pool.created - len(pool.free))
+    assert len(set(out)) == 1, out  # none kept beyond what every round keeps: nothing leaks
+    assert pool.created <= max(takes.values()) + out[0] < sum(takes.values())  # reused, not remade
