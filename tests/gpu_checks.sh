@@ -24,7 +24,7 @@ fi
     stamp gpu-tests
     timeout 200 python3 -m pytest -p no:cacheprovider -v -rfEs --timeout 150 tests/*_gpu.py 2>&1 | tail -60
     stamp bench-device
-    timeout 120 python3 -m otel_train.cli bench device --steps 50 2>&1 | tail -12
+    timeout 120 python3 -m otel_train.cli bench device --steps 50 2>&1 | tail -25
     stamp gpu-done
 } 2>&1 | tee "$O/gpu.log"
 if [ "${BROAD_S:-240}" != 0 ]; then

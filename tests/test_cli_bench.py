@@ -111,6 +111,20 @@ def test_automatic_blocks_share_the_rounds_of_the_plain_and_instrumented_ones(tm
     assert found["installed"] is False
 
 
+def test_bench_device_runs_plain_instrumented_and_automatic_loops() -> None:
+    """On this CPU build: the three loops, no synchronising call in any, and the phases found by
+    automatic detection as the explicit spans mark them (three a step, its discovery steps too)."""
+    proc = run_python("from otel_train.cli import main; raise SystemExit(main())",
+                      args=["bench", "device", "--steps", "4"], timeout=300)
+    figures = dict(re.fullmatch(r"([a-z0-9_]+): (-?[0-9.]+)", line).groups()  # type: ignore[union-attr]
+                   for line in proc.stdout.splitlines())
+    assert {name: float(figures[f"syncs_{name}"]) for name in ("plain", "instrumented", "automatic")} == {
+        "plain": 0, "instrumented": 0, "automatic": 0}
+    assert float(figures["phase_spans_instrumented"]) == 3 * 4
+    assert float(figures["phase_spans_automatic"]) == 3 * (4 + 6)
+    assert all(float(figures[f"step_ms_{name}"]) > 0 for name in ("plain", "instrumented", "automatic"))
+
+
 @pytest.mark.parametrize("argv,message", [
     (["bench"], "required"),
     (["bench", "overhead", "--mode", "fast"], "invalid choice"),
