@@ -162,6 +162,38 @@ def test_close_tries_once_more_then_counts_what_is_left_as_failed() -> None:
     assert delivery.stats()["failed"] == 9 and "late" not in transport.sent
 
 
+def _threadless(monkeypatch: pytest.MonkeyPatch, transport: FakeTransport, clock: FakeClock) -> Delivery:
+    """A delivery made where no thread can start (Python 3.12+ at interpreter exit: the fallback
+    a shutdown makes when the exporter process never came up)."""
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(threading.Thread, "start", refuse)
+        return Delivery(transport, capacity=1000, timeout_s=10.0, where=_where(), clock=clock)
+
+
+def test_close_sends_on_the_closing_thread_where_no_thread_could_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    transport = FakeTransport([REFUSED])
+    delivery = _threadless(monkeypatch, transport, clock)
+    for payload, spans in (("a", 3), ("b", 4), ("c", 5)):
+        delivery.add(payload, spans)
+    assert transport.sent == []  # no thread: nothing is sent before the close
+    delivery.close(clock() + 1.0)
+    assert transport.sent == ["a", "b", "c"] and transport.closed
+    assert delivery.stats() == {"exported": 9, "failed": 3, "overflow": 0, "queued": 0}
+
+
+def test_a_threadless_close_past_its_deadline_sends_nothing_and_counts_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    transport = FakeTransport()
+    delivery = _threadless(monkeypatch, transport, clock)
+    delivery.add("a", 3)
+    delivery.close(clock() - 0.1)
+    assert transport.sent == [] and delivery.stats() == {"exported": 0, "failed": 3, "overflow": 0, "queued": 0}
+
+
 def test_an_outage_of_hours_keeps_backing_off_at_the_cap() -> None:
     """Regression: the backoff's exponent grew with every failure and overflowed after ~1,000
     (85 minutes at the 5 s cap), killing the delivery thread."""

@@ -73,6 +73,36 @@ def test_black_holed_collector_is_bounded_at_exit(mode: str) -> None:
     assert "otel_train:" in stderr and ("dropped" in stderr or "shutdown bound" in stderr), stderr
 
 
+NO_THREADS_AT_EXIT = """
+    import atexit, sys, threading
+    import otel_train
+    otel_train.init()
+    for n in range(8):
+        with otel_train.step():
+            for name in ("train.data", "train.forward", "train.backward", "train.optimizer"):
+                with otel_train.span(name):
+                    pass
+
+    def no_threads_from_here():  # as Python 3.12+ at interpreter exit
+        def refuse(self):
+            raise RuntimeError("can't create new thread at interpreter shutdown")
+        threading.Thread.start = refuse
+    atexit.register(no_threads_from_here)  # runs before otel_train's exit hook (registered first)
+"""
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_exit_where_no_thread_can_start_still_exports_every_span(mode: str, tmp_path) -> None:
+    """Python 3.12+ refuses to start a thread in an `atexit` hook; shutdown at exit closes on the
+    exiting thread instead (it said "shutdown failed" and lost what was buffered)."""
+    env = {"OTEL_TRAIN_EXPORT_MODE": mode, "OTEL_TRAIN_OUTPUT_DIR": str(tmp_path), "OTEL_TRAIN_RUN_ID": "exit"}
+    proc = run_python(NO_THREADS_AT_EXIT, env=env, timeout=120)
+    assert "shutdown failed" not in proc.stderr and "40 spans exported" in proc.stderr, proc.stderr
+    assert "none dropped" in proc.stderr
+    spans = list(read_spans(tmp_path / "exit" / "traces-rank0.jsonl"))
+    assert len(spans) == 40 and sum(s["name"] == semconv.SPAN_STEP for s in spans) == 8
+
+
 def test_sigterm_flushes_truncates_and_reraises(tmp_path) -> None:
     code = textwrap.dedent("""
         import sys, time

@@ -73,8 +73,12 @@ class Delivery:
         self._deadline: float | None = None
         self._stopped = False
         self._abandoned = False  # the request in flight at the deadline was counted as failed
-        self._thread = threading.Thread(target=self._run, name="otel_train-delivery", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = threading.Thread(target=self._run, name="otel_train-delivery",
+                                                                  daemon=True)
+        try:
+            self._thread.start()
+        except RuntimeError:  # Python 3.12+ starts no thread at interpreter exit: `close` sends
+            self._thread = None
 
     # -- the pipeline's side --------------------------------------------------------------
     def add(self, payload: Any, spans: int) -> None:
@@ -104,6 +108,9 @@ class Delivery:
             self._deadline = deadline
             self._retry_at = min(self._retry_at, self.clock())  # no backoff wait past the end: try now
             self._cond.notify_all()
+        if self._thread is None:
+            self._run(until_idle=True)
+        with self._cond:
             self._cond.wait_for(lambda: not self._queue and not self._in_flight,
                                 max(0.0, deadline - self.clock()))
             self._stopped = True
@@ -111,7 +118,8 @@ class Delivery:
             self._queue.clear()
             self._queued = 0
             self._cond.notify_all()
-        self._thread.join(timeout=max(0.0, deadline - self.clock()) + 0.1)
+        if self._thread is not None:
+            self._thread.join(timeout=max(0.0, deadline - self.clock()) + 0.1)
         with self._cond:
             if self._in_flight:  # still blocked in a send past the deadline: counted now, not later
                 self.failed += self._in_flight
@@ -141,7 +149,9 @@ class Delivery:
                                   "being dropped past OTEL_TRAIN_BUFFER_SIZE=%d (counted, and reported at shutdown).",
                       self.where, self.capacity)
 
-    def _run(self) -> None:
+    def _run(self, until_idle: bool = False) -> None:
+        """The thread's loop; `until_idle` (`close` without the thread): returns once nothing is
+        queued or the deadline has passed, instead of waiting for more."""
         while True:
             with self._cond:
                 while not self._stopped:
@@ -149,6 +159,8 @@ class Delivery:
                     ended = self._deadline is not None and now >= self._deadline
                     if self._queue and now >= self._retry_at and not ended:
                         break
+                    if until_idle and (not self._queue or ended):
+                        return
                     # Past the deadline nothing more is tried: `close` counts what is left.
                     self._cond.wait(None if not self._queue or ended else self._retry_at - now)
                 if self._stopped:

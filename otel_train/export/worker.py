@@ -211,13 +211,27 @@ class Worker:
             result.update(self.sink.close(deadline))
 
         closer = threading.Thread(target=finish, name="otel_train-shutdown", daemon=True)
-        closer.start()
+        try:
+            closer.start()
+        except RuntimeError:  # Python 3.12+ starts no thread at interpreter exit (`_runtime._at_exit`)
+            return self._stop_here(deadline)
         closer.join(timeout=max(0.0, deadline - time.monotonic()))
         if closer.is_alive() and self.sink.abort():
             closer.join(timeout=1.0)  # the abort unblocked it: collect the counts
         if closer.is_alive():
             return None
         return result
+
+    def _stop_here(self, deadline: float) -> dict[str, int] | None:
+        """`stop` on the calling thread, where no closer thread can be started: the worker's
+        join is what is bounded here (the drain and the sink's close bound themselves)."""
+        self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive() and self.sink.abort():
+            self._thread.join(timeout=1.0)  # the abort unblocked its send
+        if self._thread.is_alive():
+            return None
+        self.drain(final_deadline=deadline)
+        return self.sink.close(deadline)
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Drain now and wait until the sink has exported it all (benchmarks and tests only);
