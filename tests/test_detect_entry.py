@@ -353,7 +353,8 @@ def test_dynamo_traces_the_update_s_patched_functions_as_it_traces_torch_s(tmp_p
                      for group in ("frames", "graph_break", "recompiles", "stats")}}
 
         with paused_detection():
-            plain = compile_and_count()
+            compile_and_count()  # warm-up: torch's first eager backward fills typing's caches (2.11
+            plain = compile_and_count()  # counts those frames once, in whichever round runs first)
         assert type(torch.nn.utils.clip_grad_norm_) is entry._entry.Entry
         assert type(vars(torch.Tensor)["to"]) is entry._entry.Entry
         ours = compile_and_count()

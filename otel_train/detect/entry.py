@@ -33,13 +33,15 @@ if _entry is not None:
 
     class MethodEntry(_entry.Entry):
         """An `Entry` set on a class. Dynamo traces a Python `__get__` (not a C one): while it
-        traces, the method is its twin, bound, which it inlines; otherwise the entry, bound."""
+        traces, the method is its twin with the instance bound by `functools.partial`, which it
+        inlines (torch 2.11's Dynamo cannot trace `function.__get__` or `MethodType` and gave up
+        on the whole frame); otherwise the entry, bound."""
 
         def __get__(self, obj: Any, owner: Any = None) -> Any:
             if obj is None:
                 return self
             if compiled.seen and dynamo_compiling():
-                return getattr(self, "__original_fn").__get__(obj, owner)
+                return functools.partial(getattr(self, "__original_fn"), obj)
             return MethodType(self, obj)
 else:
     FETCH, CALL, RECORDED = 0, 1, 2
