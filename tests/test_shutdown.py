@@ -91,16 +91,25 @@ NO_THREADS_AT_EXIT = """
 """
 
 
-@pytest.mark.parametrize("mode", ["process", "thread"])
+@pytest.mark.parametrize("mode", ["process", "thread", "process not ready"])
 def test_exit_where_no_thread_can_start_still_exports_every_span(mode: str, tmp_path) -> None:
     """Python 3.12+ refuses to start a thread in an `atexit` hook; shutdown at exit closes on the
-    exiting thread instead (it said "shutdown failed" and lost what was buffered)."""
-    env = {"OTEL_TRAIN_EXPORT_MODE": mode, "OTEL_TRAIN_OUTPUT_DIR": str(tmp_path), "OTEL_TRAIN_RUN_ID": "exit"}
+    exiting thread instead (it said "shutdown failed" and lost what was buffered). With the
+    exporter process still starting, the training process exports in its place, its metrics
+    reader without the ticker thread it cannot start."""
+    from otel_train.testing import ENV_EXPORTER_START_DELAY
+
+    env = {"OTEL_TRAIN_EXPORT_MODE": mode.split()[0], "OTEL_TRAIN_OUTPUT_DIR": str(tmp_path),
+           "OTEL_TRAIN_RUN_ID": "exit"}
+    if mode == "process not ready":
+        env.update({ENV_EXPORTER_START_DELAY: "60", "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S": "5"})
     proc = run_python(NO_THREADS_AT_EXIT, env=env, timeout=120)
     assert "shutdown failed" not in proc.stderr and "40 spans exported" in proc.stderr, proc.stderr
     assert "none dropped" in proc.stderr
     spans = list(read_spans(tmp_path / "exit" / "traces-rank0.jsonl"))
     assert len(spans) == 40 and sum(s["name"] == semconv.SPAN_STEP for s in spans) == 8
+    metrics = (tmp_path / "exit" / "metrics-rank0.jsonl").read_text()
+    assert semconv.METRIC_STEP_DURATION in metrics
 
 
 def test_sigterm_flushes_truncates_and_reraises(tmp_path) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -189,6 +190,18 @@ def _temporality(reader: MetricReader, kind: str) -> AggregationTemporality:
     return _CUMULATIVE
 
 
+def _periodic_reader(exporter: Any, interval_ms: int) -> PeriodicExportingMetricReader:
+    """The SDK's periodic reader; where no thread can start (Python 3.12+ at interpreter exit: the
+    fallback a shutdown makes when the exporter process never came up), one without its ticker
+    thread, whose last collection `TrainMetrics.shutdown`'s force_flush exports."""
+    try:
+        return PeriodicExportingMetricReader(exporter, export_interval_millis=interval_ms)
+    except RuntimeError as err:
+        if "thread" not in str(err):
+            raise
+        return PeriodicExportingMetricReader(exporter, export_interval_millis=math.inf)
+
+
 class TrainMetrics:
     """The package's instruments, fed from span records, collected by standard metric readers."""
 
@@ -252,7 +265,7 @@ class TrainMetrics:
         self.pipeline = PipelineMetrics(self.lock, time_ns)
         # Registered last: a reader may collect (on its own thread) as soon as it has a callback.
         if exporter is not None:
-            readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=interval_ms))
+            readers.append(_periodic_reader(exporter, interval_ms))
         self.readers = readers
         for index, reader in enumerate(readers):
             reader._set_collect_callback(self._collector(index))
