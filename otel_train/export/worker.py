@@ -207,31 +207,28 @@ class Worker:
 
         def finish() -> None:
             self._thread.join()
-            self.drain(final_deadline=deadline)
-            result.update(self.sink.close(deadline))
+            result.update(self._close(deadline))
 
         closer = threading.Thread(target=finish, name="otel_train-shutdown", daemon=True)
         try:
             closer.start()
-        except RuntimeError:  # Python 3.12+ starts no thread at interpreter exit (`_runtime._at_exit`)
-            return self._stop_here(deadline)
-        closer.join(timeout=max(0.0, deadline - time.monotonic()))
-        if closer.is_alive() and self.sink.abort():
-            closer.join(timeout=1.0)  # the abort unblocked it: collect the counts
-        if closer.is_alive():
-            return None
-        return result
+        except RuntimeError:
+            # Python 3.12+ starts no thread at interpreter exit (`_runtime._at_exit`): close here,
+            # the worker's join bounded instead (the drain and the sink's close bound themselves).
+            return self._close(deadline) if self._joined(self._thread, deadline) else None
+        return result if self._joined(closer, deadline) else None
 
-    def _stop_here(self, deadline: float) -> dict[str, int] | None:
-        """`stop` on the calling thread, where no closer thread can be started: the worker's
-        join is what is bounded here (the drain and the sink's close bound themselves)."""
-        self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        if self._thread.is_alive() and self.sink.abort():
-            self._thread.join(timeout=1.0)  # the abort unblocked its send
-        if self._thread.is_alive():
-            return None
+    def _close(self, deadline: float) -> dict[str, int]:
+        """The final drain and the sink's close, once the worker thread has ended."""
         self.drain(final_deadline=deadline)
         return self.sink.close(deadline)
+
+    def _joined(self, thread: threading.Thread, deadline: float) -> bool:
+        """Whether `thread` ended by `deadline`, or soon after the sink's abort unblocked it."""
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        if thread.is_alive() and self.sink.abort():
+            thread.join(timeout=1.0)  # the abort unblocked it: collect the counts
+        return not thread.is_alive()
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Drain now and wait until the sink has exported it all (benchmarks and tests only);
