@@ -25,7 +25,7 @@ import otel_train  # noqa: E402
 from otel_train import detect as _detect  # noqa: E402
 from otel_train import semconv  # noqa: E402
 from otel_train.testing import SyncCounter  # noqa: E402
-from support.cuda_events import event_calls  # noqa: E402,F401 - the fixture
+from support.cuda import event_calls, started  # noqa: E402,F401 - event_calls: the fixture
 
 PHASES = (semconv.SPAN_FORWARD, semconv.SPAN_BACKWARD, semconv.SPAN_OPTIMIZER)
 WIDTH, BATCH = 4096, 4096
@@ -44,13 +44,7 @@ class Regressor(nn.Module):
 
 @pytest.fixture
 def auto() -> Iterator[Any]:
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    torch.cuda.init()
-    exporter = InMemorySpanExporter()
-    otel_train.init(span_processors=[SimpleSpanProcessor(exporter)], export_mode="thread",
-                    traces_exporter="none", metrics_exporter="none", flush_interval_ms=20, run_id="gpu-auto")
+    exporter = started("gpu-auto")
     _detect.install()
     try:
         yield exporter

@@ -23,21 +23,14 @@ from otel_train import _runtime, semconv  # noqa: E402
 from otel_train.bench.device import train_instrumented  # noqa: E402
 from otel_train.record import device as _device  # noqa: E402
 from otel_train.testing import SyncCounter  # noqa: E402
-from support.cuda_events import event_calls  # noqa: E402,F401 - the fixture
+from support.cuda import event_calls, started  # noqa: E402,F401 - event_calls: the fixture
 
 PHASES = (semconv.SPAN_FORWARD, semconv.SPAN_BACKWARD, semconv.SPAN_OPTIMIZER)
 
 
 @pytest.fixture
 def session() -> Iterator[Any]:
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    torch.cuda.init()
-    exporter = InMemorySpanExporter()
-    otel_train.init(span_processors=[SimpleSpanProcessor(exporter)], export_mode="thread",
-                    traces_exporter="none", metrics_exporter="none", flush_interval_ms=20, run_id="gpu")
-    yield exporter
+    yield started("gpu")
     otel_train.shutdown(10.0)
 
 

@@ -1,4 +1,5 @@
-"""The `event_calls` fixture of the CUDA tests: every `torch.cuda.Event` query and read, by thread."""
+"""What the CUDA tests share: an otel_train session on the device, and every `torch.cuda.Event`
+query and read, by thread (the `event_calls` fixture)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,22 @@ from collections import Counter
 from typing import Any
 
 import pytest
+
+
+def started(run_id: str) -> Any:
+    """CUDA initialised and otel_train started with an in-memory exporter (returned), exporting
+    on its worker thread every 20 ms."""
+    import torch
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import otel_train
+
+    torch.cuda.init()
+    exporter = InMemorySpanExporter()
+    otel_train.init(span_processors=[SimpleSpanProcessor(exporter)], export_mode="thread",
+                    traces_exporter="none", metrics_exporter="none", flush_interval_ms=20, run_id=run_id)
+    return exporter
 
 
 @pytest.fixture
