@@ -275,8 +275,8 @@ def test_a_groups_catch_up_is_charged_beyond_the_plain_rate_around_it_for_its_ti
 
 
 def test_bench_auto_cost_orders_its_blocks_independently_of_the_epoch() -> None:
-    """An epoch of the auto-cost loop is two rounds: in alternating order, its first step (a new
-    DataLoader iterator) always fell in the same variant's block. Drawn at random, each variant
+    """With 8-step blocks an epoch of the auto-cost loop is two rounds: in alternating order, its
+    first step (a new DataLoader iterator) always fell in the same variant's block. Drawn at random, each variant
     comes first about as often in even rounds as in odd ones."""
     from otel_train.bench.auto_cost import round_orders
 
@@ -353,6 +353,41 @@ def test_bench_auto_cost_parts_times_hooks_notes_and_all_in_the_same_rounds() ->
     refused = run_python("from otel_train.cli import main; raise SystemExit(main())",
                          args=["bench", "auto-cost", "--parts", "--per-call"], timeout=60, check=False)
     assert refused.returncode == 2 and "--parts" in refused.stderr and "--per-call" in refused.stderr
+
+
+def test_bench_auto_cost_batch_calls_times_a_batch_size_beside_the_shipped_one() -> None:
+    """`bench auto-cost --batch-calls N`: plain, automatic and automatic with batches of N notes
+    in the same rounds, naming both sizes; a size under `SMALL_BATCH` (which would turn batching
+    off for the rest of the run) and `--batch-calls` with `--parts` are refused, naming the flag."""
+    from otel_train.detect.batch import BATCH_CALLS, SMALL_BATCH
+
+    proc = run_python("from otel_train.cli import main; raise SystemExit(main())",
+                      args=["bench", "auto-cost", "--rounds", "3", "--block-steps", "4", "--batch-calls", "30"],
+                      timeout=300)
+    figures = dict(line.split(": ") for line in proc.stdout.splitlines())
+    for name in ("step_us_plain", "auto_us_per_step", "batch_calls_us_per_step", "batch_calls_minus_auto_us_per_step",
+                 "batch_calls_minus_auto_us_per_step_ci95_hi"):
+        assert name in figures, name
+    assert (figures["batch_calls"], figures["batch_calls_auto"]) == ("30", str(BATCH_CALLS))
+    for args, named in ((["--batch-calls", str(SMALL_BATCH - 1)], f"at least {SMALL_BATCH}"),
+                        (["--batch-calls", "100", "--parts"], "--parts")):
+        refused = run_python("from otel_train.cli import main; raise SystemExit(main())",
+                             args=["bench", "auto-cost", *args], timeout=60, check=False)
+        assert refused.returncode == 2 and "--batch-calls" in refused.stderr and named in refused.stderr
+
+
+def test_bench_auto_cost_batches_of_sets_the_size_for_its_block_only() -> None:
+    """`batches_of(n)`: the batch size a run reads as each batch begins is n inside the block and
+    the shipped one after it, even when the block raises."""
+    from otel_train.bench.auto_cost import batches_of
+    from otel_train.detect import batch
+
+    shipped = batch.BATCH_CALLS
+    with pytest.raises(RuntimeError):
+        with batches_of(shipped + 7):
+            assert batch.BATCH_CALLS == shipped + 7
+            raise RuntimeError("the block failed")
+    assert batch.BATCH_CALLS == shipped
 
 
 def test_bench_auto_cost_noop_hooks_are_all_removed_after() -> None:

@@ -8,11 +8,16 @@ steps in one process, the worker held (the records wait in the buffer; they are 
 between rounds, untimed). So the figure is the training thread's own cost, not export.
 
 Each round runs its two blocks in an order drawn at random (seeded: `round_orders`), not in
-alternating order: an epoch is 32 steps, two rounds of two 8-step blocks, so alternating put
-every epoch's first step (a new `DataLoader` iterator and its shuffle) in the same variant's
-block each time. An A/A run (both blocks automatic) read +31 and +55 µs a step alternating,
-+61 and -19 in random order: the coupling is within this host's noise, but it is systematic
-where the noise is not.
+alternating order: with 8-step blocks (the default until 2026-11-28) an epoch of 32 steps was two
+rounds, so alternating put every epoch's first step (a new `DataLoader` iterator and its
+shuffle) in the same variant's block each time. An A/A run (both blocks automatic) read +31 and
++55 µs a step alternating, +61 and -19 in random order: the coupling is within this host's
+noise, but it is systematic where the noise is not.
+
+A block is 32 steps (`--block-steps`), one epoch, about one batch of detection's notes
+(`detect.batch.BATCH_CALLS`, ~12 notes a step here). Each block ends with the notes it left
+waiting run inside its time, so a block shorter than a batch settles more often than a run
+does: at 8 steps a block the figure was that of 96-note batches, whatever the batch size.
 
 Figures (`name: value` lines):
 - `auto_us_per_step`: median over rounds of (automatic − plain) µs a step, with the
@@ -55,11 +60,16 @@ Figures (`name: value` lines):
   (`other_per_step_auto` / `_per_call`: a step's gaps become spans until what stays uncovered
   is under `coverage.MAX_UNCOVERED`, so their number follows how long the gaps are, which
   per-call detection lengthens).
+- with `--batch-calls N`: plain, automatic, and automatic with batches of N notes
+  (`detect.batch.BATCH_CALLS` set to N inside its blocks) in the same rounds: `auto_`,
+  `batch_calls_` and `batch_calls_minus_auto_us_per_step`; `batch_calls` is N and
+  `batch_calls_auto` the shipped size. Blocks must hold a batch of both sizes for the
+  difference to show (`--block-steps`).
 
 Every timed or counted block ends with the detection calls it left waiting run
-(`recorder.settle`), inside its time: an 8-step block of this loop makes ~88 notes, fewer than a
-batch, so before 2026-11-27 (afternoon) the replay of most of them fell to the untimed flush
-after the round and the batched figures left it out.
+(`recorder.settle`), inside its time: before 2026-11-27 (afternoon) an 8-step block, ~88 notes,
+fewer than a batch, left the replay of most of them to the untimed flush after the round, and
+the batched figures left it out.
 - with `--parts`: where automatic mode's cost lies, four variants in the same rounds as
   `--per-call` times its four: plain; `hooks`, automatic mode's hooks and patched functions
   calling stubs that only run the user's function (`otel_train.testing.entry_points_stubbed`);
@@ -289,13 +299,14 @@ def noop_hooks(loop: AutoCostLoop) -> Iterator[None]:
             setattr(owner, name, original)
 
 
-def run_auto_cost(rounds: int = 20, block_steps: int = 8, callgrind_steps: int = 0, floor: bool = False,
-                  per_call: bool = False, parts: bool = False) -> int:
+def run_auto_cost(rounds: int = 20, block_steps: int = 32, callgrind_steps: int = 0, floor: bool = False,
+                  per_call: bool = False, parts: bool = False, batch_calls: int = 0) -> int:
     """Automatic mode against plain steps; with `floor`, `noop_hooks` against plain steps (no
     otel_train installed), `floor` in its figures' names where automatic mode's say `auto`;
     with `per_call`, plain, automatic and automatic with each call run at once
     (`_measure_per_call`); with `parts`, plain, the hooks alone, the notes alone and automatic
-    (`_measure_parts`)."""
+    (`_measure_parts`); with `batch_calls`, plain, automatic and automatic with batches of that
+    many notes (`_measure_batch_calls`)."""
     import torch
 
     torch.set_num_threads(1)
@@ -328,6 +339,10 @@ def run_auto_cost(rounds: int = 20, block_steps: int = 8, callgrind_steps: int =
         if parts:
             _measure_parts(loop, rounds, block_steps, plain=paused_detection, between=lambda: held(worker),
                            after=worker.flush)
+            return 0
+        if batch_calls:
+            _measure_batch_calls(loop, rounds, block_steps, batch_calls, plain=paused_detection,
+                                 between=lambda: held(worker), after=worker.flush)
             return 0
         _measure(loop, "auto", rounds, block_steps, callgrind_steps, plain=paused_detection,
                  variant=contextlib.nullcontext, between=lambda: held(worker), after=worker.flush)
@@ -437,6 +452,32 @@ def _measure_parts(loop: AutoCostLoop, rounds: int, block_steps: int, plain: Cal
     _print_variants(_timed_rounds(loop, variants, rounds, block_steps, between, after), rounds, block_steps,
                     (("hooks", "plain"), ("notes", "plain"), ("auto", "plain"), ("notes", "hooks"),
                      ("auto", "notes")))
+
+
+@contextlib.contextmanager
+def batches_of(calls: int) -> Iterator[None]:
+    """Batches of `calls` detection notes inside the block (`detect.batch.BATCH_CALLS`, read as
+    each batch begins), the shipped size after it."""
+    from otel_train.detect import batch
+
+    shipped, batch.BATCH_CALLS = batch.BATCH_CALLS, calls
+    try:
+        yield
+    finally:
+        batch.BATCH_CALLS = shipped
+
+
+def _measure_batch_calls(loop: AutoCostLoop, rounds: int, block_steps: int, calls: int, plain: Callable[[], Any],
+                         between: Callable[[], Any], after: Callable[[], None]) -> None:
+    """`--batch-calls N`: plain, automatic and automatic with batches of `calls` notes, each
+    round's three blocks in an order drawn at random (seeded), as `_measure` times its two."""
+    from otel_train.detect import batch
+
+    print_figure("batch_calls", calls)
+    print_figure("batch_calls_auto", batch.BATCH_CALLS)
+    variants = {"plain": plain, "auto": contextlib.nullcontext, "batch_calls": functools.partial(batches_of, calls)}
+    _print_variants(_timed_rounds(loop, variants, rounds, block_steps, between, after), rounds, block_steps,
+                    (("auto", "plain"), ("batch_calls", "plain"), ("batch_calls", "auto")))
 
 
 def _print_variants(timed: dict[str, list[tuple[int, int]]], rounds: int, block_steps: int,

@@ -62,7 +62,8 @@ def add_parser(sub: Any) -> None:
     auto = bench_sub.add_parser("auto-cost", help="automatic instrumentation's own cost a step on a small "
                                 "CPU loop: µs (plain vs automatic, interleaved), Python calls, instructions")
     auto.add_argument("--rounds", type=int, default=40, help="rounds of a plain and an automatic block (default 40)")
-    auto.add_argument("--block-steps", type=int, default=8, help="steps per timed block (default 8)")
+    auto.add_argument("--block-steps", type=int, default=32,
+                      help="steps per timed block (default 32: an epoch, about one batch of detection's notes)")
     auto.add_argument("--callgrind", type=int, default=0, metavar="N",
                       help="under valgrind --tool=callgrind: count instructions (and, with its --cache-sim "
                            "and --branch-sim, misses) over N plain and N automatic steps instead of timing")
@@ -75,6 +76,9 @@ def add_parser(sub: Any) -> None:
     auto.add_argument("--parts", action="store_true",
                       help="where automatic mode's cost lies: its hooks alone (stub entry points), its calls "
                            "noted but not replayed, and all of it, against plain steps in the same rounds")
+    auto.add_argument("--batch-calls", type=int, default=0, metavar="N",
+                      help="also time automatic mode with batches of N detection notes (the shipped size: "
+                           "detect.batch.BATCH_CALLS) in the same rounds")
     device = bench_sub.add_parser("device", help="device timing: synchronisations and device durations")
     device.add_argument("--steps", type=int, default=50, help="training steps per variant (default 50)")
     bench_latency.add_parser(bench_sub)
@@ -130,14 +134,22 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.bench == "auto-cost":
         if args.rounds < 3 or args.block_steps < 1 or args.callgrind < 0:
             parser.error("--rounds must be >= 3, --block-steps >= 1 and --callgrind >= 0")
+        if args.batch_calls:
+            from otel_train.detect.batch import SMALL_BATCH  # imports torch, which the bench runs anyway
+
+            if args.batch_calls < SMALL_BATCH:
+                parser.error(f"--batch-calls must be at least {SMALL_BATCH}: smaller batches turn batching off "
+                             "for the rest of the run (detect.batch.SMALL_BATCH)")
         given = [flag for flag, on in (("--per-call", args.per_call), ("--parts", args.parts),
-                                       ("--callgrind", args.callgrind), ("--floor", args.floor)) if on]
-        if len(given) > 1 and (args.per_call or args.parts):
-            parser.error(f"{' with '.join(given)}: --per-call and --parts each time their own four variants, "
-                         "alone (not with --callgrind, --floor or each other)")
+                                       ("--batch-calls", args.batch_calls), ("--callgrind", args.callgrind),
+                                       ("--floor", args.floor)) if on]
+        if len(given) > 1 and (args.per_call or args.parts or args.batch_calls):
+            parser.error(f"{' with '.join(given)}: --per-call, --parts and --batch-calls each time their own "
+                         "variants, alone (not with --callgrind, --floor or each other)")
         from otel_train.bench.auto_cost import run_auto_cost
         return run_auto_cost(rounds=args.rounds, block_steps=args.block_steps, callgrind_steps=args.callgrind,
-                             floor=args.floor, per_call=args.per_call, parts=args.parts)
+                             floor=args.floor, per_call=args.per_call, parts=args.parts,
+                             batch_calls=args.batch_calls)
     if args.bench == "device":
         if args.steps < 1:
             parser.error("--steps must be a positive integer")
