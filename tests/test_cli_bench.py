@@ -276,8 +276,8 @@ def test_a_groups_catch_up_is_charged_beyond_the_plain_rate_around_it_for_its_ti
 
 def test_bench_auto_cost_orders_its_blocks_independently_of_the_epoch() -> None:
     """With 8-step blocks an epoch of the auto-cost loop is two rounds: in alternating order, its
-    first step (a new DataLoader iterator) always fell in the same variant's block. Drawn at random, each variant
-    comes first about as often in even rounds as in odd ones."""
+    first step (a new DataLoader iterator) always fell in the same variant's block. Drawn at
+    random, each variant comes first about as often in even rounds as in odd ones."""
     from otel_train.bench.auto_cost import round_orders
 
     orders = round_orders(400)

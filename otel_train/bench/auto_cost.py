@@ -15,9 +15,9 @@ shuffle) in the same variant's block each time. An A/A run (both blocks automati
 noise, but it is systematic where the noise is not.
 
 A block is 32 steps (`--block-steps`), one epoch, about one batch of detection's notes
-(`detect.batch.BATCH_CALLS`, ~12 notes a step here). Each block ends with the notes it left
-waiting run inside its time, so a block shorter than a batch settles more often than a run
-does: at 8 steps a block the figure was that of 96-note batches, whatever the batch size.
+(`detect.batch.BATCH_CALLS`, ~12 notes a step here): a block ends with a settle (below), so a
+shorter one settles more often than a run does. At 8 steps a block the figure was that of
+96-note batches, whatever the batch size.
 
 Figures (`name: value` lines):
 - `auto_us_per_step`: median over rounds of (automatic − plain) µs a step, with the

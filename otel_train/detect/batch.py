@@ -68,8 +68,9 @@ _log = logging.getLogger("otel_train")
 
 #: Notes that make a batch: about 32 steps of a loop with two micro-batches (~12 notes a step).
 #: A settle costs ~50 µs of its own whatever its size, and leaves torch's next steps to reload
-#: what it displaced: at 8 steps a batch (96 notes) issue 31's loop paid ~20 µs a step more
-#: (docs/benchmarks/2026-11-28-batch-size.md). `MAX_WAIT_NS` bounds it on slower steps.
+#: what it displaced: at 8 steps a batch (96 notes) issue 31's loop paid 8-19 µs a step more in
+#: the same rounds (docs/benchmarks/2026-11-28-batch-size.md). `MAX_WAIT_NS` bounds it on slower
+#: steps.
 BATCH_CALLS = 384
 #: The longest a note waits for a batch to fill (perf ns): a step this long runs its notes each
 #: step, so records never trail the training by more than about this, or a step.
