@@ -10,6 +10,7 @@ import gc
 import json
 import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from support.detect_loop import (BWD, DATA, FWD, OPT, ZG, Net, Run, Ticking,  # noqa: E402
-                                 stepping, ticking_sgd)
+                                 stepping, ticking_sgd, timed_by)
 from support.detect_loop import run  # noqa: E402,F401 - the fixture
 from support.span_tree import plain_tags  # noqa: E402
 from torch import nn  # noqa: E402
@@ -501,17 +502,18 @@ def test_paused_detection_is_plain_torch_inside_and_goes_on_where_it_left_off(ru
     hooks = ("forward_pre", "forward", "forward_always", "optimizer_pre", "optimizer_post", "gc")
     model = nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    _train_steps(model, opt, 3)  # discovery is over: the hooks sit on the model alone
+    _train_steps(model, opt, 3)  # discovery is over: the model alone is timed, from its slot
     installed_reg, installed_fn = _registries(), _functions()
-    assert model._forward_pre_hooks and installed_fn != plain_fn
+    assert timed_by(model) == "slot" and installed_fn != plain_fn
     for _ in range(4):
         with paused_detection():
             assert {k: _registries()[k] for k in hooks} == {k: plain_reg[k] for k in hooks}
             assert _functions() == plain_fn
+            assert timed_by(model) is None and "_compiled_call_impl" not in vars(model)
             assert not model._forward_pre_hooks and not model._forward_hooks
             _train_steps(model, opt, 1)  # unseen
         assert _hooks_in(_registries()) == _hooks_in(installed_reg) and _functions() == installed_fn
-        assert len(model._forward_pre_hooks) == len(model._forward_hooks) == 1
+        assert timed_by(model) == "slot" and not model._forward_pre_hooks and not model._forward_hooks
         _train_steps(model, opt, 1)
     t = run.finish()
     steps = [s.attributes[semconv.TRAIN_STEP] for s in run.exporter.get_finished_spans() if s.name == semconv.SPAN_STEP]
@@ -632,14 +634,14 @@ def test_global_module_hooks_give_way_to_hooks_on_the_root_only(run: Run) -> Non
         opt.zero_grad()
     # Any global module hook would send every submodule call down torch's slow path.
     assert not nn_module._global_forward_pre_hooks and not nn_module._global_forward_hooks
-    assert model._forward_pre_hooks and model._forward_hooks
-    assert not loss_fn._forward_pre_hooks and not loss_fn._forward_hooks
-    assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.children())
+    assert timed_by(model) == "slot" and not model._forward_pre_hooks and not model._forward_hooks
+    assert timed_by(loss_fn) is None and not loss_fn._forward_pre_hooks and not loss_fn._forward_hooks
+    assert not any(timed_by(m) or m._forward_pre_hooks or m._forward_hooks for m in model.children())
     run.finish()  # also checks the span tree invariants
     steps = [s for s in run.exporter.get_finished_spans() if s.name == semconv.SPAN_STEP]
     forwards = [s for s in run.exporter.get_finished_spans() if s.name == semconv.SPAN_FORWARD]
     assert len(steps) == 5 and len(forwards) == 5  # still one forward per step after the switch
-    assert not model._forward_pre_hooks and not model._forward_hooks  # uninstall removed them
+    assert timed_by(model) is None and "_compiled_call_impl" not in vars(model)  # uninstall removed it
 
 
 def test_a_model_first_used_later_is_found_by_rediscovery(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -653,7 +655,7 @@ def test_a_model_first_used_later_is_found_by_rediscovery(run: Run, monkeypatch:
     run.finish()
     forwards = [s.attributes[semconv.TRAIN_STEP] for s in run.exporter.get_finished_spans()
                 if s.name == semconv.SPAN_FORWARD]
-    assert late._forward_pre_hooks == {} and first._forward_pre_hooks == {}  # all removed at the end
+    assert timed_by(late) is None and timed_by(first) is None  # all removed at the end
     assert forwards[:3] == [0, 1, 2]
     assert max(forwards) == 8  # the late model's forwards are seen again once rediscovered
 
@@ -679,7 +681,8 @@ def test_only_our_own_code_is_hidden_from_dynamo() -> None:
 def test_hooks_make_no_compile_call_until_torch_compile_is_called(tmp_path) -> None:
     """Until anything is compiled, a step asks nothing of torch.compiler or Dynamo's counters
     (two attribute reads a hook); `torch.compile` flips the flag before anything is traced,
-    and a compiled model's step is still detected."""
+    and a compiled model's step is still detected. The root's forward is timed from its slot
+    until then, and by hooks Dynamo can trace from then on (`roots.slots_to_hooks`)."""
     from support.procs import run_python
     out = run_python(f"""
         import json, sys
@@ -689,6 +692,8 @@ def test_hooks_make_no_compile_call_until_torch_compile_is_called(tmp_path) -> N
         import otel_train
         from otel_train import detect
         from otel_train.detect import compile as detect_compile
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from support.detect_loop import timed_by
 
         otel_train.init(run_id="flag", output_dir={str(tmp_path)!r})
         detect.install()
@@ -707,21 +712,21 @@ def test_hooks_make_no_compile_call_until_torch_compile_is_called(tmp_path) -> N
         batches = iter(loader)
         for x, y in [next(batches) for _ in range(5)]:  # discovery, then settled on the root
             step(model, x, y)
-        before = detect_compile.compiled.seen
+        before, timed_before = detect_compile.compiled.seen, timed_by(model)
         sys.setprofile(profile)
         for x, y in [next(batches) for _ in range(3)]:
             step(model, x, y)
         sys.setprofile(None)
         compiled = torch.compile(model, backend="eager")
-        after = detect_compile.compiled.seen
+        after, timed_after = detect_compile.compiled.seen, timed_by(model)
         for x, y in batches:
             step(compiled, x, y)
         detect.uninstall()
         otel_train.shutdown()
-        print(json.dumps({{"before": before, "calls": calls, "after": after}}))
+        print(json.dumps({{"before": before, "calls": calls, "after": after, "timed": [timed_before, timed_after]}}))
     """, timeout=180).stdout
     got = json.loads(out.strip().splitlines()[-1])
-    assert got == {"before": False, "calls": [], "after": True}
+    assert got == {"before": False, "calls": [], "after": True, "timed": ["slot", "hooks"]}
     spans = [json.loads(line) for path in tmp_path.rglob("traces-rank*.jsonl") for line in path.read_text().splitlines()]
     assert spans, "nothing recorded"
 

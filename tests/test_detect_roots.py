@@ -60,3 +60,74 @@ def test_a_whole_model_loaded_with_torch_load_gets_its_forwards_seen(run: Run) -
     t = run.finish()
     assert [s["attributes"][semconv.TRAIN_STEP] for s in t.siblings_named(semconv.SPAN_EVAL)] == [3]
     assert len(t.siblings_named(semconv.SPAN_CHECKPOINT)) == 1  # the save; a load is no checkpoint span
+
+
+class _Flaky(Net):
+    """A forward that raises while `fail` is set."""
+
+    fail = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fail:
+            raise ValueError("a bad batch")
+        return super().forward(x)
+
+
+class _Nested(Net):
+    """A forward that calls the module itself once more, inside."""
+
+    def forward(self, x: torch.Tensor, again: bool = True) -> torch.Tensor:
+        out = super().forward(x)
+        if not again:
+            return out
+        out = self(x, again=False) + out
+        self.clock.advance(5_000)  # the outer call ends after the inner one
+        return out
+
+
+def _raising(model: nn.Module, clock: object) -> None:
+    _train(model, clock, 4)
+    model.fail = True
+    with pytest.raises(ValueError):
+        model(torch.randn(4, 4))
+    model.fail = False
+    _train(model, clock, 3)
+
+
+def _updates_per_batch(model: nn.Module, clock: object) -> None:
+    opt = ticking_sgd(model, clock)
+    x, y = torch.randn(4, 4), torch.randn(4, 1)
+    for _ in range(4):
+        for _ in range(2):  # the step closes at the next forward's pre-hook, inside the root's call
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+
+
+@pytest.mark.parametrize(("model", "loop"), [(_Flaky, _raising), (_Nested, _updates_per_batch), (Net, _updates_per_batch)],
+                         ids=["forward-raises", "nested-call-while-settling", "settling-inside-a-forward"])
+def test_the_slot_gives_the_spans_the_hooks_give(model: type[nn.Module], loop: object,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A root timed from its slot (`torch_hooks.slot`) gives the spans its hooks give, to the
+    nanosecond of the fake clock: when its
+    forward raises, when discovery settles inside the root's call (the step closing at the
+    next forward), and when the root calls itself inside that call."""
+    from otel_train.detect import torch_hooks
+    from support.detect_loop import started, stop, timed_by
+
+    shapes = {}
+    for form in ("slot", "hooks"):
+        with monkeypatch.context() as patched:
+            if form == "hooks":
+                patched.setattr(torch_hooks, "slot", lambda *args: None)
+            run = started()
+            try:
+                built = model(run.clock)
+                loop(built, run.clock)  # type: ignore[operator]
+                assert timed_by(built) == form
+                shapes[form] = [[(c["name"], c["start_ns"], c["end_ns"]) for c in v.children]
+                                for v in run.finish().steps.values()]
+            finally:
+                stop(run)
+    assert shapes["slot"] == shapes["hooks"]
+    assert sum(name == semconv.SPAN_FORWARD for step in shapes["slot"] for name, _, _ in step) >= 4

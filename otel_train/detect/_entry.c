@@ -57,17 +57,26 @@ typedef struct {
     vectorcallfunc vectorcall;
 } Entry;
 
-/* 1 where the user's function is called alone (the check above), 0 where `run` is, -1 on error. */
+/* `compiled.seen and dynamo_compiling() or tc._is_compiling_flag`: 1 (or not bound: nothing of
+ * ours runs), 0, or -1 on error. */
 static int
-alone(Entry *self)
+compiling(void)
 {
     if (g_compiled == NULL)
-        return 1; /* not bound: nothing of ours runs */
+        return 1;
     int yes = true_of(mget(g_compiled, &m_seen));
     if (yes > 0)
         yes = true_of(PyObject_CallNoArgs(g_dynamo_compiling));
     if (yes == 0)
         yes = true_of(PyObject_GetAttr(g_tc, s_flag));
+    return yes;
+}
+
+/* 1 where the user's function is called alone (the check above), 0 where `run` is, -1 on error. */
+static int
+alone(Entry *self)
+{
+    int yes = compiling();
     if (yes != 0 || self->busy == Py_None)
         return yes;
     yes = true_of(PyObject_CallOneArg(self->busy, g_state));
@@ -383,6 +392,234 @@ static PyTypeObject HiddenType = {
     .tp_members = hidden_members,
 };
 
+/* `Slot(module, globals, begin, end, code)`: a root module's forward timed from its
+ * `_compiled_call_impl` (`torch_hooks.slot`), where torch's `Module.__call__`
+ * (`_wrapped_call_impl`, whose code is `code`) looks first:
+ *
+ *     def __call__(self, *args, **kwargs):   # torch's
+ *         if self._compiled_call_impl is not None:
+ *             return self._compiled_call_impl(*args, **kwargs)
+ *         return self._call_impl(*args, **kwargs)
+ *
+ * The slot calls `globals[begin](module)`, the module's `_call_impl(*args, **kwargs)` and
+ * `globals[end](module)` (also when the forward raises, as an always-called hook is): what the
+ * forward pre-hook and always-called hook did, but torch's `_call_impl` keeps its fast path, as
+ * for a module without hooks (the hook path is a closure, a set and three Python calls of torch's
+ * each forward). No frame of ours is on the stack.
+ *
+ * A module's `__dict__` copied onto another (`DataParallel`'s replicas) brings the slot along, and
+ * the slot is called without the module: it reads the module from torch's `__call__` frame that
+ * calls it (its `self`), and calls that module's `_call_impl` alone if it is not the root it was
+ * made for (a weak reference). While torch.compile or torch.export traces
+ * (`compiling`), the module's `_call_impl` alone. Copies: `copy.copy` and `copy.deepcopy` of the
+ * slot give None (torch's `Module.__getstate__` already drops `_compiled_call_impl`). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *module;  /* a weak reference to the root */
+    PyObject *globals; /* the module whose `begin` and `end` this calls, read at each call */
+    PyObject *begin;
+    PyObject *end;
+    PyObject *code;    /* the code of torch's `Module.__call__` */
+    vectorcallfunc vectorcall;
+} Slot;
+
+static PyObject *s_self, *s_call_impl;
+
+/* The `self` of torch's `Module.__call__` frame that called us (a new reference), or NULL (not
+ * called from there; an error only if one is set). */
+static PyObject *
+caller_self(PyObject *code)
+{
+    PyFrameObject *frame = PyEval_GetFrame(); /* borrowed */
+    if (frame == NULL)
+        return NULL;
+    PyCodeObject *running = PyFrame_GetCode(frame);
+    int ours = (PyObject *)running == code;
+    Py_DECREF(running);
+    if (!ours)
+        return NULL;
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyFrame_GetVar(frame, s_self);
+#else
+    PyObject *locals = PyFrame_GetLocals(frame);
+    if (locals == NULL)
+        return NULL;
+    PyObject *self = PyMapping_GetItemString(locals, "self");
+    Py_DECREF(locals);
+    return self;
+#endif
+}
+
+/* `globals[name](module)`: 0, or -1 with an error. */
+static int
+call_entry(PyObject *globals, PyObject *name, PyObject *module)
+{
+    PyObject *fn = PyDict_GetItemWithError(globals, name); /* borrowed */
+    if (fn == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetObject(PyExc_NameError, name);
+        return -1;
+    }
+    Py_INCREF(fn);
+    PyObject *out = PyObject_CallOneArg(fn, module);
+    Py_DECREF(fn);
+    Py_XDECREF(out);
+    return out == NULL ? -1 : 0;
+}
+
+static PyObject *
+slot_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Slot *self = (Slot *)op;
+    PyObject *root = PyWeakref_GetObject(self->module); /* borrowed; None once it is gone */
+    if (root == NULL)
+        return NULL;
+    PyObject *module = caller_self(self->code);
+    if (module == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        if (root == Py_None) {
+            PyErr_SetString(PyExc_TypeError, "otel_train: a forward slot called after its module was freed");
+            return NULL;
+        }
+        module = Py_NewRef(root); /* called other than by torch's `__call__` */
+    }
+    int timed = module == root ? compiling() : 1;
+    PyObject *out = NULL, *impl = timed >= 0 ? PyObject_GetAttr(module, s_call_impl) : NULL;
+    timed = !timed;
+    if (impl == NULL)
+        goto end;
+    if (!timed) {
+        out = PyObject_Vectorcall(impl, args, nargsf, kwnames);
+        goto end;
+    }
+    if (call_entry(self->globals, self->begin, module) < 0)
+        goto end;
+    out = PyObject_Vectorcall(impl, args, nargsf, kwnames);
+    if (out == NULL) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (call_entry(self->globals, self->end, module) < 0)
+            PyErr_Clear(); /* the forward's error goes on, as torch does after an always-called hook's */
+        PyErr_Restore(type, value, tb);
+    }
+    else if (call_entry(self->globals, self->end, module) < 0)
+        Py_CLEAR(out);
+end:
+    Py_XDECREF(impl);
+    Py_DECREF(module);
+    return out;
+}
+
+static PyObject *
+slot_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *module, *globals, *begin, *end, *code;
+    if (!PyArg_ParseTuple(args, "OO!UUO!:Slot", &module, &PyDict_Type, &globals, &begin, &end, &PyCode_Type, &code))
+        return NULL;
+    PyObject *ref = PyWeakref_NewRef(module, NULL);
+    if (ref == NULL)
+        return NULL;
+    Slot *self = (Slot *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_DECREF(ref);
+        return NULL;
+    }
+    self->module = ref;
+    self->globals = Py_NewRef(globals);
+    self->begin = Py_NewRef(begin);
+    self->end = Py_NewRef(end);
+    self->code = Py_NewRef(code);
+    self->vectorcall = slot_call;
+    return (PyObject *)self;
+}
+
+static int
+slot_traverse(Slot *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->module);
+    Py_VISIT(self->globals);
+    Py_VISIT(self->begin);
+    Py_VISIT(self->end);
+    Py_VISIT(self->code);
+    return 0;
+}
+
+static int
+slot_clear(Slot *self)
+{
+    Py_CLEAR(self->module);
+    Py_CLEAR(self->globals);
+    Py_CLEAR(self->begin);
+    Py_CLEAR(self->end);
+    Py_CLEAR(self->code);
+    return 0;
+}
+
+static void
+slot_dealloc(Slot *self)
+{
+    PyObject_GC_UnTrack(self);
+    slot_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+slot_repr(Slot *self)
+{
+    return PyUnicode_FromString("<otel_train forward slot>");
+}
+
+/* A copy of a module's `__dict__` (`parametrize`'s deep copy of a parametrized module) gets None,
+ * torch's default: the copy has no slot. */
+static PyObject *
+slot_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+slot_module(Slot *self, void *closure)
+{
+    PyObject *root = PyWeakref_GetObject(self->module);
+    return root == NULL ? NULL : Py_NewRef(root);
+}
+
+static PyMethodDef slot_methods[] = {
+    {"__copy__", (PyCFunction)(void (*)(void))slot_copy, METH_FASTCALL, NULL},
+    {"__deepcopy__", (PyCFunction)(void (*)(void))slot_copy, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef slot_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(Slot, vectorcall), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef slot_getset[] = {
+    {"module", (getter)slot_module, NULL, "the root module it was made for (None once freed)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject SlotType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_train.detect._entry.Slot",
+    .tp_doc = "Slot(module, globals, begin, end, code): a root module's forward timed from its "
+              "`_compiled_call_impl` (the type's comment in `_entry.c`).",
+    .tp_basicsize = sizeof(Slot),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_new = slot_new,
+    .tp_traverse = (traverseproc)slot_traverse,
+    .tp_clear = (inquiry)slot_clear,
+    .tp_dealloc = (destructor)slot_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Slot, vectorcall),
+    .tp_repr = (reprfunc)slot_repr,
+    .tp_methods = slot_methods,
+    .tp_members = slot_members,
+    .tp_getset = slot_getset,
+};
+
 static PyObject *
 bind(PyObject *module, PyObject *args)
 {
@@ -417,14 +654,17 @@ PyInit__entry(void)
         (s_name = PyUnicode_InternFromString("__name__")) == NULL ||
         (s_qualname = PyUnicode_InternFromString("__qualname__")) == NULL ||
         (s_rec = PyUnicode_InternFromString("_rec")) == NULL ||
-        (g_prefix = PyUnicode_InternFromString("otel_train.")) == NULL || PyType_Ready(&EntryType) < 0 ||
-        PyType_Ready(&HiddenType) < 0)
+        (g_prefix = PyUnicode_InternFromString("otel_train.")) == NULL ||
+        (s_self = PyUnicode_InternFromString("self")) == NULL ||
+        (s_call_impl = PyUnicode_InternFromString("_call_impl")) == NULL || PyType_Ready(&EntryType) < 0 ||
+        PyType_Ready(&HiddenType) < 0 || PyType_Ready(&SlotType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL)
         return NULL;
     if (PyModule_AddObjectRef(module, "Entry", (PyObject *)&EntryType) < 0 ||
         PyModule_AddObjectRef(module, "Hidden", (PyObject *)&HiddenType) < 0 ||
+        PyModule_AddObjectRef(module, "Slot", (PyObject *)&SlotType) < 0 ||
         PyModule_AddIntConstant(module, "FETCH", FETCH) < 0 || PyModule_AddIntConstant(module, "CALL", CALL) < 0 ||
         PyModule_AddIntConstant(module, "RECORDED", RECORDED) < 0) {
         Py_DECREF(module);

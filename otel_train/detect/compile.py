@@ -70,6 +70,28 @@ compiled = Compiled()
 _patches = Patches()
 
 
+_when_seen: list[Callable[[], None]] = []
+
+
+def when_seen(fn: Callable[[], None]) -> None:
+    """Call `fn()` when `compiled.seen` turns True, before Dynamo traces anything
+    (`roots.slots_to_hooks`)."""
+    _when_seen.append(fn)
+
+
+def _see() -> None:
+    """`compiled.seen = True`, and what waits for it run once."""
+    if compiled.seen:
+        return
+    compiled.seen = True
+    for fn in _when_seen:
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - never in torch.compile's way
+            _log.warning("otel_train: could not make way for torch.compile (%s)", getattr(fn, "__qualname__", fn),
+                         exc_info=True)
+
+
 def compiled_anything() -> bool:
     """True once torch.compile may have compiled a frame. Dynamo guards on the global hooks, so
     from then on they are never added or removed (that would compile every graph again); inside
@@ -83,13 +105,13 @@ def _frames_compiled() -> bool:
 
 
 def _on_compile_start(*_: Any) -> None:
-    compiled.seen = True
+    _see()
 
 
 def _compile_patch(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def compile(*args: Any, **kwargs: Any) -> Any:
-        compiled.seen = True  # before anything is traced: the hooks' check never changes under a guard
+        _see()  # before anything is traced: the hooks' check never changes under a guard
         return original(*args, **kwargs)
     return compile
 
@@ -98,7 +120,7 @@ def _watch_dynamo(module: ModuleType) -> None:
     """Dynamo's compile-start callback: every entry point, `torch.compile` or not (forgotten by
     `torch._dynamo.reset()`, which `torch.compile`'s own patch does not depend on)."""
     if _frames_compiled():
-        compiled.seen = True
+        _see()
     try:
         module.callback_handler.register_start_callback(_on_compile_start)
     except Exception:  # noqa: BLE001 - another Dynamo: torch.compile's patch alone
@@ -176,7 +198,7 @@ def _unskip_dynamo_frames() -> None:
 def install() -> None:
     warnings.filterwarnings("ignore", message=_COMPILE_HOOK_WARNING, category=UserWarning)
     if _frames_compiled():
-        compiled.seen = True
+        _see()
     _patches.replace(torch, "compile", _compile_patch)
     _imports.when_imported("torch._dynamo.callback", _watch_dynamo)
     _imports.when_imported("torch._dynamo.eval_frame", _skip_dynamo_frames)

@@ -8,8 +8,9 @@ steps, for models that first appear later (not once torch.compile has compiled a
 `compile.compiled_anything`), and at once when a backward comes with no forward seen
 (a model created after discovery: a script that trains a fresh model per loop), at most every
 `UNSEEN_GAP` steps. In between, only the roots (the modules called outermost) carry
-hooks; their submodules keep torch's fast path. While both are installed a root's call reaches
-the hooks twice, which the forward family's depth count absorbs.
+hooks (or a forward slot, which keeps even the root on torch's fast path: `torch_hooks`); their
+submodules keep torch's fast path. While both are installed a root's call reaches the hooks
+twice, which the forward family's depth count absorbs.
 """
 
 from __future__ import annotations
@@ -21,12 +22,17 @@ import torch
 from torch.nn.modules.loss import _Loss
 
 from otel_train.detect import torch_hooks
-from otel_train.detect.compile import compiled_anything
+from otel_train.detect.compile import compiled_anything, when_seen
 
 
 def _hooks() -> tuple[Any, Any]:
     from otel_train.detect.forward import forward_hook, forward_pre_hook  # forward.py imports this module
     return forward_pre_hook, forward_hook
+
+
+def _slot(module: torch.nn.Module) -> torch_hooks.SlotEntry | None:
+    from otel_train.detect import forward
+    return torch_hooks.slot(module, vars(forward), "forward_begin", "forward_end")
 
 
 class Roots:
@@ -62,16 +68,26 @@ class Roots:
         self.global_handles = list(torch_hooks.global_forward(*_hooks()))
 
     def hook(self, module: torch.nn.Module) -> None:
-        # In the module's own hook tables, hidden from pickles and copies (`torch_hooks`).
-        self.hooked[module] = torch_hooks.module_forward(module, *_hooks())
+        # Its forward slot, or hooks in its own tables where it cannot have one; hidden from
+        # pickles and copies either way (`torch_hooks`).
+        slot = _slot(module)
+        self.hooked[module] = (slot,) if slot is not None else torch_hooks.module_forward(module, *_hooks())
+
+    def slots_to_hooks(self) -> None:
+        """torch.compile may trace from now on (`compile.when_seen`), and Dynamo cannot trace a
+        slot: each root timed from its slot carries the hooks instead."""
+        for module, handles in list(self.hooked.items()):
+            if isinstance(handles[0], torch_hooks.SlotEntry) and handles[0].installed():
+                handles[0].remove()
+                self.hooked[module] = (*torch_hooks.module_forward(module, *_hooks()), *handles[1:])
 
     def detach(self) -> None:
-        """Remove every forward hook, remembering the roots found and the discovery under way."""
+        """Remove every forward hook and slot, remembering the roots found and the discovery under way."""
         for handle in self.global_handles:
             handle.remove()
-        for pre, post in list(self.hooked.values()):
-            pre.remove()
-            post.remove()
+        for handles in list(self.hooked.values()):
+            for handle in handles:
+                handle.remove()
 
     def step_closed(self, n: int | None) -> None:
         if self.discovering:
@@ -95,14 +111,21 @@ class Roots:
             self.for_unseen = True
 
     def _settle(self) -> None:
-        # Safe inside a hook: torch snapshots the hook dicts before it calls any of them.
+        # Safe inside a hook: torch snapshots the hook dicts before it calls any of them. A step
+        # closes where the next begins, often a root's forward pre-hook: that call began under
+        # the global hooks and must end through a hook too, not the slot set meanwhile.
         found = 0
+        running = torch_hooks.calls_running()
         for module in list(self.seen):
             # A loss module only ever tells its hooks "not another forward": left unhooked,
             # its calls skip torch's hook dispatch (and ours) with the same outcome.
             if module not in self.hooked and not isinstance(module, _Loss):
                 self.hook(module)
                 found += 1
+                if isinstance(self.hooked[module][0], torch_hooks.SlotEntry) and id(module) in running:
+                    from otel_train.detect import forward
+                    once = torch_hooks.end_once(module, running[id(module)][1], vars(forward), "forward_end")
+                    self.hooked[module] += (once,)  # removed with the rest if detached first
         if self.for_unseen:
             # A loop whose backwards never follow a module's forward (two backwards per forward,
             # a graph built without modules) would restart discovery every few steps: back off.
@@ -122,3 +145,4 @@ class Roots:
 
 #: The one set of forward hooks.
 roots = Roots()
+when_seen(roots.slots_to_hooks)

@@ -97,6 +97,17 @@ def ticking_sgd(model: nn.Module, clock: FakeClock, **kw: Any) -> Any:
     return opt
 
 
+def timed_by(module: nn.Module) -> str | None:
+    """How detection times the module's forward: "slot" (`torch_hooks.slot`), "hooks" (ours in
+    its hook tables), or None."""
+    from otel_train.detect import torch_hooks
+    if torch_hooks.is_slot(vars(module).get("_compiled_call_impl")):
+        return "slot"
+    if torch_hooks.ours(module._forward_pre_hooks) or torch_hooks.ours(module._forward_hooks):
+        return "hooks"
+    return None
+
+
 def stepping(model: nn.Module, opt: Any, batches: Iterator[Any]) -> Callable[[], None]:
     """One training step a call: the next of `batches`, the forward and backward, the update,
     zero_grad."""
