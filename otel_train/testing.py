@@ -5,6 +5,8 @@
 - `spans_disabled()`: `otel_train.span` makes the disabled no-op inside a block.
 - `calls_at_once()`, `notes_in_python()`, `notes_dropped()`, `entry_points_stubbed()`: batched
   detection's calls run another way inside a block (`bench auto-cost --per-call`, `--parts`).
+- `root_hooks()`: the roots' forwards timed by hooks in their tables inside a block, not from
+  their slots (`bench auto-cost --root-hooks`).
 - `SyncCounter`: counts every call that makes the host wait for the device, per thread.
 - `ENV_EXPORTER_START_DELAY`: the exporter process waits this many seconds before it is ready,
   as on a node too busy to start it (`exporter_start_delay`, called by the exporter process).
@@ -78,6 +80,28 @@ def notes_in_python() -> Iterator[None]:
     finally:
         batch.settle()
         batch.point(was)
+
+
+@contextlib.contextmanager
+def root_hooks() -> Iterator[None]:
+    """Inside the block, each root timed from its forward slot carries our forward hooks instead,
+    as once torch.compile may trace (`roots.slots_to_hooks`); its slot is back after. For `bench
+    auto-cost --root-hooks`, which times the two forms in the same rounds. Calls waiting run first."""
+    from otel_train.detect import batch, torch_hooks
+    from otel_train.detect.roots import roots
+
+    batch.settle()
+    slotted = [module for module, handles in list(roots.hooked.items())
+               if isinstance(handles[0], torch_hooks.SlotEntry) and handles[0].installed()]
+    roots.slots_to_hooks()
+    try:
+        yield
+    finally:
+        batch.settle()
+        for module in slotted:
+            for handle in roots.hooked.get(module, ()):
+                handle.remove()
+            roots.hook(module)
 
 
 @contextlib.contextmanager

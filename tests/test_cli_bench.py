@@ -376,6 +376,57 @@ def test_bench_auto_cost_batch_calls_times_a_batch_size_beside_the_shipped_one()
         assert refused.returncode == 2 and "--batch-calls" in refused.stderr and named in refused.stderr
 
 
+def test_bench_auto_cost_root_hooks_times_the_hooks_beside_the_slot() -> None:
+    """`bench auto-cost --root-hooks`: plain, automatic (roots timed from their slots) and the
+    roots timed by hooks in the same rounds; with `--batch-calls` it is refused, naming both."""
+    proc = run_python("from otel_train.cli import main; raise SystemExit(main())",
+                      args=["bench", "auto-cost", "--rounds", "3", "--block-steps", "2", "--root-hooks"], timeout=300)
+    figures = dict(line.split(": ") for line in proc.stdout.splitlines())
+    for name in ("step_us_plain", "auto_us_per_step", "root_hooks_us_per_step", "root_hooks_minus_auto_us_per_step",
+                 "root_hooks_minus_auto_us_per_step_ci95_hi"):
+        assert name in figures, name
+    refused = run_python("from otel_train.cli import main; raise SystemExit(main())",
+                         args=["bench", "auto-cost", "--root-hooks", "--batch-calls", "100"], timeout=60, check=False)
+    assert refused.returncode == 2 and "--root-hooks" in refused.stderr and "--batch-calls" in refused.stderr
+
+
+def test_root_hooks_swaps_the_slot_for_hooks_inside_the_block_only(tmp_path: Path) -> None:
+    """`testing.root_hooks()`: inside, the root carries our hooks and no slot; after, its slot
+    again; its forwards are timed throughout."""
+    proc = run_python(f"""
+        import json, sys, torch
+        from torch import nn
+        import otel_train
+        from otel_train import detect
+        from otel_train.testing import root_hooks
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from support.detect_loop import timed_by as form
+
+        otel_train.init(run_id="swap", output_dir={str(tmp_path)!r})
+        detect.install()
+        model = nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        def steps(n):
+            for _ in range(n):
+                model(torch.randn(2, 4)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+        steps(4)
+        seen = [form(model)]
+        with root_hooks():
+            seen.append(form(model))
+            steps(2)
+        seen.append(form(model))
+        steps(2)
+        detect.uninstall()
+        otel_train.shutdown()
+        print(json.dumps(seen))
+    """, timeout=120)
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == ["slot", "hooks", "slot"]
+    from otel_train.analyze import reader
+    assert sum(span.name == "train.forward" for span in reader.iter_spans(reader.find_sources(str(tmp_path)))) == 8
+
+
 def test_bench_auto_cost_batches_of_sets_the_size_for_its_block_only() -> None:
     """`batches_of(n)`: the batch size a run reads as each batch begins is n inside the block and
     the shipped one after it, even when the block raises."""

@@ -70,6 +70,11 @@ Every timed or counted block ends with the detection calls it left waiting run
 (`recorder.settle`), inside its time: before 2026-11-27 (afternoon) an 8-step block, ~88 notes,
 fewer than a batch, left the replay of most of them to the untimed flush after the round, and
 the batched figures left it out.
+- with `--root-hooks`: plain, automatic, and automatic with the roots' forwards timed by hooks
+  in their tables (`otel_train.testing.root_hooks`, as once torch.compile may trace) rather than
+  from their slots, in the same rounds: `auto_`, `root_hooks_` and
+  `root_hooks_minus_auto_us_per_step` (what the slot saves: torch's dispatch for a module with
+  hooks, `detect/torch_hooks.py`).
 - with `--parts`: where automatic mode's cost lies, four variants in the same rounds as
   `--per-call` times its four: plain; `hooks`, automatic mode's hooks and patched functions
   calling stubs that only run the user's function (`otel_train.testing.entry_points_stubbed`);
@@ -300,13 +305,14 @@ def noop_hooks(loop: AutoCostLoop) -> Iterator[None]:
 
 
 def run_auto_cost(rounds: int = 20, block_steps: int = 32, callgrind_steps: int = 0, floor: bool = False,
-                  per_call: bool = False, parts: bool = False, batch_calls: int = 0) -> int:
+                  per_call: bool = False, parts: bool = False, batch_calls: int = 0, root_hooks: bool = False) -> int:
     """Automatic mode against plain steps; with `floor`, `noop_hooks` against plain steps (no
     otel_train installed), `floor` in its figures' names where automatic mode's say `auto`;
     with `per_call`, plain, automatic and automatic with each call run at once
     (`_measure_per_call`); with `parts`, plain, the hooks alone, the notes alone and automatic
     (`_measure_parts`); with `batch_calls`, plain, automatic and automatic with batches of that
-    many notes (`_measure_batch_calls`)."""
+    many notes (`_measure_batch_calls`); with `root_hooks`, plain, automatic and automatic with
+    the roots timed by hooks (`_measure_root_hooks`)."""
     import torch
 
     torch.set_num_threads(1)
@@ -343,6 +349,10 @@ def run_auto_cost(rounds: int = 20, block_steps: int = 32, callgrind_steps: int 
         if batch_calls:
             _measure_batch_calls(loop, rounds, block_steps, batch_calls, plain=paused_detection,
                                  between=lambda: held(worker), after=worker.flush)
+            return 0
+        if root_hooks:
+            _measure_root_hooks(loop, rounds, block_steps, plain=paused_detection, between=lambda: held(worker),
+                                after=worker.flush)
             return 0
         _measure(loop, "auto", rounds, block_steps, callgrind_steps, plain=paused_detection,
                  variant=contextlib.nullcontext, between=lambda: held(worker), after=worker.flush)
@@ -478,6 +488,17 @@ def _measure_batch_calls(loop: AutoCostLoop, rounds: int, block_steps: int, call
     variants = {"plain": plain, "auto": contextlib.nullcontext, "batch_calls": functools.partial(batches_of, calls)}
     _print_variants(_timed_rounds(loop, variants, rounds, block_steps, between, after), rounds, block_steps,
                     (("auto", "plain"), ("batch_calls", "plain"), ("batch_calls", "auto")))
+
+
+def _measure_root_hooks(loop: AutoCostLoop, rounds: int, block_steps: int, plain: Callable[[], Any],
+                        between: Callable[[], Any], after: Callable[[], None]) -> None:
+    """`--root-hooks`: plain, automatic and automatic with the roots timed by hooks, each round's
+    three blocks in an order drawn at random (seeded), as `_measure` times its two."""
+    from otel_train.testing import root_hooks
+
+    variants = {"plain": plain, "auto": contextlib.nullcontext, "root_hooks": root_hooks}
+    _print_variants(_timed_rounds(loop, variants, rounds, block_steps, between, after), rounds, block_steps,
+                    (("auto", "plain"), ("root_hooks", "plain"), ("root_hooks", "auto")))
 
 
 def _print_variants(timed: dict[str, list[tuple[int, int]]], rounds: int, block_steps: int,

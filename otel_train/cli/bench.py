@@ -79,6 +79,9 @@ def add_parser(sub: Any) -> None:
     auto.add_argument("--batch-calls", type=int, default=0, metavar="N",
                       help="also time automatic mode with batches of N detection notes (the shipped size: "
                            "detect.batch.BATCH_CALLS) in the same rounds")
+    auto.add_argument("--root-hooks", action="store_true",
+                      help="also time automatic mode with the root modules' forwards timed by hooks (as once "
+                           "torch.compile may trace) rather than from their slots, in the same rounds")
     device = bench_sub.add_parser("device", help="device timing: synchronisations and device durations")
     device.add_argument("--steps", type=int, default=50, help="training steps per variant (default 50)")
     bench_latency.add_parser(bench_sub)
@@ -141,15 +144,15 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 parser.error(f"--batch-calls must be at least {SMALL_BATCH}: smaller batches turn batching off "
                              "for the rest of the run (detect.batch.SMALL_BATCH)")
         given = [flag for flag, on in (("--per-call", args.per_call), ("--parts", args.parts),
-                                       ("--batch-calls", args.batch_calls), ("--callgrind", args.callgrind),
-                                       ("--floor", args.floor)) if on]
-        if len(given) > 1 and (args.per_call or args.parts or args.batch_calls):
-            parser.error(f"{' with '.join(given)}: --per-call, --parts and --batch-calls each time their own "
-                         "variants, alone (not with --callgrind, --floor or each other)")
+                                       ("--batch-calls", args.batch_calls), ("--root-hooks", args.root_hooks),
+                                       ("--callgrind", args.callgrind), ("--floor", args.floor)) if on]
+        if len(given) > 1 and (args.per_call or args.parts or args.batch_calls or args.root_hooks):
+            parser.error(f"{' with '.join(given)}: --per-call, --parts, --batch-calls and --root-hooks each time "
+                         "their own variants, alone (not with --callgrind, --floor or each other)")
         from otel_train.bench.auto_cost import run_auto_cost
         return run_auto_cost(rounds=args.rounds, block_steps=args.block_steps, callgrind_steps=args.callgrind,
                              floor=args.floor, per_call=args.per_call, parts=args.parts,
-                             batch_calls=args.batch_calls)
+                             batch_calls=args.batch_calls, root_hooks=args.root_hooks)
     if args.bench == "device":
         if args.steps < 1:
             parser.error("--steps must be a positive integer")
