@@ -578,13 +578,6 @@ slot_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
-static PyObject *
-slot_module(Slot *self, void *closure)
-{
-    PyObject *root = PyWeakref_GetObject(self->module);
-    return root == NULL ? NULL : Py_NewRef(root);
-}
-
 static PyMethodDef slot_methods[] = {
     {"__copy__", (PyCFunction)(void (*)(void))slot_copy, METH_FASTCALL, NULL},
     {"__deepcopy__", (PyCFunction)(void (*)(void))slot_copy, METH_FASTCALL, NULL},
@@ -594,11 +587,6 @@ static PyMethodDef slot_methods[] = {
 static PyMemberDef slot_members[] = {
     {"__vectorcalloffset__", T_PYSSIZET, offsetof(Slot, vectorcall), READONLY, NULL},
     {NULL, 0, 0, 0, NULL},
-};
-
-static PyGetSetDef slot_getset[] = {
-    {"module", (getter)slot_module, NULL, "the root module it was made for (None once freed)", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyTypeObject SlotType = {
@@ -617,7 +605,6 @@ static PyTypeObject SlotType = {
     .tp_repr = (reprfunc)slot_repr,
     .tp_methods = slot_methods,
     .tp_members = slot_members,
-    .tp_getset = slot_getset,
 };
 
 static PyObject *

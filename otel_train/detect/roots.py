@@ -35,6 +35,11 @@ def _slot(module: torch.nn.Module) -> torch_hooks.SlotEntry | None:
     return torch_hooks.slot(module, vars(forward), "forward_begin", "forward_end")
 
 
+def _end_once(module: torch.nn.Module, frame: Any) -> torch_hooks.Entry:
+    from otel_train.detect import forward
+    return torch_hooks.end_once(module, frame, vars(forward), "forward_end")
+
+
 class Roots:
     """The forward hooks' handles, global or per root, and what discovery has seen."""
 
@@ -123,9 +128,8 @@ class Roots:
                 self.hook(module)
                 found += 1
                 if isinstance(self.hooked[module][0], torch_hooks.SlotEntry) and id(module) in running:
-                    from otel_train.detect import forward
-                    once = torch_hooks.end_once(module, running[id(module)][1], vars(forward), "forward_end")
-                    self.hooked[module] += (once,)  # removed with the rest if detached first
+                    # removed with the rest if detached first
+                    self.hooked[module] += (_end_once(module, running[id(module)]),)
         if self.for_unseen:
             # A loop whose backwards never follow a module's forward (two backwards per forward,
             # a graph built without modules) would restart discovery every few steps: back off.

@@ -136,16 +136,14 @@ def slot(module: torch.nn.Module, owner: dict[str, Any], begin: str, end: str) -
 _CALL_IMPL = torch.nn.Module._call_impl.__code__
 
 
-def calls_running() -> dict[int, tuple[torch.nn.Module, Any]]:
-    """The module calls running on this thread's stack: `id(module)` -> (module, the frame of its
-    outermost `_call_impl`). For `roots._settle`, not every call: it reads each frame's locals."""
-    running: dict[int, tuple[torch.nn.Module, Any]] = {}
+def calls_running() -> dict[int, Any]:
+    """The module calls running on this thread's stack: `id(module)` -> the frame of its
+    outermost `_call_impl`. For `roots._settle`, not every call: it reads each frame's locals."""
+    running: dict[int, Any] = {}
     frame = sys._getframe(1)
     while frame is not None:
-        if frame.f_code is _CALL_IMPL:
-            module = frame.f_locals.get("self")
-            if module is not None:
-                running[id(module)] = (module, frame)  # outer frames come later: the outermost stays
+        if frame.f_code is _CALL_IMPL and (module := frame.f_locals.get("self")) is not None:
+            running[id(module)] = frame  # outer frames come later: the outermost stays
         frame = frame.f_back
     return running
 
