@@ -32,6 +32,7 @@ static PyObject *g_rec;        /* the RecorderBase in force, or NULL */
 static PyObject *g_kind_step;  /* KIND_STEP */
 static PyObject *g_reopened;   /* (new step, recorder): says so and closes the step still open */
 static PyObject *g_step_number; /* (n, next step): a valid step number for an `n` that is not one */
+static PyObject *g_misused;    /* (what, name): says once that a region was misused (re-entered, exited twice) */
 
 #if defined(_MSC_VER)
 #define THREAD_LOCAL __declspec(thread)
@@ -126,6 +127,10 @@ typedef struct {
     int64_t seq, t0, t1;
     uint8_t has;
     unsigned long tid;  /* the thread that entered it, when it went on `tl_current` (no token) */
+    /* Entries of it while it was already open (`with sp: with sp:`), each ignored, as its
+     * matching exit is: entering it again would make it its own parent (a cycle that any walk
+     * up the parents would follow forever). */
+    uint32_t reentered;
     vectorcallfunc vectorcall;  /* calling the region: enter (no arguments), exit (3), decorate (1) */
 } RegionObject;
 

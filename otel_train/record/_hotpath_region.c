@@ -115,6 +115,7 @@ region_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject
     self->exc = self->timed = NULL;
     self->has = 0;
     self->tid = 0;
+    self->reentered = 0;
     self->vectorcall = region_called;
     self->name = Py_NewRef(args[0]);
     self->events = Py_NewRef(Py_None);
@@ -136,13 +137,42 @@ fail:
 static PyObject *
 tl_open(void)
 {
-    PyObject *p = tl_current;
+    /* Regions exited out of order can leave closed regions that are each other's parents (a
+     * region re-entered under its own child, later closed): this walk marks where it has been
+     * (Brent's cycle finding: the mark moves to where the walk is after 1, 2, 4... steps) and
+     * takes a cycle for "no open region", where a plain walk spun forever holding the GIL. */
+    PyObject *p = tl_current, *mark = p;
+    size_t steps = 0, span = 1;
     while (p != NULL && PyObject_TypeCheck(p, &RegionType) && (((RegionObject *)p)->has & HAS_T1)) {
         p = ((RegionObject *)p)->parent;
-        if (p == Py_None)
-            p = NULL;
+        if (p == Py_None || p == mark)
+            return NULL;
+        if (++steps == span) {
+            mark = p;
+            span <<= 1;
+            steps = 0;
+        }
     }
     return p;
+}
+
+/* Say once that region `self` was misused (`what`: "reentered", "exited"), through
+ * `recorder._misused`; an error there is not the caller's: cleared. */
+static void
+say_misused(RegionObject *self, const char *what)
+{
+    if (g_misused == NULL)
+        return;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *kind = PyUnicode_FromString(what);
+    PyObject *res = kind == NULL ? NULL : PyObject_CallFunctionObjArgs(g_misused, kind,
+                                                                     self->name != NULL ? self->name : Py_None, NULL);
+    Py_XDECREF(kind);
+    if (res == NULL)
+        PyErr_Clear();
+    Py_XDECREF(res);
+    PyErr_Restore(type, value, tb);
 }
 
 /* The open region a new one nests in (a new reference; None outside any): the ContextVar's
@@ -342,6 +372,13 @@ static PyObject *
 region_enter(RegionObject *self, PyObject *Py_UNUSED(ignored))
 {
     PyObject *r;
+    if (self->rec != NULL && self->rec != Py_None && (self->has & (HAS_T0 | HAS_T1)) == HAS_T0) {
+        /* Open already: `with sp: with sp:`. Ignored, with its exit (`reentered`). */
+        if (self->reentered < UINT32_MAX)
+            self->reentered++;
+        say_misused(self, "reentered");
+        return Py_NewRef(self);
+    }
     if ((g_settle != NULL && settle_pending() < 0) || recorder_in_force(&r) < 0)
         return NULL;
     Py_XSETREF(self->rec, Py_NewRef(r));
@@ -388,6 +425,14 @@ region_exit(RegionObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *r = self->rec;
     if (r == NULL || r == Py_None)
         Py_RETURN_NONE;
+    if (self->reentered) {  /* the exit of an entry that was ignored */
+        self->reentered--;
+        Py_RETURN_NONE;
+    }
+    if (self->has & HAS_T1) {  /* over already: exited twice, or ended at shutdown */
+        say_misused(self, "exited");
+        Py_RETURN_NONE;
+    }
     RecorderObject *rec = (RecorderObject *)r;
     if (rec_now_ns(rec, &self->t1) < 0)
         return NULL;

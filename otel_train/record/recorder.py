@@ -104,10 +104,12 @@ class Recorder(_RecorderBase):  # type: ignore[misc,valid-type]
         """Regions still open in the calling context, innermost first, then the open step."""
         out: list[Region | Step] = []
         region = current_get()
-        while region is not None:
+        seen: set[int] = set()  # regions exited out of order can be each other's parents
+        while region is not None and id(region) not in seen:
+            seen.add(id(region))
             if getattr(region, "rec", None) is self and not hasattr(region, "t1"):
                 out.append(region)
-            region = region.parent
+            region = getattr(region, "parent", None)
         if isinstance(self.step, Step):
             out.append(self.step)
         return out
@@ -135,6 +137,26 @@ def active() -> Recorder | None:
 seq: Any = _hotpath.seq if _hotpath is not None else itertools.count(1)
 
 
+_MISUSES = {
+    "reentered": "was entered again while still open (`with sp:` inside `with sp:` on the same object); "
+                 "the inner entry and its exit are ignored: make a new `otel_train.span(...)` for each region",
+    "exited": "was exited after it had ended (an `__exit__` twice); the second exit is ignored",
+}
+_misuses_said: set[str] = set()
+
+
+def _misused(what: str, name: Any) -> None:
+    """A region misused (`_MISUSES`): said once per kind, never raised into the caller."""
+    if what in _misuses_said:
+        return
+    _misuses_said.add(what)
+    try:
+        shown = repr(name) if isinstance(name, str) else f"<a {type(name).__name__}>"
+    except Exception:  # noqa: BLE001 - a name's repr is the user's code
+        shown = "<a span>"
+    _log.warning("otel_train: span %s %s.", shown, _MISUSES.get(what, what))
+
+
 async def _aenter(region: Any) -> Any:
     """`async with` a region or step (`__aenter__` of the Python and C types alike)."""
     return region.__enter__()
@@ -156,7 +178,7 @@ class _PyRegion:
     """
 
     __slots__ = ("name", "attrs", "rec", "parent", "token", "step", "seq", "t0", "t1",
-                 "exc", "events", "dev", "timed", "ev1")
+                 "exc", "events", "dev", "timed", "ev1", "reentered")
 
     def __init__(self, name: str, *, device_time: bool | None = None, **attrs: Any) -> None:
         self.name = name
@@ -168,6 +190,11 @@ class _PyRegion:
             _py_retarget(self, name, device_time, attrs)
 
     def __enter__(self) -> _PyRegion:
+        if getattr(self, "rec", None) is not None and not hasattr(self, "t1"):
+            # Open already (`with sp: with sp:`): ignored, with its exit, as the C region does.
+            self.reentered = getattr(self, "reentered", 0) + 1
+            _misused("reentered", self.name)
+            return self
         r = _rec
         if r is None:
             r = auto_init()
@@ -175,6 +202,8 @@ class _PyRegion:
                 self.rec = None
                 return self
         self.rec = r
+        if hasattr(self, "t1"):
+            del self.t1  # used again: open from here
         self.parent = _current.get()
         self.token = _current.set(self)
         self.step = r.step
@@ -183,8 +212,14 @@ class _PyRegion:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        r = self.rec
+        r = getattr(self, "rec", None)
         if r is None:
+            return
+        if getattr(self, "reentered", 0):
+            self.reentered -= 1
+            return
+        if hasattr(self, "t1"):
+            _misused("exited", self.name)
             return
         self.t1 = t1 = r.now()
         try:
@@ -354,7 +389,7 @@ if _hotpath is not None:
     Region: type = _hotpath.Region
     Step: type = _hotpath.Step
     After: type = _hotpath.After
-    _hotpath.bind(_current, NO_STEP, KIND_SPAN, _auto_init, _decorate, _aenter, _aexit)
+    _hotpath.bind(_current, NO_STEP, KIND_SPAN, _auto_init, _decorate, _aenter, _aexit, _misused)
     _hotpath.bind_steps(KIND_STEP, _reopened, step_number)
     #: `otel_train.step(n=None, epoch=None, **attrs)`
     new_step: Callable[..., Any] = _hotpath.step

@@ -200,3 +200,34 @@ def report(fault: str, kept: str, lost: str, faulted: Result, base: Result | Non
     if table:
         with open(Path(table), "a", encoding="utf-8") as out:
             out.write(json.dumps(row) + "\n")
+
+
+@dataclass
+class Script:
+    """One run of a script of ours (`run_script`): its exit, stderr and closing-line counts."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    exported: int | None
+    dropped: int | None
+
+
+def run_script(code: str, env: Mapping[str, str], timeout: float = 90.0,
+               cwd: str | os.PathLike[str] | None = None) -> Script:
+    """Run `code` (dedented) in a fresh interpreter under `env` (no other OTEL_*), killed past
+    `timeout`: a hang fails the test as an exit by SIGKILL (-9), not by the suite's timeout."""
+    environ = clean_env({"OTEL_TRAIN_FLUSH_INTERVAL_MS": "100", "OTEL_METRIC_EXPORT_INTERVAL": "600000", **env})
+    proc = subprocess.Popen([sys.executable, "-u", "-c", textwrap.dedent(code)], cwd=cwd, env=environ,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    found = _CLOSING.search(err)
+    exported = dropped = None
+    if found:
+        exported = int(found.group(1))
+        dropped = int(found.group(2) or 0) + int(found.group(3) or 0)
+    return Script(proc.returncode, out, err, exported, dropped)
