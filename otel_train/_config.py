@@ -10,6 +10,7 @@ again. docs/configuration.md lists every variable.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import logging
 import os
@@ -72,17 +73,25 @@ def _int_between(minimum: int, maximum: int) -> Callable[[Any], int]:
     return parse
 
 
-def _float_above(minimum: float) -> Callable[[Any], float]:
+def _float_above(minimum: float, maximum: float = float("inf")) -> Callable[[Any], float]:
+    allowed = f"expected a number > {minimum:g}" + (f" and <= {maximum:g}" if maximum < float("inf") else "")
+
     def parse(value: Any) -> float:
         try:
             number = float(value.strip() if isinstance(value, str) else value)
-        except (TypeError, ValueError):
-            raise _Invalid(f"expected a number > {minimum:g}") from None
-        if not number > minimum or number != number or number == float("inf"):
-            raise _Invalid(f"expected a number > {minimum:g}")
+        except (TypeError, ValueError, OverflowError):
+            raise _Invalid(allowed) from None
+        if not minimum < number <= maximum or number == float("inf"):  # NaN fails the first test
+            raise _Invalid(allowed)
         return number
 
     return parse
+
+
+#: The longest shutdown bound or export timeout, in seconds: a day. Past ~9.2e9 s the waits that
+#: use them raise OverflowError (at exit, where the closing line is written), and nothing longer
+#: than a day is a bound a job scheduler waits for.
+SECONDS_MAX = 86400.0
 
 
 def _optional_float_above(minimum: float) -> Callable[[Any], float | None]:
@@ -118,6 +127,8 @@ def _endpoint(value: Any) -> str | None:
     allowed = "expected a URL such as http://127.0.0.1:4317 (scheme http or https, a host, a port 1-65535)"
     if "://" not in text:
         raise _Invalid(allowed)
+    if any(c.isspace() or not c.isprintable() for c in text):
+        raise _Invalid("expected a URL without spaces or control characters")
     try:
         parts = urllib.parse.urlsplit(text)
         port = parts.port  # raises for a port that is not a number, or past 65535
@@ -127,7 +138,33 @@ def _endpoint(value: Any) -> str | None:
         raise _Invalid("expected a URL whose scheme is http or https")
     if not parts.hostname or port == 0:
         raise _Invalid(allowed)
+    if parts.password is not None and parts.username is None:
+        raise _Invalid(allowed)
     return text
+
+
+def redact_url(text: Any) -> str:
+    """`text` with the user information of a URL (`user:password@`) shown as `***@`: what every
+    message and the closing line print of an endpoint. The credentials themselves are sent as
+    HTTP Basic authentication (`userinfo_auth`)."""
+    text = str(text)
+    scheme, sep, rest = text.partition("://")
+    netloc = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if not sep or "@" not in netloc:
+        return text
+    return f"{scheme}://***@{rest[len(netloc.rpartition('@')[0]) + 1:]}"
+
+
+def userinfo_auth(text: str) -> str | None:
+    """The `Authorization` value that the user information of URL `text` stands for (`Basic`,
+    RFC 7617), or None when it has none: userinfo in a URL is not sent as such by either
+    transport, so an endpoint written `http://user:password@host:4318` would otherwise reach the
+    collector without its credentials."""
+    parts = urllib.parse.urlsplit(text)
+    if parts.username is None:
+        return None
+    raw = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+    return "Basic " + base64.b64encode(raw.encode("utf-8")).decode("ascii")
 
 
 #: What a run id may hold: it names a directory (`<output dir>/<run id>/`) and a resource attribute.
@@ -163,7 +200,8 @@ def _headers(value: Any) -> dict[str, str] | None:
     if value is None:
         return None
     if isinstance(value, Mapping):
-        return {str(k).strip().lower(): str(v).strip() for k, v in value.items()}
+        value = ",".join(f"{urllib.parse.quote(str(k).strip())}={urllib.parse.quote(str(v).strip())}"
+                         for k, v in value.items())
     text = _text(value)
     items = text.split(",")
     headers: dict[str, str] = {}
@@ -176,7 +214,15 @@ def _headers(value: Any) -> dict[str, str] | None:
                          "not Authorization: Bearer <token>); it is not sent.",
                          index, len(items))
             continue
-        headers[key] = urllib.parse.unquote(val.strip())
+        text_value = urllib.parse.unquote(val.strip())
+        if not all(" " <= c <= "~" for c in text_value):
+            # A newline (`%0A`) would make HTTP raise with the value in its message, and gRPC
+            # metadata takes printable ASCII only.
+            _log.warning("otel_train: OTEL_EXPORTER_OTLP_HEADERS item %d of %d (%r) has a value with a character "
+                         "that is not printable ASCII (a newline, %%0A, or a control character; the value is not "
+                         "shown: headers may hold secrets); it is not sent.", index, len(items), key)
+            continue
+        headers[key] = text_value
     return headers or None
 
 
@@ -190,6 +236,48 @@ def _readable_file(value: Any) -> str | None:
     if not os.path.isfile(text) or not os.access(text, os.R_OK):
         raise _Invalid("expected the path of a readable file")
     return text
+
+
+_CA = "OTEL_EXPORTER_OTLP_CERTIFICATE"
+_PAIR = "OTEL_EXPORTER_OTLP_CLIENT_KEY and OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"
+_tls_said: set[str] = set()
+
+
+def _check_tls(cfg: Config, rejected: list[str]) -> None:
+    """The TLS files, checked together before any transport sees them. gRPC's C core aborts the
+    whole process (SIGABRT, `Check failed: cert_chain != nullptr`) for a client key without its
+    certificate or the reverse, and takes a file that is not PEM for a collector that is not
+    reachable; the standard library's `ssl` raises with a traceback. Here each problem is said
+    once, naming the settings, and the run goes on without what was wrong: the system's CA
+    roots for a bad CA file, no client certificate for a bad or half-given pair."""
+    import ssl
+
+    problems: list[tuple[str, str, tuple[str, ...]]] = []
+    if cfg.certificate:
+        try:
+            ssl.create_default_context(cafile=cfg.certificate)
+        except (ssl.SSLError, OSError, ValueError):
+            problems.append((_CA, "not a PEM file of CA certificates; TLS uses the system's CA roots",
+                             ("certificate",)))
+    key, chain = cfg.client_key, cfg.client_certificate
+    if bool(key) != bool(chain):
+        given, missing = ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE")[::1 if key else -1]
+        problems.append((_PAIR, f"mutual TLS needs both: {given} is set and {missing} is not; no client "
+                                "certificate is presented", ("client_key", "client_certificate")))
+    elif key and chain:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(chain, key, password=lambda: b"")
+        except (ssl.SSLError, OSError, ValueError):
+            problems.append((_PAIR, "not a PEM certificate chain and its unencrypted private key (or they "
+                                    "do not match); no client certificate is presented",
+                             ("client_key", "client_certificate")))
+    for settings, why, fields in problems:
+        for name in fields:
+            setattr(cfg, name, None)
+            rejected.append(name)
+        if settings + why not in _tls_said:
+            _tls_said.add(settings + why)
+            _log.warning("otel_train: %s: %s.", settings, why)
 
 
 def _compression(value: Any) -> str:
@@ -349,6 +437,7 @@ class Config:
                 _warn_invalid(spec.env[0] if spec.env else name, value, str(err), default, spec)
                 setattr(self, name, default)
                 rejected.append(name)
+        _check_tls(self, rejected)
         self.rejected = tuple(dict.fromkeys(rejected))
 
     @classmethod
@@ -408,7 +497,8 @@ def _checked(name: str, spec: _Spec, value: Any, source: str, environ: Mapping[s
 
 def _warn_invalid(source: str, value: Any, why: str, default: Any, spec: _Spec | None = None) -> None:
     """The one message a bad setting gets: what, which value, what is allowed, what is used."""
-    shown = "(value not shown)" if spec is not None and spec.secret else repr(value)
+    shown = ("(value not shown)" if spec is not None and spec.secret
+             else repr(redact_url(value)) if isinstance(value, str) else repr(value))
     instead = spec.fallback if spec is not None and spec.fallback else f"using the default {default!r}"
     _log.warning("otel_train: %s=%s is not valid: %s; %s.", source, shown, why, instead)
 
@@ -437,11 +527,11 @@ _SPECS: dict[str, _Spec] = {
     "exporter_priority": _Spec((semconv.ENV_EXPORTER_PRIORITY,), _one_of("low", "idle", "normal")),
     "flush_interval_ms": _Spec((semconv.ENV_FLUSH_INTERVAL,), _int_between(1, 10**9)),
     "export_delay_ms": _Spec(("OTEL_BSP_SCHEDULE_DELAY",), _int_between(0, 10**9)),
-    "shutdown_timeout_s": _Spec((semconv.ENV_SHUTDOWN_TIMEOUT,), _float_above(0.0)),
+    "shutdown_timeout_s": _Spec((semconv.ENV_SHUTDOWN_TIMEOUT,), _float_above(0.0, SECONDS_MAX)),
     "attribute_value_limit": _Spec(("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",), _int_between(1, 1 << 24)),
     "export_batch_size": _Spec(("OTEL_BSP_MAX_EXPORT_BATCH_SIZE",), _int_between(1, 1 << 20)),
     "export_timeout_s": _Spec(("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"),
-                              _float_above(0.0)),
+                              _float_above(0.0, SECONDS_MAX)),
     "metric_interval_ms": _Spec(("OTEL_METRIC_EXPORT_INTERVAL",), _int_between(1, 86_400_000)),
     "headers": _Spec(("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"), _headers, secret=True),
     "certificate": _Spec(("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE"),

@@ -5,12 +5,16 @@ and compares the closing line's counts with what the receiver itself got.
 
 from __future__ import annotations
 
-import signal
+import base64
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from support.fault_run import run_script, run_spans, settle
+from support.fault_run import TrainingRun, run_script, settle, step_spans
 from support.otlp_receiver import OTLPReceiver
+from support.tls import TlsMaterial, make_tls
+
+from otel_train.export.otlp_json import read_spans
 
 
 @pytest.fixture
@@ -65,3 +69,124 @@ def test_a_reentered_or_misordered_span_never_hangs_and_loses_nothing_else(recei
     assert names.count("reentered") == 1 and names.count("a") == 2 and names.count("b") == 1, names
     assert names.count("train.step") == 50 and names.count("train.forward") == 50
     assert result.exported == len(spans) and result.dropped == 0, result.stderr
+
+
+# --- row 2: no TLS setting can abort the process ------------------------------------------------
+STEPS = 30
+SPANS_PER_STEP = 5
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> TlsMaterial:
+    folder = tmp_path_factory.mktemp("tls")
+    material = make_tls(folder)
+    (folder / "not-pem.pem").write_text("this is not PEM\n")
+    return material
+
+
+def test_no_tls_setting_aborts_the_process_each_is_named_once_and_counted(tls: TlsMaterial) -> None:
+    """Row 2. Before: a client key without its certificate (or the reverse) over gRPC made gRPC's
+    C core abort the trainer at exit (SIGABRT, no closing line); a CA file that is not PEM made
+    HTTP print tracebacks and the closing line say "none dropped" of 150 lost spans. Now each is
+    named once (the settings, never a file's content), the run goes on without what was wrong,
+    and the closing line counts exactly what the receiver got."""
+    not_pem = str(Path(tls.ca_file).with_name("not-pem.pem"))
+    ca = {"OTEL_EXPORTER_OTLP_CERTIFICATE": tls.ca_file}
+    cases = {  # name: (protocol, settings, the message, delivered)
+        "key only": ("grpc", {**ca, "OTEL_EXPORTER_OTLP_CLIENT_KEY": tls.key_file},
+                     "mutual TLS needs both", True),
+        "certificate only": ("grpc", {**ca, "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": tls.cert_file},
+                             "mutual TLS needs both", True),
+        "pair that does not match": ("grpc", {**ca, "OTEL_EXPORTER_OTLP_CLIENT_KEY": tls.key_file,
+                                              "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": tls.other_ca_file},
+                                     "not a PEM certificate chain", True),
+        "key that is not PEM": ("http/protobuf", {**ca, "OTEL_EXPORTER_OTLP_CLIENT_KEY": not_pem,
+                                                  "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": tls.cert_file},
+                                "not a PEM certificate chain", True),
+        "CA not PEM, HTTP": ("http/protobuf", {"OTEL_EXPORTER_OTLP_CERTIFICATE": not_pem},
+                             "not a PEM file of CA certificates", False),
+        "CA not PEM, gRPC": ("grpc", {"OTEL_EXPORTER_OTLP_CERTIFICATE": not_pem},
+                             "not a PEM file of CA certificates", False),
+    }
+    with OTLPReceiver(tls=tls) as receiver:
+        runs = {}
+        for name, (protocol, settings, _, delivered) in cases.items():
+            endpoint = receiver.grpc_endpoint if protocol == "grpc" else receiver.http_endpoint
+            runs[name] = TrainingRun({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+                                      "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S": "20" if delivered else "3", **settings}, STEPS)
+        results = {name: run.finish() for name, run in runs.items()}
+        got = {name: settle(receiver, run.run_id) for name, run in runs.items()}
+    for name, (_, _, message, delivered) in cases.items():
+        result, spans = results[name], got[name]
+        assert result.returncode == 0 and result.completed == STEPS, (name, result.returncode, result.stderr)
+        assert "Traceback" not in result.stderr and "Check failed" not in result.stderr, (name, result.stderr)
+        said = [line for line in result.stderr.splitlines() if message in line]
+        assert len(said) == 1 and "OTEL_EXPORTER_OTLP_" in said[0], (name, result.stderr)
+        assert result.exported == len(spans), (name, result.stderr, len(spans))
+        if delivered:
+            assert len(step_spans(spans, runs[name].run_id)) == STEPS and result.dropped == 0, (name, result.stderr)
+        else:
+            assert spans == [] and result.dropped == STEPS * SPANS_PER_STEP, (name, result.stderr)
+
+
+# --- rows 6 and 7: no secret printed; a bad number or endpoint named, never fatal --------------------
+@pytest.mark.parametrize("value", ["1e10", "1e300", "inf", "nan", "-1", "0"])
+def test_a_shutdown_bound_out_of_range_is_named_and_the_default_used(receiver: OTLPReceiver, value: str) -> None:
+    """Row 7. Before: 1e10 was accepted and raised OverflowError at exit (no closing line, spans
+    lost uncounted); 1e300 printed a 15-line traceback. Now: one message naming the setting and
+    the range, the default bound, every span delivered and counted."""
+    run = TrainingRun({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.grpc_endpoint,
+                       "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S": value}, 10)
+    result = run.finish()
+    spans = settle(receiver, run.run_id)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    said = [line for line in result.stderr.splitlines() if "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S" in line]
+    assert len(said) == 1 and "<= 86400" in said[0], result.stderr
+    assert result.exported == len(spans) == 10 * SPANS_PER_STEP and result.dropped == 0, result.stderr
+
+
+def test_no_secret_from_a_header_or_an_endpoint_is_printed_and_userinfo_is_sent_as_basic_auth(
+        receiver: OTLPReceiver) -> None:
+    """Row 6. Before: a header value holding `%0A` made OTLP/HTTP print the bearer token three
+    times (in http.client's error); an endpoint `http://alice:PASSWORD@host` printed the password
+    in the failure and closing lines and never sent the credentials. Now the malformed item is
+    named by its setting and key, never its value, and not sent; the endpoint is shown as
+    `***@host`, its credentials sent as HTTP Basic authentication."""
+    token, password = "tok-3f9a0c", "pw-b71e22"
+    port = receiver.http_endpoint.rsplit(":", 1)[1]
+    bad_header = TrainingRun({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint,
+                              "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S": "20",
+                              "OTEL_EXPORTER_OTLP_HEADERS": f"authorization=Bearer%20{token}%0A,x-team=ml"}, 10)
+    userinfo = TrainingRun({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://alice:{password}@127.0.0.1:{port}",
+                            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S": "20"}, 10)
+    bad_port = TrainingRun({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://alice:{password}@127.0.0.1:99999",
+                            "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S": "5"}, 10)
+    results = [bad_header.finish(), userinfo.finish(), bad_port.finish()]
+    for result in results:
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+        assert token not in result.stderr and password not in result.stderr, result.stderr
+        assert token not in "\n".join(result.lines) and password not in "\n".join(result.lines)
+    said = [line for line in results[0].stderr.splitlines() if "OTEL_EXPORTER_OTLP_HEADERS" in line]
+    assert len(said) == 1 and "'authorization'" in said[0] and "not sent" in said[0], results[0].stderr
+    assert "***@127.0.0.1" in results[1].stderr and "***@127.0.0.1:99999" in results[2].stderr
+    requests = {r.headers.get("x-team"): r for r in receiver.requests if r.signal == "traces"}
+    assert "ml" in requests  # the good item still went
+    basic = [r.headers.get("authorization") for r in receiver.requests if r.signal == "traces"
+             and r.headers.get("authorization", "").startswith("Basic ")]
+    assert basic and {base64.b64decode(b.split()[1]).decode() for b in basic} == {f"alice:{password}"}
+    for result, run in zip(results[:2], (bad_header, userinfo)):
+        spans = settle(receiver, run.run_id)
+        assert result.exported == len(spans) == 10 * SPANS_PER_STEP, result.stderr
+
+
+def test_an_endpoint_with_a_space_is_named_and_goes_to_local_files(tmp_path: Path) -> None:
+    """Row 7. Before: `http://bad host:4317` was accepted and its failure named no setting. Now
+    it is refused at start with one message naming OTEL_EXPORTER_OTLP_ENDPOINT, and the spans go
+    to the local files (never another endpoint), all of them."""
+    run = TrainingRun({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://bad host:4317"}, 10, cwd=tmp_path)
+    result = run.finish()
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    said = [line for line in result.stderr.splitlines() if "OTEL_EXPORTER_OTLP_ENDPOINT" in line]
+    assert len(said) == 1 and "without spaces" in said[0], result.stderr
+    files = list((tmp_path / "otel-train").rglob("traces-rank0.jsonl"))
+    assert len(files) == 1 and result.exported == len(list(read_spans(files[0]))) == 10 * SPANS_PER_STEP, result.stderr

@@ -180,7 +180,9 @@ class Delivery:
         try:
             return self.transport.send(payload, timeout_s)
         except Exception as err:  # noqa: BLE001 - a transport bug must not kill delivery
-            return Outcome(False, False, None, type(err).__name__, f"unexpected error: {err}")
+            # Its type only: an error's text may quote what was being sent (a header's value).
+            return Outcome(False, False, None, type(err).__name__, "an unexpected error in otel_train (a bug: please "
+                           "report it)")
 
     def _settle(self, payload: Any, spans: int, outcome: Outcome) -> None:
         if self._abandoned:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_train import semconv
-from otel_train._config import Config
+from otel_train._config import Config, redact_url, userinfo_auth
 from otel_train._distributed import RunInfo
 
 KINDS = ("otlp", "file", "console", "none")
@@ -42,7 +42,8 @@ class Destination:
     protocol: str = "grpc"
     """`grpc` or `http/protobuf` (OTLP only)."""
     endpoint: str = ""
-    """The endpoint as configured (or the specification's default), for messages."""
+    """The endpoint as configured (or the specification's default), for messages: its user
+    information, if any, redacted (`_config.redact_url`; sent as `headers`' Basic authorization)."""
     target: str = ""
     """gRPC: `host:port`; HTTP: the full URL of `/v1/<signal>`."""
     secure: bool = False
@@ -117,7 +118,14 @@ def _resolve(signal: str, cfg: Config, run: RunInfo, choice: str, endpoint: str 
         target = f"{host}:{parts.port or (443 if secure else 4317)}"
     else:
         target = endpoint if endpoint.rstrip("/").endswith(f"/v1/{signal}") else endpoint.rstrip("/") + f"/v1/{signal}"
-    return Destination(signal, kind, cfg.protocol, endpoint, target, secure, tuple((cfg.headers or {}).items()),
+    headers = dict(cfg.headers or {})
+    auth = userinfo_auth(endpoint)
+    if auth is not None:  # sent as Basic authentication; never printed (the endpoint shown is redacted)
+        headers.setdefault("authorization", auth)
+        if cfg.protocol != "grpc":
+            target = urllib.parse.urlunsplit(urllib.parse.urlsplit(target)._replace(
+                netloc=urllib.parse.urlsplit(target).netloc.rpartition("@")[2]))
+    return Destination(signal, kind, cfg.protocol, redact_url(endpoint), target, secure, tuple(headers.items()),
                        cfg.certificate, cfg.client_key, cfg.client_certificate, cfg.compression,
                        cfg.export_timeout_s)
 

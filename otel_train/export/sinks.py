@@ -105,9 +105,10 @@ def _widen_pipe(pipe: Any) -> None:
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     env[ENV_CHILD] = "1"
-    # gRPC's own log lines (one per failed TLS handshake, per reconnect) would repeat what our
-    # one message says; a user who sets GRPC_VERBOSITY keeps theirs.
-    env.setdefault("GRPC_VERBOSITY", "ERROR")
+    # gRPC's own log lines (one per failed TLS handshake, per reconnect, even at ERROR) would
+    # repeat what our one message says; this process's gRPC is ours alone, so the user's
+    # GRPC_VERBOSITY (meant for their own gRPC) does not apply here.
+    env["GRPC_VERBOSITY"] = "NONE"
     # `opentelemetry-instrument` injects a sitecustomize through PYTHONPATH; the exporter must
     # not instrument itself (it would trace its own exports).
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)

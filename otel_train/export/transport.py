@@ -105,7 +105,8 @@ class GrpcTransport:
             self._channel = grpc.insecure_channel(dest.target, options, compression)
         self._call = self._channel.unary_unary(_GRPC_METHODS[dest.signal], request_serializer=None,
                                                response_deserializer=None, _registered_method=True)
-        self._metadata = tuple(dest.headers) or None
+        # gRPC raises TypeError for a `-bin` key (binary metadata) with a str value.
+        self._metadata = tuple((k, v.encode("utf-8") if k.endswith("-bin") else v) for k, v in dest.headers) or None
         self._signal = dest.signal
 
     def send(self, payload: bytes, timeout_s: float) -> Outcome:
