@@ -19,11 +19,11 @@ def test_median_and_unscaled_mad() -> None:
     assert mad([1, 2, 3, 4, 100]) == 1.0
 
 
-def test_slow_bound_is_median_plus_three_mad_with_a_floor() -> None:
+def test_slow_bound_is_median_plus_three_scaled_mad_with_a_floor() -> None:
     times = [100.0, 102.0, 98.0, 101.0, 99.0, 100.0, 130.0]
-    assert slow_bound(times) == pytest.approx(105.0)  # MAD 1: 3*MAD is under the 5 % floor
+    assert slow_bound(times) == pytest.approx(105.0)  # MAD 1: 3 sigma is under the 5 % floor
     wide = [100.0, 110.0, 90.0, 120.0, 80.0]
-    assert slow_bound(wide) == pytest.approx(100.0 + 3 * 10.0)
+    assert slow_bound(wide) == pytest.approx(100.0 + 3 * 1.4826 * 10.0)
     assert slow_bound([]) is None
     # ml-goodput-measurement's ideal step time: the mean of the steps within the bound
     assert ideal_step_time([100.0, 100.0, 100.0, 400.0]) == pytest.approx(100.0)
@@ -62,7 +62,10 @@ def test_paint_overlapping_same_category_counts_once() -> None:
 
 
 def test_warmup_excess_and_compile() -> None:
-    assert gp.warmup_excess([500, 300, 100, 400], bound_ns=150, ideal_ns=100) == 400 + 200
+    assert gp.warmup_excess([(500, 0), (300, 0), (100, 0), (400, 0)], bound_ns=150, ideal_ns=100) == 400 + 200
+    # a warm-up step's data wait is data, not compilation too
+    assert gp.warmup_excess([(500, 350), (300, 0), (100, 0)], bound_ns=150, ideal_ns=100) == 50 + 200
+    assert gp.warmup_excess([(2_100, 2_000), (100, 0)], bound_ns=150, ideal_ns=100) == 0
     totals = gp.take_compile(dict.fromkeys(gp.CATEGORIES, 0) | {gp.PRODUCTIVE: 1000}, 600)
     assert totals[gp.COMPILE] == 600 and totals[gp.PRODUCTIVE] == 400
     assert gp.take_compile(totals, 10_000)[gp.PRODUCTIVE] == 0

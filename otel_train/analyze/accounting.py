@@ -16,7 +16,7 @@ from otel_train import semconv
 from otel_train.analyze import goodput as gp
 from otel_train.analyze.model import PHASES, RankStep, RunData
 from otel_train.analyze.skew import Skew
-from otel_train.analyze.slow import ideal_step_time, slow_bound
+from otel_train.analyze.slow import ideal_step_time, slow_bound, warmup_length
 
 _SIBLING_CATEGORY = {semconv.SPAN_CHECKPOINT: gp.CHECKPOINT, semconv.SPAN_EVAL: gp.EVAL, semconv.SPAN_GC: gp.GC}
 _DATA_CODES = frozenset(PHASES.index(p) for p in (semconv.SPAN_DATA, semconv.SPAN_DISPATCH_WAIT))
@@ -134,15 +134,18 @@ def _rank_intervals(data: RunData, keys: list[tuple[int, int]], off: int, job_st
     return compile_ns, redone
 
 
+def _data_ns(rs: RankStep) -> int:
+    return sum(ns for code, ns in enumerate(rs.totals) if code in _DATA_CODES)
+
+
 def _compile_ns(steps: list[RankStep], bound: float, ideal: float) -> int:
-    """An attempt's warm-up excess, plus the excess of later steps tagged `compile`."""
+    """An attempt's warm-up excess, plus the excess of later steps tagged `compile` (each less
+    the step's data wait, which is `data` already)."""
     if not ideal:
         return 0
-    durations = [rs.duration for rs in steps]
-    warm = gp.warmup_excess(durations, bound, ideal)
-    leading = 0
-    while leading < len(durations) and durations[leading] > bound:
-        leading += 1
-    tagged = sum(int(rs.duration - ideal) for rs in steps[leading:]
-                 if COMPILE_TAG in rs.tags and rs.duration > ideal)
+    timed = [(rs.duration, _data_ns(rs)) for rs in steps]
+    warm = gp.warmup_excess(timed, bound, ideal)
+    leading = warmup_length([t for t, _ in timed], bound)
+    tagged = sum(gp.excess(t, data, ideal) for rs, (t, data) in zip(steps[leading:], timed[leading:])
+                 if COMPILE_TAG in rs.tags)
     return warm + tagged

@@ -38,6 +38,7 @@ class Diagnosis:
     ranks_verdict: RanksVerdict
     job_step_ns: dict[int, int]  # step -> median over ranks of its duration
     slow_steps: list[int]
+    severity: dict[int, float]  # slow step -> its time over the median it was judged against
     warmup: frozenset[int]
     goodput: Goodput
     pipeline: PipelineVerdict | None
@@ -67,33 +68,28 @@ def analyse(path: str | Path, workers: int | None = None, run_id: str | None = N
         for r, rs in per.items():
             per_rank.setdefault(r, []).append(rs.duration)
     warm = warmup_steps(job_step_ns)
-    rv = verdict(step_ranks, {r: int(slow.median(v)) for r, v in sorted(per_rank.items())}, warmup=warm)
-    flags = slow.flag_slow(list(job_step_ns.values()))
-    slow_steps = [n for n, f in zip(job_step_ns, flags) if f]
+    rv = verdict(step_ranks, {r: int(slow.median(v)) for r, v in sorted(per_rank.items())}, warmup=warm,
+                 residual_ns=skew.residual_ns)
+    severity = {n: x for n, x in zip(job_step_ns, slow.judge(list(job_step_ns.values()))) if x is not None}
     good = account(data, skew, list(job_step_ns.values()))
     # Phase breakdowns from the steps whose phases are there (a sampled run has every rank's step
     # spans but some ranks' phases: the others would count as time outside any phase).
     trainer_steps = [rs for per in by_step.values() for rs in traced(per).values()] or \
         [rs for per in by_step.values() for rs in per.values()]
-    pipe = pipeline_verdict(trainer_steps, data.pipeline, capacities)
-    # The breakdown describes the steady state: a run's warm-up is accounted as compilation.
+    # The verdicts describe the steady state: a run's warm-up (actors starting, compilation) is
+    # accounted by goodput, not blamed on the pipeline or a phase.
     steady = [rs for n, per in by_step.items() if n not in warm for rs in traced(per).values()]
+    pipe = pipeline_verdict(steady or trainer_steps, data.pipeline, capacities, len(warm) if steady else 0)
     shares = phase_shares(steady or trainer_steps)
     return Diagnosis(sources.label, sources.note, data.run_id, data.ranks, data.world_size, list(by_step),
-                     stats.spans, stats.bad_lines, skew, step_ranks, rv, job_step_ns, slow_steps, warm, good, pipe,
+                     stats.spans, stats.bad_lines, skew, step_ranks, rv, job_step_ns, list(severity), severity, warm, good, pipe,
                      shares, headline(rv, pipe, shares, len(data.ranks)), good.restarts, data)
 
 
 def warmup_steps(job_step_ns: dict[int, int]) -> frozenset[int]:
-    """The run's leading steps slower than the slow-step bound of the whole run (its warm-up;
-    `accounting` counts their excess as compilation)."""
-    bound = slow.slow_bound(list(job_step_ns.values()))
-    out = []
-    for n, ns in job_step_ns.items():
-        if bound is None or ns <= bound:
-            break
-        out.append(n)
-    return frozenset(out)
+    """The run's warm-up (`slow.warmup_length`: its leading steps over the slow-step bound of the
+    whole run); `accounting` counts their excess as compilation or data wait."""
+    return frozenset(list(job_step_ns)[:slow.warmup_length(list(job_step_ns.values()))])
 
 
 def headline(rv: RanksVerdict, pipe: PipelineVerdict | None, shares: dict[str, float], n_ranks: int) -> str:
@@ -102,11 +98,14 @@ def headline(rv: RanksVerdict, pipe: PipelineVerdict | None, shares: dict[str, f
         s = rv.stragglers[0]
         others = "" if len(rv.stragglers) == 1 else \
             " (also " + ", ".join(f"rank {x.rank}" for x in rv.stragglers[1:]) + ")"
+        after = " after the warm-up" if rv.warmup_steps else ""
         if s.seen_steps is not None:  # ranks sampled: judged on the steps its phases were exported in
             return (f"rank {s.rank} straggles{others}: the other ranks waited for it {s.share:.0%} of the step "
-                    f"time of the {s.seen_steps} steps it was sampled in, late in {s.steps} of them")
+                    f"time of the {s.seen_steps} steps it was sampled in{after}, late in {s.steps} of them "
+                    f"(confidence {s.confidence})")
         return (f"rank {s.rank} straggles{others}: the other ranks waited for it "
-                f"{s.share:.0%} of the run's step time, in {s.steps} of {rv.steps_analysed} steps")
+                f"{s.share:.0%} of the run's step time, late in {s.steps} of {rv.steps_analysed} steps{after} "
+                f"(confidence {s.confidence})")
     if pipe is not None and pipe.verdict != "balanced":
         return pipe.line()
     prefix = "ranks balanced; " if n_ranks > 1 else ""
@@ -135,13 +134,14 @@ def to_json(d: Diagnosis) -> dict[str, Any]:
                        "largest_correction_s": largest * s, "largest_correction_rank": largest_rank},
         "per_step": [{"step": x.step, "ranks": x.ranks, "min_s": x.min_ns * s, "median_s": x.median_ns * s,
                       "max_s": x.max_ns * s, "min_rank": x.min_rank, "max_rank": x.max_rank,
-                      "slow": x.step in set(d.slow_steps),
+                      "slow": x.step in d.severity, "severity": d.severity.get(x.step),
                       "stragglers": [_seconds(asdict(st)) for st in x.stragglers]}
                      for x in d.step_ranks],
         "slow_steps": d.slow_steps,
+        "slow_severity": {str(n): x for n, x in d.severity.items()},
         "warmup_steps": sorted(d.warmup),
-        "slow_rule": f"median + {slow.K_MAD:g}*MAD of the {slow.WINDOW} steps before (floor "
-                     f"{slow.FLOOR:.0%} of the median), judged after {slow.MIN_HISTORY} steps",
+        "slow_rule": slow.RULE_TEXT,
+        "lateness_noise_floor_s": d.ranks_verdict.noise_floor_ns * s,
         "goodput": {"goodput": g.goodput, "wall_s": g.wall_ns * s, "start_from": g.startup_from,
                     "seconds": {k: v * s for k, v in g.totals.items()},
                     "per_rank": {str(r): v for r, v in g.per_rank.items()},

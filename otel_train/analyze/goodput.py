@@ -7,9 +7,9 @@ own spans:
 | category     | time                                                                      |
 |--------------|---------------------------------------------------------------------------|
 | `startup`    | from `otel_train.init` (or the first span) until the first step starts     |
-| `compile`    | the first steps' excess over the ideal step time (a run's warm-up: graph   |
-|              | capture, torch.compile, autotuning), and the excess of steps tagged        |
-|              | `compile`                                                                  |
+| `compile`    | the warm-up steps' excess over the ideal step time (graph capture,         |
+|              | torch.compile, autotuning) less their data wait, and the same excess of    |
+|              | steps tagged `compile`                                                     |
 | `data`       | `train.data` (and `pipeline.dispatch_wait`) inside steps                  |
 | `checkpoint` | `train.checkpoint` spans (save and load)                                   |
 | `eval`       | `train.eval` spans                                                         |
@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
+
+from otel_train.analyze.slow import warmup_length
 
 STARTUP, COMPILE, DATA, CHECKPOINT, EVAL, GC, RESTART, PRODUCTIVE, OTHER = (
     "startup", "compile", "data", "checkpoint", "eval", "gc", "restart", "productive", "other")
@@ -75,15 +77,18 @@ def paint(start: int, end: int, intervals: Iterable[tuple[int, int, str]]) -> di
     return out
 
 
-def warmup_excess(step_ns: Sequence[int], bound_ns: float, ideal_ns: float) -> int:
-    """The leading steps' time over `ideal_ns`, for as long as they are over `bound_ns` (the
-    slow-step bound): a run's first steps pay for compilation and autotuning."""
-    excess = 0
-    for d in step_ns:
-        if d <= bound_ns:
-            break
-        excess += int(d - ideal_ns)
-    return excess
+def excess(step_ns: int, data_ns: int, ideal_ns: float) -> int:
+    """A step's time over `ideal_ns` that is not its data wait: the data wait is `data` badput
+    already, so a first step that waited 2 s for its batch is not also 2 s of compilation."""
+    return max(0, int(step_ns - ideal_ns) - data_ns)
+
+
+def warmup_excess(steps: Sequence[tuple[int, int]], bound_ns: float, ideal_ns: float) -> int:
+    """The warm-up's compilation: over the leading steps (step ns, data wait ns in it) that are
+    over `bound_ns` (`slow.warmup_length`: the run's first steps pay for compilation and
+    autotuning), their `excess` over `ideal_ns`."""
+    n = warmup_length([t for t, _ in steps], bound_ns)
+    return sum(excess(t, data, ideal_ns) for t, data in steps[:n])
 
 
 def take_compile(totals: Mapping[str, int], compile_ns: int) -> dict[str, int]:

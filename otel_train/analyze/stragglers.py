@@ -13,14 +13,19 @@ times barely differ between ranks even when one rank is late: the late rank's de
    occurrences: the time the others waited for it. The straggler is the rank whose compute
    ended last.
 
-A rank is named in a step when its lateness is at least `THRESHOLD` (5 %) of the step's median
-time and above the clock-alignment noise: below 5 % fixing the rank could not speed the step up
-by more than the step-to-step jitter of a training loop, so naming it would name noise (a
-balanced run's "straggler" is whichever rank the scheduler delayed last). Over the run a rank
-is *the* straggler when, outside the warm-up steps (lazy initialisation and compilation differ
-from rank to rank once), the waits it caused add up to at least 5 % of the run's step time and
-it was late in at least `MIN_STEPS` (2) steps; otherwise the run is balanced, and ranks late in
-some steps are listed as occasional (one long stall is an incident, not a slow rank).
+A rank is *late* in a step when its lateness is over the step's floor: at least `THRESHOLD` (5 %)
+of the step's median time (below it, fixing the rank could not speed the step up by more than a
+training loop's step-to-step jitter), above the clock-alignment noise, and above the run's own
+noise floor: `K_NOISE` sigma (1.4826 x MAD) over the median of the lateness the *other* ranks
+show (each step's latest rank left out, so a persistent straggler does not raise its own bar).
+Over the run a rank is *the* straggler when, outside the warm-up steps (lazy initialisation and
+compilation differ from rank to rank once; they are judged by nobody), it was late
+*consistently* (in at least `CONSISTENCY`, half, of the steps and at least `MIN_STEPS`) and the
+waits it caused add up to at least 5 % of the run's step time. Its confidence is "high" when it
+was late in at least 80 % of the steps by typically at least 3 x the noise (the run's noise
+floor, the clock alignment's), else "medium".
+Ranks late in some steps but not consistently are listed as occasional (one long stall is an
+incident, not a slow rank); a balanced run's noise names nobody.
 
 A sampled run (`OTEL_TRAIN_RANKS=sample:K`) has every rank's step span but the phases of rank 0
 and K others a step: the spread is every rank's, the waits are compared among the ranks whose
@@ -39,10 +44,14 @@ from dataclasses import dataclass, field
 
 from otel_train.analyze.model import OUTSIDE, PHASES, RankStep, traced
 from otel_train.analyze.skew import Skew
-from otel_train.analyze.slow import median
+from otel_train.analyze.slow import MAD_SCALE, median
 
 THRESHOLD = 0.05
 MIN_STEPS = 2
+CONSISTENCY = 0.5
+K_NOISE = 3.0
+#: Confidence "high": late in this share of the steps, typically by this many times the floor.
+HIGH_CONSISTENCY, HIGH_MARGIN = 0.8, 3.0
 
 
 @dataclass
@@ -73,6 +82,9 @@ class StepRanks:
     stragglers: list[Straggler] = field(default_factory=list)
     #: The ranks whose phases this step has, where not all (a sampled run); None: every rank's.
     traced: frozenset[int] | None = None
+    #: Each rank's lateness (ns; negative: earlier than the others' median), where a wait was absorbed.
+    late: dict[int, int] = field(default_factory=dict)
+    floor_ns: int = 0  # the step's own floor (5 % of its median, the clock noise)
 
 
 @dataclass
@@ -84,6 +96,9 @@ class RankSummary:
     lost_ns: int  # waits it caused, summed
     share: float  # of the run's summed median step time (sampled: of the steps it was seen in)
     seen_steps: int | None = None  # steps whose phases it has, where ranks were sampled (else None)
+    consistency: float = 0.0  # steps late / steps it could be judged in
+    typical_late_ns: int = 0  # its median lateness over the steps it was late in
+    confidence: str = ""  # "high" / "medium" for a straggler, "" for an occasional one
 
 
 @dataclass
@@ -94,6 +109,8 @@ class RanksVerdict:
     steps_analysed: int  # steps with at least two ranks
     step_ns_total: int
     per_rank_median_ns: dict[int, int]  # each rank's median step time
+    noise_floor_ns: int = 0  # the run's lateness noise floor (see the module docstring)
+    warmup_steps: int = 0  # leading steps left out
 
 
 def _occurrences(rs: RankStep, offset: int) -> dict[tuple[int, int], tuple[int, int]]:
@@ -139,7 +156,7 @@ def analyse_step(step: int, per: Mapping[int, RankStep], skew: Skew, threshold: 
         return out
     occ = {r: _occurrences(rs, skew.of(r)) for r, rs in per.items()}
     keys = set.intersection(*(set(o) for o in occ.values()))
-    floor = max(threshold * out.median_ns, 3 * skew.residual_ns)
+    floor = out.floor_ns = int(max(threshold * out.median_ns, 3 * skew.residual_ns))
     late: dict[int, int] = dict.fromkeys(per, 0)
     wait_by_key: list[tuple[int, tuple[int, int]]] = []
     for key in keys:
@@ -155,6 +172,7 @@ def analyse_step(step: int, per: Mapping[int, RankStep], skew: Skew, threshold: 
         wait_by_key.append((int(_median_without(values, 0) - values[0]), key))
     if not wait_by_key:
         return out
+    out.late = late
     wait_key = max(wait_by_key)[1]
     totals = {r: _totals(rs) for r, rs in per.items()}
     for r in sorted(per, key=lambda r: -late[r]):
@@ -180,21 +198,52 @@ def _seen_ns(steps: list[StepRanks], rank: int, total: int) -> int:
     return sum(s.median_ns for s in steps if s.traced is None or rank in s.traced)
 
 
+def noise_floor(steps: list[StepRanks]) -> int:
+    """The run's lateness noise floor: median + `K_NOISE` x 1.4826 x MAD of the positive lateness
+    of every rank but each step's latest one (0 where none is positive)."""
+    pool = []
+    for s in steps:
+        if len(s.late) < 2:
+            continue
+        top = max(s.late, key=lambda r: s.late[r])
+        pool += [max(0, v) for r, v in s.late.items() if r != top]
+    if not pool:
+        return 0
+    m = median(pool)
+    return int(m + K_NOISE * MAD_SCALE * median([abs(v - m) for v in pool]))
+
+
 def verdict(steps: list[StepRanks], per_rank_median_ns: dict[int, int], threshold: float = THRESHOLD,
-            warmup: frozenset[int] = frozenset()) -> RanksVerdict:
-    """The run's verdict from its per-step analyses; steps in `warmup` are left out."""
+            warmup: frozenset[int] = frozenset(), residual_ns: int = 0) -> RanksVerdict:
+    """The run's verdict from its per-step analyses. Steps in `warmup` are left out and their
+    stragglers dropped; every other step keeps only the stragglers over the run's noise floor
+    (`steps` is updated in place, so every output names the same late ranks)."""
+    for s in steps:
+        if s.step in warmup:
+            s.stragglers = []
     analysed = [s for s in steps if s.ranks >= 2 and s.step not in warmup]
+    noise = noise_floor(analysed)
+    for s in analysed:
+        s.stragglers = [st for st in s.stragglers if st.late_ns > noise]
     total = sum(s.median_ns for s in analysed)
     sums: dict[int, list[int]] = {}
     for s in analysed:
         for st in s.stragglers:
-            acc = sums.setdefault(st.rank, [0, 0])
-            acc[0] += 1
-            acc[1] += st.late_ns
+            sums.setdefault(st.rank, []).append(st.late_ns)
     sampled = any(s.traced is not None for s in analysed)
-    summaries = sorted((RankSummary(r, n, lost, lost / seen if (seen := _seen_ns(analysed, r, total)) else 0.0,
-                                    sum(s.traced is None or r in s.traced for s in analysed) if sampled else None)
-                        for r, (n, lost) in sums.items()), key=lambda x: -x.lost_ns)
-    big = [x for x in summaries if x.share >= threshold and x.steps >= MIN_STEPS]
+    summaries = []
+    for r, lates in sums.items():
+        seen = _seen_ns(analysed, r, total)
+        seen_steps = sum(s.traced is None or r in s.traced for s in analysed)
+        lost = sum(lates)
+        summaries.append(RankSummary(r, len(lates), lost, lost / seen if seen else 0.0,
+                                     seen_steps if sampled else None, len(lates) / seen_steps if seen_steps else 0.0,
+                                     int(median(lates))))
+    summaries.sort(key=lambda x: -x.lost_ns)
+    big = [x for x in summaries if x.share >= threshold and x.steps >= MIN_STEPS and x.consistency >= CONSISTENCY]
+    floor = max(noise, 3 * residual_ns) or 1
+    for x in big:
+        x.confidence = "high" if x.consistency >= HIGH_CONSISTENCY and x.typical_late_ns >= HIGH_MARGIN * floor \
+            else "medium"
     small = [x for x in summaries if x not in big]
-    return RanksVerdict(not big, big, small, len(analysed), total, per_rank_median_ns)
+    return RanksVerdict(not big, big, small, len(analysed), total, per_rank_median_ns, noise, len(warmup))

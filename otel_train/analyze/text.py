@@ -57,16 +57,21 @@ def _ranks(d: Diagnosis, add) -> None:  # type: ignore[no-untyped-def]
         add("  one rank: no cross-rank analysis")
         add("")
         return
+    after = f" after the warm-up ({rv.warmup_steps} steps left out)" if rv.warmup_steps else ""
+    floor = f"; lateness noise floor {dur(rv.noise_floor_ns)}" if rv.noise_floor_ns else ""
     if rv.balanced:
-        add(f"  balanced: no rank made the others wait 5% of the run's step time or more "
-            f"({rv.steps_analysed} steps analysed)")
+        add(f"  balanced: no rank made the others wait consistently, 5% of the run's step time or more "
+            f"({rv.steps_analysed} steps analysed{after}{floor})")
     for s in rv.stragglers:
         if s.seen_steps is not None:  # ranks sampled (OTEL_TRAIN_RANKS): judged where its phases are
             add(f"  straggler: rank {s.rank}, late in {s.steps} of the {s.seen_steps} steps its phases were sampled "
-                f"in; the other ranks waited for it {dur(s.lost_ns)} in all ({s.share:.0%} of those steps' time)")
+                f"in{after}; the other ranks waited for it {dur(s.lost_ns)} in all ({s.share:.0%} of those steps' "
+                f"time)")
         else:
-            add(f"  straggler: rank {s.rank}, late in {s.steps} of {rv.steps_analysed} steps; the other ranks "
+            add(f"  straggler: rank {s.rank}, late in {s.steps} of {rv.steps_analysed} steps{after}; the other ranks "
                 f"waited for it {dur(s.lost_ns)} in all ({s.share:.0%} of the run's step time)")
+        add(f"    confidence {s.confidence}: late in {s.consistency:.0%} of the steps it was judged in, typically by "
+            f"{dur(s.typical_late_ns)}{floor}")
         ev = _evidence(d, s.rank)
         if ev:
             add("    " + ev)
@@ -120,7 +125,9 @@ def _steps(d: Diagnosis, add) -> None:  # type: ignore[no-untyped-def]
         return
     ranked: list[StepRanks] = sorted((s for s in d.step_ranks if s.stragglers),
                                      key=lambda s: -s.stragglers[0].late_ns)[:WORST_STEPS]
-    add(f"Steps with a straggler: {sum(1 for s in d.step_ranks if s.stragglers)} of {len(d.step_ranks)}"
+    judged = sum(1 for s in d.step_ranks if s.ranks >= 2 and s.step not in d.warmup)
+    add(f"Steps with a straggler: {sum(1 for s in d.step_ranks if s.stragglers)} of {judged}"
+        + (" after the warm-up" if d.warmup else "")
         + (f" (the {len(ranked)} worst; --json lists every step)" if ranked else ""))
     if ranked:
         add(f"  {'step':>6}  {'min (rank)':>15}  {'median':>9}  {'max (rank)':>15}  {'straggler':>9}  {'late':>9}  "
@@ -137,10 +144,9 @@ def _steps(d: Diagnosis, add) -> None:  # type: ignore[no-untyped-def]
 
 def _slow(d: Diagnosis, add) -> None:  # type: ignore[no-untyped-def]
     judged = max(0, len(d.steps) - slow.MIN_HISTORY)
-    head = (f"Slow steps (over median + 3 MAD of the {slow.WINDOW} steps before, "
-            f"judged from the {slow.MIN_HISTORY + 1}th step): {len(d.slow_steps)} of {judged}")
+    head = f"Slow steps ({slow.RULE_TEXT}): {len(d.slow_steps)} of {judged}"
     if d.slow_steps:
-        listed = ", ".join(f"{n} ({dur(d.job_step_ns[n])})" for n in d.slow_steps[:12])
+        listed = ", ".join(f"{n} ({dur(d.job_step_ns[n])}, {d.severity[n]:.1f}x median)" for n in d.slow_steps[:12])
         head += ": " + listed + (" ..." if len(d.slow_steps) > 12 else "")
     add(head)
     add("")

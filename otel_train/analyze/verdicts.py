@@ -47,9 +47,12 @@ class PipelineVerdict:
     actors: int
     generate_calls: int
     capacities: dict[str, float] = field(default_factory=dict)  # metric name -> last value (sum over processes)
+    warmup_steps: int = 0  # the trainer's leading steps left out (actors starting, compilation)
 
     def line(self) -> str:
-        text = (f"pipeline {self.verdict}: trainer waited {self.wait_share:.0%} of its step time for samples; "
+        after = f" after the warm-up ({self.warmup_steps} step{'s' if self.warmup_steps != 1 else ''} left out)" \
+            if self.warmup_steps else ""
+        text = (f"pipeline {self.verdict}: trainer waited {self.wait_share:.0%} of its step time for samples{after}; "
                 f"{self.actors} inference actor{'s' if self.actors != 1 else ''} busy {self.utilisation:.0%} "
                 f"of their time ({self.generate_calls} generate calls)")
         said = [f"{words} {self.capacities[name]:.1f} samples/s ({name})" for name, words in _CAPACITY_WORDS.items()
@@ -73,8 +76,10 @@ def classify(wait_share: float, utilisation: float, demand_share: float | None =
 
 
 def pipeline_verdict(steps: Iterable[RankStep], actor_spans: Iterable[Interval],
-                     capacities: Mapping[str, float] | None = None) -> PipelineVerdict | None:
-    """The verdict, or None when the run has neither dispatch waits nor inference spans."""
+                     capacities: Mapping[str, float] | None = None, warmup_steps: int = 0) -> PipelineVerdict | None:
+    """The verdict, or None when the run has neither dispatch waits nor inference spans; `steps`
+    are the steady state's (the caller left `warmup_steps` out: a trainer waiting for actors to
+    start is not a transfer bottleneck)."""
     step_ns = wait_ns = 0
     wait_code = PHASES.index(semconv.SPAN_DISPATCH_WAIT)
     for rs in steps:
@@ -97,7 +102,7 @@ def pipeline_verdict(steps: Iterable[RankStep], actor_spans: Iterable[Interval],
     caps = dict(capacities or {})
     supply, demand = caps.get(semconv.METRIC_INFER_CAPACITY), caps.get(semconv.METRIC_TRAIN_CAPACITY)
     demand_share = demand / supply if supply and demand is not None else None
-    return PipelineVerdict(classify(share, util, demand_share), share, util, len(windows), calls, caps)
+    return PipelineVerdict(classify(share, util, demand_share), share, util, len(windows), calls, caps, warmup_steps)
 
 
 def phase_shares(steps: Iterable[RankStep]) -> dict[str, float]:

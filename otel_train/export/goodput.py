@@ -5,14 +5,16 @@ start, its device-synchronised end and its own time), the siblings (checkpoint, 
 the data-wait durations. From that it keeps, with the rules `otel-train diagnose` applies to
 the files afterwards (`analyze/slow.py`, `analyze/goodput.py`):
 
-- **slow steps**: `step()` says whether the step's own time is over median + 3·MAD of the 100
-  steps before it (from the 11th step on); the assembler then tags the step `slow`;
+- **slow steps**: `step()` says whether the step's own time is slow by `analyze/slow.py`'s rule
+  (over median + 3 x 1.4826 MAD of the 100 steps before it, from the 11th step on); the
+  assembler then tags the step `slow`;
 - **goodput**: the wall time from `otel_train.init` to the last record seen, painted step by
   step into categories (`goodput.paint`: each instant to one category, so they add up to the
   wall time by construction). Startup runs from init to the first step (after an elastic
   restart, `ml.restart` > 0, that time is `restart`); data wait is moved out of step time by its
-  duration (the fast path gives durations, not intervals); compilation is the first steps'
-  excess over the ideal step time (`goodput.warmup_excess`), recomputed as the window moves.
+  duration (the fast path gives durations, not intervals); compilation is the warm-up steps'
+  excess over the ideal step time less their data wait (`goodput.warmup_excess`: a first batch
+  that took 2 s is data wait once, not compilation too), recomputed as the window moves.
 
 What only the files can tell is left to `diagnose`: steps redone after a restart (they need the
 earlier attempt's spans), clock skew between ranks, and the job-wide mean over ranks. This is
@@ -21,18 +23,12 @@ one rank's account.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from otel_train import semconv
 from otel_train.analyze import goodput as gp
 from otel_train.analyze.slow import SlowStepRule, ideal_step_time, slow_bound
-
-try:  # the window's two methods in C (`_slow_steps.c`); the Python below is the fallback
-    from otel_train.export import _slow_steps
-except ImportError:
-    _slow_steps = None  # type: ignore[assignment]
 
 SLOW_TAG = semconv.TAG_SLOW
 COMPILE_TAG = "compile"
@@ -53,12 +49,14 @@ class RunAccount:
         self.totals = dict.fromkeys(gp.CATEGORIES, 0)
         self.open: list[tuple[int, int, str]] = []  # intervals not painted yet
         self.startup = gp.RESTART if restart else gp.STARTUP
-        self.rule = rule or RecentSteps()
+        self.rule = rule or SlowStepRule()
         self.steps = 0
         self.slow_steps = 0
         self.data_ns = 0
-        self.leading: list[int] = []  # the first steps' own times (ns): the warm-up's candidates
-        self.tagged: list[int] = []  # own times (ns) of later steps tagged `compile`
+        self._data_before = 0  # data_ns when the previous step ended: the rest is this step's
+        #: The first steps' (own time, data wait) ns: the warm-up's candidates.
+        self.leading: list[tuple[int, int]] = []
+        self.tagged: list[tuple[int, int]] = []  # the same of later steps tagged `compile`
 
     # -- fed by the span assembler ---------------------------------------------------------
     def sibling(self, name: str, start_ns: int, end_ns: int) -> None:
@@ -97,10 +95,12 @@ class RunAccount:
             self.painted_to = end_ns
         self.seen(end_ns)
         leading = self.leading
+        timed = (int(own_s * 1e9), self.data_ns - self._data_before)
+        self._data_before = self.data_ns
         if len(leading) < _LEADING_KEPT and len(leading) == self.steps - 1:
-            leading.append(int(own_s * 1e9))
+            leading.append(timed)
         elif tags and COMPILE_TAG in tags:
-            self.tagged.append(int(own_s * 1e9))
+            self.tagged.append(timed)
         slow = self.rule.observe(own_s)
         self.slow_steps += slow
         return slow
@@ -126,7 +126,7 @@ class RunAccount:
             return 0
         bound_ns, ideal_ns = bound * 1e9, ideal * 1e9  # the rule keeps seconds
         excess = gp.warmup_excess(self.leading, bound_ns, ideal_ns)
-        return excess + sum(int(t - ideal_ns) for t in self.tagged if t > ideal_ns)
+        return excess + sum(gp.excess(t, data, ideal_ns) for t, data in self.tagged)
 
     def summary(self) -> dict[str, Any]:
         """What the shutdown line says (JSON-ready: the exporter process reports it on stdout)."""
@@ -134,80 +134,6 @@ class RunAccount:
         wall = sum(totals.values())
         return {"wall_s": wall / 1e9, "goodput": gp.goodput(totals), "steps": self.steps,
                 "slow_steps": self.slow_steps, "seconds": {c: ns / 1e9 for c, ns in totals.items()}}
-
-
-class RecentSteps(SlowStepRule):
-    """`SlowStepRule` with the same verdicts at a fraction of the cost a step: the bound is at
-    least the median plus `floor` of it, so a step under that is not slow whatever the MAD is,
-    and only a step over it pays for the MAD; the median comes from a sorted copy of the window
-    kept up to date (`bisect`), and so does the MAD (`bound`: a selection in the two sorted runs
-    of deviations either side of the median, ~7 probes, not a list and a sort of 100, ~25 µs).
-    Both methods run in C where `_slow_steps` was built (`c` off: the Python, which tests hold
-    it to, and which takes a window of anything but floats)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.ordered: list[float] = []
-        self.c = _slow_steps is not None
-
-    def bound(self) -> float | None:
-        if self.c:
-            found = _slow_steps.bound(self.ordered, self.min_history, self.k, self.floor)
-            if found is not NotImplemented:
-                return found
-        return self._bound()
-
-    def _bound(self) -> float | None:
-        """`slow_bound` of the window, to the bit: the same median, and the MAD is the median of
-        the same deviations (`m - x` is `abs(x - m)` exactly: IEEE subtraction is symmetric)."""
-        ordered = self.ordered
-        n = len(ordered)
-        if n < self.min_history:
-            return None
-        half = n // 2
-        m = ordered[half] if n % 2 else (ordered[half - 1] + ordered[half]) / 2.0
-        split = bisect.bisect_right(ordered, m)
-        mad = _kth_deviation(ordered, m, split, half) if n % 2 else \
-            (_kth_deviation(ordered, m, split, half - 1) + _kth_deviation(ordered, m, split, half)) / 2.0
-        return m + max(self.k * mad, self.floor * m)
-
-    def observe(self, step_time: float) -> bool:
-        if self.c:
-            slow = _slow_steps.observe(self.recent, self.ordered, step_time, self.min_history, self.k, self.floor)
-            if slow is not NotImplemented:
-                return slow
-        recent, ordered = self.recent, self.ordered
-        slow = False
-        if len(recent) >= self.min_history:
-            n = len(ordered)
-            m = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2.0
-            if step_time > m + self.floor * m:
-                bound = self._bound()
-                slow = bound is not None and step_time > bound
-        if len(recent) == recent.maxlen:
-            del ordered[bisect.bisect_left(ordered, recent[0])]
-        recent.append(step_time)
-        bisect.insort(ordered, step_time)
-        return slow
-
-
-def _kth_deviation(ordered: list[float], m: float, split: int, k: int) -> float:
-    """The `k`-th smallest (from 0) of `abs(x - m)` over `ordered` (sorted; `ordered[:split]` at
-    most `m`): the k-th of two sorted runs, `m - x` walking down from `split` and `x - m` up
-    from it, found by bisecting how many come from the first."""
-    a, b = split, len(ordered) - split  # lengths of the run below (walked down) and above
-    lo, hi = max(0, k + 1 - b), min(a, k + 1)
-    while True:
-        i = (lo + hi) // 2  # taken from below; k + 1 - i from above
-        j = k + 1 - i
-        if i < a and j > 0 and ordered[split + j - 1] - m > m - ordered[split - 1 - i]:
-            lo = i + 1
-        elif i > 0 and j < b and m - ordered[split - i] > ordered[split + j] - m:
-            hi = i - 1
-        else:
-            below = m - ordered[split - i] if i > 0 else -1.0
-            above = ordered[split + j - 1] - m if j > 0 else -1.0
-            return below if below > above else above
 
 
 def summary_line(summary: Mapping[str, Any], rank: int) -> str:

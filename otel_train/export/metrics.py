@@ -34,6 +34,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_train import semconv
 from otel_train.analyze.goodput import PRODUCTIVE
+from otel_train.analyze.slow import RULE_TEXT
 from otel_train.export.console import ConsoleSummary
 from otel_train.export.goodput import RunAccount
 from otel_train.export.mfu import Mfu
@@ -214,7 +215,10 @@ class TrainMetrics:
         self._time_ns = time_ns
         #: Held while aggregating; reentrant, so a caller may hold it across a batch of records.
         self.lock = threading.RLock()
-        start = time_ns()
+        # Cumulative points start at otel_train.init (the account's start), not when this process
+        # built them: `diagnose` reads the run's start from them, and its goodput window must be
+        # the closing line's.
+        start = account.start_ns if account is not None else time_ns()
         readers = list(extra_readers)
         count = len(readers) + (exporter is not None)
 
@@ -248,7 +252,7 @@ class TrainMetrics:
         self.goodput_time = _LastValue(semconv.METRIC_GOODPUT_TIME, "s",
                                        "Wall time since init by goodput category (they add up to it)")
         self.slow_steps = _Counter(semconv.METRIC_SLOW_STEPS, "{step}",
-                                   "Steps over median + 3 MAD of the 100 before (tagged slow)", count, start)
+                                   f"Steps {RULE_TEXT} (tagged slow)", count, start)
         #: Model FLOPs utilisation (`mfu.Mfu`: FLOPs per step, parameters, the device's peak).
         self.mfu = mfu or Mfu()
         self.mfu_ratio = _LastValue(semconv.METRIC_MFU, "1", "FLOPs of the step / step time / peak FLOP/s")

@@ -61,6 +61,8 @@ class Plan:
     steps_per_line: int = 10
     tail_ms: float = 0.0  # after the last step, before the process's last span ends
     sample: int | None = None  # OTEL_TRAIN_RANKS=sample:K: phase spans of rank 0 and K ranks a step only
+    first_data_ms: float = 0.0  # extra data wait in the first step (every rank): a slow first batch
+    hiccup: tuple[float, float] | None = None  # (probability, ms): a random rank's extra data in a step (noise)
 
 
 @dataclass
@@ -200,6 +202,9 @@ def _step(plan: Plan, writers: list[_RankWriter], n: int, t: int, rng: random.Ra
         return int((x + (rng.uniform(0, plan.jitter_ms) if plan.jitter_ms else 0.0)) * MS)
 
     arrive, rank_phases = [], []
+    hiccup = -1
+    if plan.hiccup is not None and rng.random() < plan.hiccup[0]:
+        hiccup = rng.randrange(len(writers))
     for w in writers:
         r = w.rank
         cur = t
@@ -207,6 +212,10 @@ def _step(plan: Plan, writers: list[_RankWriter], n: int, t: int, rng: random.Ra
         data_total = 0
         for mb in range(plan.micro_batches):
             extra = plan.straggler.get(r, 0.0) if plan.straggle_steps is None or n in plan.straggle_steps else 0.0
+            if first:
+                extra += plan.first_data_ms
+            if r == hiccup and plan.hiccup is not None:
+                extra += plan.hiccup[1] * rng.random()
             d = ms(plan.data_ms / plan.micro_batches + extra / plan.micro_batches)
             phases.append(("train.data", cur, cur + d, {"train.micro_batch": mb}))
             data_total += d
@@ -271,10 +280,12 @@ PIPELINES = {
 }
 
 
-def write_pipeline(kind: str, path: str | os.PathLike[str], steps: int = 40, actors: int = 3) -> None:
+def write_pipeline(kind: str, path: str | os.PathLike[str], steps: int = 40, actors: int = 3,
+                   first_wait_ms: float = 0.0) -> None:
     """One OTLP JSON lines dump (a receiver's view): a trainer whose steps wait in
     `pipeline.dispatch_wait`, and `actors` inference processes calling `infer.generate`,
-    timed as `PIPELINES[kind]` says, plus their capacity metrics."""
+    timed as `PIPELINES[kind]` says, plus their capacity metrics; `first_wait_ms`: the first
+    step's wait for the actors to start (a warm-up, on top of the usual wait)."""
     wait_ms, gen_ms, idle_ms = PIPELINES[kind]
     rng = random.Random(1)
     plan = Plan(ranks=1, run_id=f"pipe-{kind}")
@@ -285,8 +296,8 @@ def write_pipeline(kind: str, path: str | os.PathLike[str], steps: int = 40, act
     for n in range(steps):
         parent = f"{step_span_id(plan.run_id, n, 0):016x}"
         cur = t
-        for name, d in (("pipeline.dispatch_wait", wait_ms), ("train.forward", 30.0), ("train.backward", 60.0),
-                        ("train.optimizer", 10.0)):
+        for name, d in (("pipeline.dispatch_wait", wait_ms + (first_wait_ms if n == 0 else 0.0)),
+                        ("train.forward", 30.0), ("train.backward", 60.0), ("train.optimizer", 10.0)):
             spans.append(_raw(plan.run_id, name, n, cur, cur + int(d * MS), parent, rng))
             cur += int(d * MS)
         spans.append(_raw(plan.run_id, "train.step", n, t, cur, None, rng, span_id=parent))
