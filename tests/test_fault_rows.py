@@ -190,3 +190,74 @@ def test_an_endpoint_with_a_space_is_named_and_goes_to_local_files(tmp_path: Pat
     assert len(said) == 1 and "without spaces" in said[0], result.stderr
     files = list((tmp_path / "otel-train").rglob("traces-rank0.jsonl"))
     assert len(files) == 1 and result.exported == len(list(read_spans(files[0]))) == 10 * SPANS_PER_STEP, result.stderr
+
+
+# --- row 3: the exporter process never dies of its input --------------------------------------------
+@pytest.mark.parametrize("size", ["64", "100", "128", "256"])
+def test_a_small_buffer_never_kills_the_exporter(receiver: OTLPReceiver, size: str) -> None:
+    """Row 3. Before: with OTEL_TRAIN_BUFFER_SIZE=64 (the documented minimum) to 256 the records
+    that waited for a starting exporter overflowed, the strings they carried went in a
+    `("strings", ...)` message the exporter process ignored, the next slots named strings it did
+    not have (`packed_regions: a slot this recorder cannot have packed`) and the process died:
+    0 of 300 exported. Now every span is exported or counted as the buffer's overflow."""
+    run = TrainingRun({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.grpc_endpoint, "OTEL_TRAIN_BUFFER_SIZE": size,
+                       "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S": "20"}, 60)
+    result = run.finish()
+    spans = settle(receiver, run.run_id)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert "failed" not in result.stderr.replace("0 (export failed", ""), result.stderr
+    assert result.exported == len(spans) > 0, result.stderr
+    assert result.exported + result.dropped == 60 * SPANS_PER_STEP, result.stderr
+
+
+HOSTILE = """
+    import otel_train
+
+    class Loud:
+        def __str__(self):
+            raise RuntimeError("str of a user's object")
+        __repr__ = __str__
+
+    class BadList(list):
+        def __iter__(self):
+            raise RuntimeError("iter")
+
+    class BadMap(dict):
+        def get(self, *a):
+            raise RuntimeError("get")
+
+    class Num(int):
+        def __int__(self):
+            raise RuntimeError("int")
+
+    otel_train.init()
+    carrier = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+    for n in range(40):
+        with otel_train.step():
+            otel_train.link(123)
+            otel_train.link([carrier, 5, "00-bad"])
+            otel_train.link(BadMap(traceparent="x"))
+            with otel_train.span("train.forward", loud=Loud(), nested=BadList([1, 2]), num=Num(3), **{"": 1}):
+                pass
+            otel_train.event("hostile", value=Loud())
+    print("LOOP DONE", flush=True)
+"""
+
+
+def test_hostile_links_and_attributes_are_said_once_and_every_span_is_kept(receiver: OTLPReceiver) -> None:
+    """Row 3. Before: `otel_train.link(123)` or `link([...])` killed the exporter process with no
+    message (0 of 400 kept); an attribute whose `__str__` raises did too (0 of 40 kept, and the
+    closing line said "none dropped"). Now a carrier that is not a trace context is said once
+    and ignored (the good one in a list is kept), a value that cannot be read is described by
+    its type, and every span arrives."""
+    result = run_script(HOSTILE, _env(receiver, "hostile"), timeout=90)
+    assert result.returncode == 0 and "LOOP DONE" in result.stdout, result.stderr
+    assert "Traceback" not in result.stderr and "Logging error" not in result.stderr, result.stderr
+    assert result.stderr.count("is not a trace context") == 1, result.stderr
+    spans = settle(receiver, "hostile")
+    steps = [s for s in spans if s["name"] == "train.step"]
+    forwards = [s for s in spans if s["name"] == "train.forward"]
+    assert len(steps) == 40 and len(forwards) == 40, result.stderr
+    assert all(len(s["links"]) == 1 for s in steps)
+    assert forwards[0]["attributes"]["loud"] == "<Loud: str() failed>"
+    assert result.exported == len(spans) and result.dropped == 0, result.stderr

@@ -32,12 +32,17 @@ class AttributeCleaner:
         out: dict[str, Any] = {}
         for key, value in attrs.items():
             if not isinstance(key, str) or not key:
-                self._warn(span_name, repr(key), "attribute keys must be non-empty strings; key made a string")
-                key = str(key) or "_"
+                key = describe(key) or "_"
+                self._warn(span_name, key, "attribute keys must be non-empty strings; key made a string")
             if value is None:
                 self._warn(span_name, key, "None is not an attribute value; the attribute is left out")
                 continue
-            out[key] = self._value(span_name, key, value)
+            try:
+                out[key] = self._value(span_name, key, value)
+            except Exception:  # noqa: BLE001 - a user's value (its __len__, __iter__, __int__) raised
+                self._warn(span_name, key, f"a value of type {_type_name(value)} raised when read; recorded "
+                                           "as a description")
+                out[key] = self._cut(span_name, key, describe(value))
         return out
 
     def _value(self, span_name: str, key: str, value: Any) -> Any:
@@ -98,13 +103,27 @@ def add_device(attrs: dict[str, Any], dev: Mapping[str, Any]) -> None:
 
 
 def describe(value: Any) -> str:
-    """A value as a string attribute, without a device sync."""
-    # A tensor's str() would copy it to the host (a device sync): describe it instead.
-    if type(value).__name__ in ("Tensor", "Parameter") and hasattr(value, "shape"):
-        return f"<tensor shape={tuple(value.shape)} dtype={value.dtype} device={value.device}>"
-    if isinstance(value, (bytes, bytearray)):
-        return value.hex()
-    return str(value)
+    """A value as a string attribute, without a device sync; never raises (a user's `__str__`
+    may: then the value is named by its type)."""
+    try:
+        # A tensor's str() would copy it to the host (a device sync): describe it instead.
+        if type(value).__name__ in ("Tensor", "Parameter") and hasattr(value, "shape"):
+            return f"<tensor shape={tuple(value.shape)} dtype={value.dtype} device={value.device}>"
+        if isinstance(value, (bytes, bytearray)):
+            return value.hex()
+        text = str(value)
+        if type(text) is not str:  # a str subclass may carry anything: plain text only
+            text = str.__str__(text)
+        return text
+    except Exception:  # noqa: BLE001 - the user's code
+        return f"<{_type_name(value)}: str() failed>"
+
+
+def _type_name(value: Any) -> str:
+    try:
+        return str(type(value).__name__)
+    except Exception:  # noqa: BLE001 - a metaclass's __name__ may be anything
+        return "object"
 
 
 class Described(str):
@@ -121,7 +140,7 @@ class Described(str):
 
     @classmethod
     def of(cls, value: Any) -> Described:
-        return cls(describe(value), type(value).__name__)
+        return cls(describe(value), _type_name(value))
 
     def __reduce__(self) -> Any:
         return Described, (str(self), self.type_name)

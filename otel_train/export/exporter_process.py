@@ -31,6 +31,8 @@ from otel_train.export.pipe import FRAME, loads
 _NICE = 10
 #: Full requests held back while more input is waiting (a drain's later slices), at most.
 _HELD_REQUESTS = 8
+#: sizeof(Slot) (`wire/slots.h`): a packed message's records, when it cannot be read otherwise.
+_SLOT_BYTES = 72
 
 
 def _read_exact(fd: int, size: int) -> bytes | None:
@@ -134,7 +136,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def export() -> float:
         """Hand what is pending to delivery; returns when the next export is due."""
-        pipeline.export_pending()
+        try:
+            pipeline.export_pending()
+        except Exception as err:  # noqa: BLE001 - this process must outlive any input
+            _unreadable(pipeline, len(getattr(pipeline, "_pending", ())), "building a request", err)
+            getattr(pipeline, "_pending", []).clear()
         return time.monotonic() + delay_s
 
     def report() -> None:
@@ -160,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             stats = pipeline.shutdown(time.monotonic() + budget)
             _report({**stats, "ready": 1, "final": 1})
             return 0
-        if message[0] in ("packed", "batch"):
-            pipeline.apply(message)
+        if message[0] in ("packed", "batch", "strings"):
+            _apply(pipeline, message)
             more = _more_input(stdin)
             # Full requests wait for the rest of a drain (one call for several), up to a bound.
             if pipeline.pending() >= (full * _HELD_REQUESTS if more else full) or not delay_s:
@@ -173,6 +179,40 @@ def main(argv: list[str] | None = None) -> int:
             next_export = time.monotonic() + delay_s
             flushed = message[1]
         report()
+
+
+def _records_in(message: tuple[Any, ...]) -> int:
+    """How many records a `packed` or `batch` message holds (`pipe`)."""
+    if message[0] == "packed":
+        return len(message[1]) // _SLOT_BYTES
+    if message[0] == "batch":
+        from otel_train.export.pipe import segments_count
+        return segments_count(message[1])
+    return 0
+
+
+def _apply(pipeline: Any, message: tuple[Any, ...]) -> None:
+    """One message into the pipeline. Whatever it holds, this process goes on: a message it
+    cannot read costs its own records, counted as failed and said once, never the run's."""
+    try:
+        pipeline.apply(message)
+    except Exception as err:  # noqa: BLE001 - this process must outlive any input
+        _unreadable(pipeline, _records_in(message), "reading records", err)
+
+
+_said: set[str] = set()
+
+
+def _unreadable(pipeline: Any, records: int, doing: str, err: BaseException) -> None:
+    pipeline.received += records
+    pipeline.cut_off += records  # counted with what failed (`ExportPipeline.stats`)
+    if doing not in _said:
+        _said.add(doing)
+        # The error's type only: its text may quote a user's value.
+        import logging
+        logging.getLogger("otel_train").warning(
+            "otel_train: the exporter failed %s (%s, a bug in otel_train: please report it); %d records are "
+            "counted as failed, and the run goes on.", doing, type(err).__name__, records)
 
 
 def _wake_on_sigterm() -> int:

@@ -48,6 +48,13 @@ class _WirePickler(pickle.Pickler):
     """
 
     def reducer_override(self, obj: Any) -> Any:
+        try:
+            return self._reduce(obj)
+        except Exception:  # noqa: BLE001 - a user's `__int__`, `__iter__`, `__name__` raised
+            from otel_train.export.attributes import Described
+            return Described.of(obj).__reduce__()
+
+    def _reduce(self, obj: Any) -> Any:
         if type(obj).__module__.startswith("otel_train."):
             return NotImplemented  # the setup's dataclasses, `Described`: the exporter imports them
         if isinstance(obj, type):

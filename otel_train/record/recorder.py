@@ -43,6 +43,7 @@ from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from otel_train.record.clock import Clock, SystemClock
+from otel_train.wire.ids import format_traceparent, parse_traceparent
 from otel_train.wire.schema import (KIND_EVENT, KIND_SPAN, KIND_STEP, KIND_TAG, NO_STEP, error_of, step_wire,
                                     tuple_to_wire, wall_events)
 
@@ -141,6 +142,8 @@ _MISUSES = {
     "reentered": "was entered again while still open (`with sp:` inside `with sp:` on the same object); "
                  "the inner entry and its exit are ignored: make a new `otel_train.span(...)` for each region",
     "exited": "was exited after it had ended (an `__exit__` twice); the second exit is ignored",
+    "link": "is not a trace context: otel_train.link() takes what otel_train.inject() made (a dict with "
+            "'traceparent'), a traceparent string, or a list of them; it is ignored",
 }
 _misuses_said: set[str] = set()
 
@@ -151,10 +154,11 @@ def _misused(what: str, name: Any) -> None:
         return
     _misuses_said.add(what)
     try:
-        shown = repr(name) if isinstance(name, str) else f"<a {type(name).__name__}>"
-    except Exception:  # noqa: BLE001 - a name's repr is the user's code
-        shown = "<a span>"
-    _log.warning("otel_train: span %s %s.", shown, _MISUSES.get(what, what))
+        shown = repr(name) if type(name) is str else f"<a {type(name).__name__}>"
+    except Exception:  # noqa: BLE001 - a metaclass's __name__ is the user's code
+        shown = "<an object>"
+    _log.warning("otel_train: %s %s %s.", "link carrier" if what == "link" else "span", shown,
+                 _MISUSES.get(what, what))
 
 
 async def _aenter(region: Any) -> Any:
@@ -529,18 +533,27 @@ def event(name: str, attrs: Mapping[str, Any] | None) -> None:
 
 
 def link(carrier: Any) -> None:
-    """Link the open step (or the next one) to the span that produced a sample."""
+    """Link the open step (or the next one) to the span that produced a sample: `carrier` is
+    what `inject()` made (a dict with `traceparent`), a `traceparent` string, or a list of them.
+    Kept as the `traceparent` text alone: the user's object never crosses to the exporter (an
+    int there, or a mapping whose `get` raises, once took the whole run's spans with it)."""
     settle()
     r = _rec
     if r is None or carrier is None:
         return
-    step = r.step
-    if isinstance(step, Step):
-        if step.links is None:
-            step.links = []
-        step.links.append(carrier)
-    else:
-        r.pending_links.append(carrier)
+    for one in carrier if isinstance(carrier, (list, tuple)) else (carrier,):
+        ids = parse_traceparent(one)
+        if ids is None:
+            _misused("link", one)
+            continue
+        header = format_traceparent(*ids)
+        step = r.step
+        if isinstance(step, Step):
+            if step.links is None:
+                step.links = []
+            step.links.append(header)
+        else:
+            r.pending_links.append(header)
 
 
 def current_region() -> Region | None:

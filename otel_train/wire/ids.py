@@ -133,7 +133,11 @@ def parse_traceparent(carrier: Mapping[str, Any] | str | None) -> tuple[int, int
     """`(trace_id, span_id)` from a W3C `traceparent` (a dict carrier or the header itself)."""
     if carrier is None:
         return None
-    header = carrier if isinstance(carrier, str) else carrier.get("traceparent")
+    try:  # a carrier is the user's object: anything but a str or a mapping names no span
+        header = carrier if isinstance(carrier, str) else carrier.get("traceparent") \
+            if isinstance(carrier, Mapping) else None
+    except Exception:  # noqa: BLE001 - a mapping whose get raises
+        return None
     if not isinstance(header, str):
         return None
     parts = header.strip().split("-")
