@@ -239,29 +239,44 @@ def test_a_packing_recorder_moves_its_records_to_the_sink_as_slots() -> None:
     assert [r[7] for r in plain.sent[:9]] == [{"mb": mb} for mb in range(9)] and plain.sent[9][0] == 1
 
 
-def test_records_a_device_was_chosen_for_during_a_drain_wait_for_their_events() -> None:
-    """Slots move as they lie only while device timing has nothing to resolve; if it chooses a
-    device between the check and the drain, what was drained goes through the resolver."""
+def test_with_a_device_timed_slots_still_move_packed_and_wait_only_behind_pending_events() -> None:
+    """Device timing keeps the packed path: the regions before a side record whose events are
+    pending go at once as slots; that record and everything after it wait for the next drain, and
+    the resolver sees only the side records (never a region unpacked in the training process)."""
     from otel_train.export.worker import Worker
+    from otel_train.record.recorder import unpack
 
     recorder = _packing_recorder_with_a_step()
 
     class Resolver:
         def __init__(self) -> None:
-            self.idle_answers = [True]  # idle when the drain begins, then a device is chosen
-            self.seen: list[Any] = []
+            self.pending = True  # the step's end event has not completed yet
+            self.asked: list[Any] = []
 
         def idle(self) -> bool:
-            return self.idle_answers.pop(0) if self.idle_answers else False
+            return False  # a device is timed
 
-        def __call__(self, batch: list[Any]) -> list[Any]:
-            self.seen.extend(batch)
-            return batch
+        def ready(self, side: list[Any], held: int) -> int:
+            self.asked.extend(side)
+            return 0 if self.pending else len(side)
+
+        def release(self, side: list[Any]) -> int:
+            return len(side)
+
+        def tidy(self) -> None:
+            pass
 
     resolver, sink = Resolver(), _RecordingSink()
-    assert Worker(recorder, sink, 1e9, resolve=resolver).drain() == 10
-    assert sink.packed == [] and len(resolver.seen) == 10 and sink.sent == resolver.seen
-    assert [r[7] for r in sink.sent[:9]] == [{"mb": mb} for mb in range(9)]
+    worker = Worker(recorder, sink, 1e9, resolve=resolver)
+    assert worker.drain() == 9  # the nine regions; the step waits
+    assert [count for count, *_ in sink.packed] == [9] and sink.sent == []
+    assert resolver.asked and all(r[0] == 1 for r in resolver.asked)  # the step's record alone (KIND_STEP)
+    resolver.pending = False
+    assert worker.drain() == 1
+    assert [count for count, *_ in sink.packed] == [9, 1]
+    records = [r for count, slots, side, wire, strings in sink.packed
+               for _, run in unpack(slots, side, wire, strings) for r in run]
+    assert [r[7] for r in records[:9]] == [{"mb": mb} for mb in range(9)] and records[9][0] == 1
 
 
 def test_the_exporter_process_gets_slots_and_a_thread_exporter_records(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -114,6 +114,4 @@ def abandon(s: State) -> None:
     phase = s.phase
     s.phase = None
     if phase is not None:
-        drop = getattr(phase, "drop_events", None)
-        if drop is not None:
-            drop()
+        device.drop_events(phase)

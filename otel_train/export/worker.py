@@ -13,7 +13,10 @@ With the exporter process, the recorder packs plain regions into slots ("the pac
 ns for popping, marshalling and freeing each record's tuple.
 
 Device events (whose polling must stay in the training process) are resolved here before
-a record is handed on; once device timing has chosen a device, records go unpacked. Once a
+a record is handed on. On the packed path only the side records that carry events are (the rest
+move as slots, as on a CPU), and a drained chunk is held from its first record whose events are
+pending (`_resolve_packed`): until 2026-11-28 every record went unpacked once a device was
+chosen, per-record Python in the training process on every GPU run. Once a
 drain, `sample` reads what only torch knows for the metrics (device memory counters, the
 model's size: `samples`), sent with the drain as one more record.
 
@@ -30,6 +33,7 @@ import logging
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +42,8 @@ from otel_train.export.pipe import Segments
 from otel_train.export.sinks import Sink
 from otel_train.record import recorder
 from otel_train.record.clock import wall_offset
-from otel_train.record.recorder import Recorder, to_wire, unpack
+from otel_train.record.device_resolver import _FLUSH_WAIT_S
+from otel_train.record.recorder import Recorder, to_wire
 from otel_train.wire.schema import sample_wire
 
 _log = logging.getLogger("otel_train")
@@ -46,6 +51,19 @@ _SLICE = 256
 #: Records a slice when they move as slots (`drain_packed`): only the side records among them
 #: (a step's record, ~1 in 9 on the benchmark's small step) cost the worker per record.
 _PACKED_SLICE = 2048
+
+
+#: Bytes a slot of the packed ring (`wire/slots.h`); its first byte is its tag, 0 a side record.
+SLOT_SIZE: int = recorder._hotpath.SLOT_SIZE if recorder._hotpath is not None else 0
+
+
+def _side_slot(slots: bytes, k: int) -> int:
+    """The index of the `k`-th (from 0) side slot in `slots`."""
+    tags = slots[::SLOT_SIZE]
+    at = -1
+    for _ in range(k + 1):
+        at = tags.index(0, at + 1)
+    return at
 
 
 class Worker:
@@ -66,6 +84,9 @@ class Worker:
         #: Held while a drain runs (`otel_train.testing.held` holds it to keep drains off).
         self.busy = threading.Lock()
         self._overflow_said = False
+        #: Packed chunks (count, slots, side) held for their side records' device events, in order.
+        self._held: deque[tuple[int, bytes, list[Any]]] = deque()
+        self._held_records = 0
         self._thread = threading.Thread(target=self._run, name="otel_train-worker", daemon=True)
 
     def start(self) -> None:
@@ -114,6 +135,8 @@ class Worker:
                 if not count:
                     break
                 time.sleep(0)  # hand the GIL back to the training thread between slices
+            if final_deadline is not None and self._held:
+                moved += self._release_held(final_deadline, offset)
             flush = getattr(self.resolve, "flush", None) if final_deadline is not None else None
             if flush is not None:
                 rest = flush(final_deadline)
@@ -130,21 +153,54 @@ class Worker:
     def _slice(self, left: int, offset: int) -> tuple[int, int]:
         """One slice of a drain, at most `left` records: (records taken from the buffer,
         records handed to the sink; fewer where device events are still pending)."""
-        if self._packs():
+        if self.packed:
             count, slots, side = self.recorder.drain_packed(min(_PACKED_SLICE, left))
-            if self._packs():
+            # Asked after the drain: a record with events was recorded after a device was chosen.
+            if self.resolve is None or (not self._held and self.resolve.idle()):
                 return count, self._send_packed(count, slots, side, offset)
-            # A device was chosen meanwhile: what was drained goes through its resolver.
-            raw = [record for _, records in unpack(slots, side, None, self.recorder.strings) for record in records]
-        else:
-            raw = self.recorder.drain(min(_SLICE, left))
+            return count, self._resolve_packed(count, slots, side, offset)
+        raw = self.recorder.drain(min(_SLICE, left))
         batch = raw if self.resolve is None else self.resolve(raw)
         return len(raw), self._send(batch, offset) if batch else 0
 
-    def _packs(self) -> bool:
-        """Whether records move as slots now: packing, and no device events to wait for (a CPU
-        run, or device timing has not chosen a device yet)."""
-        return self.packed and (self.resolve is None or self.resolve.idle())
+    def _resolve_packed(self, count: int, slots: bytes, side: list[Any], offset: int, final: bool = False) -> int:
+        """Device timing on the packed path: slots move as they lie; only the side records with
+        events are resolved (`DeviceResolver.ready`), in place. A chunk is held from its first
+        side record whose events are pending, so a step never overtakes its phases. Returns the
+        records handed to the sink."""
+        held, resolve = self._held, self.resolve
+        if count:
+            held.append((count, slots, side))
+            self._held_records += count
+        sent = 0
+        while held:
+            count, slots, side = held[0]
+            ready = resolve.release(side) if final else resolve.ready(side, self._held_records)  # type: ignore[union-attr]
+            if ready == len(side):
+                held.popleft()
+                self._held_records -= count
+                sent += self._send_packed(count, slots, side, offset)
+                continue
+            at = _side_slot(slots, ready)  # the slot of the first record still waiting
+            if at:
+                size = at * SLOT_SIZE
+                sent += self._send_packed(at, slots[:size], side[:ready], offset)
+                held[0] = (count - at, slots[size:], side[ready:])
+                self._held_records -= at
+            break
+        resolve.tidy()  # type: ignore[union-attr]
+        return sent
+
+    def _release_held(self, deadline: float, offset: int) -> int:
+        """Shutdown: wait a little for the held records' events, then send them all."""
+        sent = 0
+        until = min(time.monotonic() + _FLUSH_WAIT_S, deadline - 0.25)
+        while self._held and time.monotonic() < until:
+            time.sleep(0.001)
+            sent += self._resolve_packed(0, b"", [], offset)
+        if self._held:
+            sent += self._resolve_packed(0, b"", [], offset, final=True)
+        return sent
 
     def _send_packed(self, count: int, slots: bytes, side: list[Any], offset: int) -> int:
         if not count:

@@ -16,6 +16,7 @@
 #include "_hotpath_api.h"
 
 #include "_hotpath_recorder.c"  /* RecorderBase: the buffer, the packed ring, the drains */
+#include "_hotpath_device.c"    /* device events recorded from C (regions and steps call it) */
 #include "_hotpath_region.c"    /* Region: enter, exit, the current region */
 #include "_hotpath_step.c"      /* Step and After */
 
@@ -159,6 +160,13 @@ static PyMethodDef mod_methods[] = {
     {"set_span_target", mod_set_span_target, METH_O,
      "set_span_target(target): what Region(...) makes from now on: None a Region, a Region subclass an "
      "instance of it, anything else that object."},
+    {"set_device", mod_set_device, METH_VARARGS,
+     "set_device(free, take, fail, skip, timed, probe, drop): time regions with events from a pool (free None: "
+     "none)."},
+    {"end_event", mod_end_event, METH_O,
+     "end_event(region): record a device-timed region's end event now; the one it replaces is dropped."},
+    {"drop_events", mod_drop_events, METH_O,
+     "drop_events(region): a region that will never be recorded hands its device events to the worker."},
     {"unpack", mod_unpack, METH_VARARGS,
      "unpack(slots, side, wire, strings): what RecorderBase.drain_packed gave, back as runs of records."},
     {NULL}
@@ -201,6 +209,9 @@ PyInit__hotpath(void)
     s_append = PyUnicode_InternFromString("append");
     s_device_time = PyUnicode_InternFromString("device_time");
     s_asyncio_events = PyUnicode_InternFromString("asyncio.events");
+    s_record = PyUnicode_InternFromString("record");
+    if (s_record == NULL)
+        return NULL;
     if (s_ref == NULL || s_append == NULL || s_device_time == NULL || s_asyncio_events == NULL)
         return NULL;
     s_zero = PyLong_FromLong(0);

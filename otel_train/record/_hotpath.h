@@ -115,7 +115,7 @@ typedef struct {
 /* A region (`_hotpath_region.c`). Its object fields: its struct, its members (all read and
  * written from Python by these names, unset ones raising AttributeError like empty slots) and
  * its collector hooks. */
-#define REGION_FIELDS(X) X(name) X(attrs) X(rec) X(parent) X(token) X(step) X(exc) X(events) X(dev) X(timed)
+#define REGION_FIELDS(X) X(name) X(attrs) X(rec) X(parent) X(token) X(step) X(exc) X(events) X(dev) X(timed) X(ev1)
 #define DECLARE_FIELD(f) PyObject *f;
 
 typedef struct {

@@ -112,7 +112,7 @@ region_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject
     if (self == NULL)
         return NULL;
     self->attrs = self->rec = self->parent = self->token = self->step = NULL;
-    self->exc = self->timed = NULL;
+    self->exc = self->timed = self->ev1 = NULL;
     self->has = 0;
     self->tid = 0;
     self->reentered = 0;
@@ -398,6 +398,8 @@ region_enter(RegionObject *self, PyObject *Py_UNUSED(ignored))
     if (rec_now_ns(rec, &self->t0) < 0)
         return NULL;
     self->has |= HAS_T0;
+    if (DEV_ON && Py_IS_TYPE(self, &RegionType))
+        dev_region_enter(self);  /* the start event, after t0 (`_hotpath_device.c`) */
     return Py_NewRef(self);
 }
 
@@ -440,6 +442,8 @@ region_exit(RegionObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (region_leave(self) < 0)
         return NULL;
     PyObject *record;
+    if (self->dev != NULL && self->dev != Py_None && g_dev_free != NULL && Py_IS_TYPE(self, &RegionType))
+        dev_region_exit(self);  /* the end event, before the record is appended */
     if (self->dev == NULL || self->dev == Py_None) {
         PyObject *parent = self->parent;
         const int64_t *parent_seq = NULL;

@@ -50,7 +50,7 @@ from otel_train import semconv
 from otel_train.record import recorder as _recorder
 from otel_train.record import span
 from otel_train.record.device_resolver import MAX_PARKED, MAX_WAIT_NS, DeviceResolver
-from otel_train.record.recorder import Region, Step
+from otel_train.record.recorder import Step, _PyRegion
 
 _log = logging.getLogger("otel_train")
 
@@ -80,8 +80,16 @@ def torch_events(device_type: str, index: int | None = None) -> tuple[EventFacto
     if device_type == "cuda":
         if not torch.cuda.is_available():
             return None
+        # The capture check in C where torch has it (`torch.cuda.is_current_stream_capturing` is a
+        # Python function around it), and `torch.Event` (C: `record()` reads the current stream
+        # in C) where it can time CUDA (torch 2.4 on): `torch.cuda.Event.record` calls
+        # `torch.cuda.current_stream()`, which builds a `Stream` object in Python at every call.
+        capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
+        if _torch_at_least(torch, 2, 4) and hasattr(torch, "Event"):
+            generic, cuda = torch.Event, torch.device("cuda")
+            return (lambda: generic(device=cuda, enable_timing=True)), capturing
         event_cls = torch.cuda.Event
-        return (lambda: event_cls(enable_timing=True)), torch.cuda.is_current_stream_capturing
+        return (lambda: event_cls(enable_timing=True)), capturing
     if device_type == "xpu":
         if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
             return None
@@ -101,6 +109,14 @@ def torch_events(device_type: str, index: int | None = None) -> tuple[EventFacto
         return None
     generic = torch.Event
     return (lambda: generic(device=device, enable_timing=True)), None
+
+
+def _torch_at_least(torch: Any, major: int, minor: int) -> bool:
+    try:
+        found = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    except ValueError:
+        return False
+    return found >= (major, minor)
 
 
 class EventPool:
@@ -279,16 +295,15 @@ _timing: DeviceTiming | None = None
 _pool: EventPool | None = None  # read by `_DeviceRegion`; None until a device is chosen
 
 
-class _DeviceRegion(Region):
-    """A region that also records device events at entry and exit (cheap: `record()` only).
+class _DeviceRegion(_PyRegion):
+    """The pure-Python region that also records device events at entry and exit, where the C
+    hot path was not built (the C region records them itself: `_hotpath_device.c`).
 
     `timed` says whether this one asks for device time: `device_time=` when given, else
     whether its name is one of `semconv.DEVICE_TIMED_SPANS`.
     """
 
-    # `ev1`: its end event. The pure-Python region has that slot already, so that a region made
-    # as `Region` can become this class in place (`recorder._py_retarget`).
-    __slots__ = () if hasattr(Region, "ev1") else ("ev1",)
+    __slots__ = ()  # `ev1`, its end event, is a slot of `_PyRegion` (a region becomes this in place)
 
     def __init__(self, name: str, *, device_time: bool | None = None, **attrs: Any) -> None:
         self.name = name
@@ -306,7 +321,7 @@ class _DeviceRegion(Region):
                 timing.dropped.append(event)  # the worker returns it once complete
 
     def __enter__(self) -> _DeviceRegion:
-        Region.__enter__(self)  # reads t0 before the event is recorded (the anchor relies on it)
+        _PyRegion.__enter__(self)  # reads t0 before the event is recorded (the anchor relies on it)
         if self.timed and self.rec is not None:
             pool = _pool
             if pool is None:
@@ -323,15 +338,16 @@ class _DeviceRegion(Region):
             pool = _pool
             # Recorded before the record is appended: the worker must never see half of it.
             self.ev1 = pool.take() if pool is not None else None
-        Region.__exit__(self, exc_type, exc, tb)
+        _PyRegion.__exit__(self, exc_type, exc, tb)
 
 
 _DEVICE_TIMED = frozenset(semconv.DEVICE_TIMED_SPANS)
 
 
-def end_event(region: Any) -> None:
+def _py_end_event(region: Any) -> None:
     """The end event of a region recorded later than it ends (`direct.finish`: the optimizer
-    phase, which ends with the last of its calls): recorded now, in place of an earlier one."""
+    phase, which ends with the last of its calls): recorded now, in place of an earlier one.
+    `end_event`: the C one (`_hotpath.end_event`) where the hot path is built."""
     pool = _pool
     if pool is None or not getattr(region, "timed", False) or region.dev is None:
         return
@@ -340,6 +356,21 @@ def end_event(region: Any) -> None:
     timing = _timing
     if old is not None and timing is not None:
         timing.dropped.append(old)  # the worker returns it to the pool once complete
+
+
+_hotpath = _recorder._hotpath
+end_event: Callable[[Any], None] = _hotpath.end_event if _hotpath is not None else _py_end_event
+
+
+def drop_events(region: Any) -> None:
+    """The region will never be recorded (`direct.abandon`): its device events go back through
+    the worker once complete."""
+    if _hotpath is not None and isinstance(region, _hotpath.Region):
+        _hotpath.drop_events(region)
+        return
+    drop = getattr(region, "drop_events", None)
+    if drop is not None:
+        drop()
 
 
 def _publish() -> None:
@@ -351,11 +382,19 @@ def _publish() -> None:
     step saved).
     """
     timing = _timing
+    pool = timing.pool if timing is not None else None
+    probing = timing is not None and pool is None and not timing.settled and timing.region_probes > 0
+    if _hotpath is not None:  # the C region and step record the events themselves
+        _hotpath.set_device(pool.free if pool is not None else None, pool.take if pool is not None else None,
+                            pool._fail if pool is not None else None, pool.skip_if if pool is not None else None,
+                            _DEVICE_TIMED, timing.region_probe if probing else None,
+                            timing.dropped.append if timing is not None else None)
     if timing is not None and timing.recorder is not None:
-        timing.recorder.step_end = timing.on_step_end if timing.pool is not None or not timing.settled else None
-    wanted = timing is not None and (timing.pool is not None or
-                                     (not timing.settled and timing.region_probes > 0))
-    cls = _DeviceRegion if wanted else None
+        # With C the step's end event is the C step's own, while a device is timed; until one
+        # is (or none can be), steps look for one here.
+        looking = pool is None and not timing.settled
+        timing.recorder.step_end = timing.on_step_end if looking or (pool is not None and _hotpath is None) else None
+    cls = _DeviceRegion if _hotpath is None and (pool is not None or probing) else None
     if span.device_region() is not cls:
         span.set_device_region(cls)
 

@@ -92,13 +92,38 @@ class DeviceResolver:
                     break  # everything behind it waits: a step never overtakes its phases
                 self._give_up(record)
             out.append(parked.popleft())
+        self.tidy()
+        return out
+
+    def ready(self, side: list[Any], held: int) -> int:
+        """The packed path's hook: how many of `side`'s leading records are ready to export,
+        each resolved in place (its `dev` a dict), or released without device time when it
+        waited past `max_wait_ns` or `held` records (the worker's count) wait behind the first
+        that is not. The worker holds the rest, with every record after them."""
+        now = self.now()
+        for i, record in enumerate(side):
+            if type(record) is tuple or self._try(record):
+                continue
+            if held <= self.max_parked and now - _host_end(record) <= self.max_wait_ns:
+                return i
+            self._give_up(record)
+        return len(side)
+
+    def release(self, side: list[Any]) -> int:
+        """Shutdown, after the final wait: every record of `side` resolved or released."""
+        for record in side:
+            if type(record) is not tuple and not self._try(record):
+                self._give_up(record)
+        return len(side)
+
+    def tidy(self) -> None:
+        """Events of abandoned regions to limbo; limbo's completed events back to the pool."""
         dropped, pool = self.timing.dropped, self.timing.pool
         while dropped:
             event = dropped.popleft()
             if pool is not None:
                 self.limbo.append((pool, event))
         self._drain_limbo()
-        return out
 
     def flush(self, deadline: float) -> list[Any]:
         """Final drain (shutdown): wait briefly for pending events, then release everything."""

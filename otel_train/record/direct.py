@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from otel_train.record import recorder
+from otel_train.record import device, recorder
 from otel_train.record.recorder import Recorder, Region, Step, close_step
 from otel_train.wire.schema import KIND_SPAN, NO_STEP
 
@@ -121,7 +121,5 @@ def abandon(region: Region) -> None:
     """Leave an entered region without recording it (detection found it was not what it seemed)."""
     if getattr(region, "rec", None) is None or hasattr(region, "t1"):
         return
-    drop = getattr(region, "drop_events", None)  # a device region hands its start event back
-    if drop is not None:
-        drop()
+    device.drop_events(region)  # a device region hands its events back
     leave(region)
