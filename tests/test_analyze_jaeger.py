@@ -98,8 +98,113 @@ def test_the_labelled_export_names_ranks_and_steps(tmp_path: Path, runs: dict[in
     assert main(["export", "--format", "jaeger", str(run_dir), "-o", str(tmp_path / "jaeger.json")]) == 0
     shown = _view([tmp_path / "jaeger.json"], tmp_path / "view", "--trace-index", "1")
     titles = sorted(item["title"].rsplit(" ", 1)[0] for item in shown["search"]["items"])
-    assert titles == sorted(f"quickstart rank 0: train.step {n}" for n in range(STEPS))
-    assert shown["trace"]["overview"]["Services"] == "2"
+    assert titles == sorted(f"quickstart job: train.step {n}" for n in range(STEPS))
+    assert shown["trace"]["overview"]["Services"] == "3"
     services = {row["service"] for row in shown["trace"]["rows"]}
-    assert services == {"quickstart rank 0", "quickstart rank 1"}
+    assert services == {"quickstart job", "quickstart rank 0", "quickstart rank 1"}
     assert shown["console"] == [] and shown["errors_trace_page"] == []
+
+
+def _tree(trace: dict) -> tuple[list[dict], dict[str, list[dict]]]:
+    kids: dict[str, list[dict]] = {}
+    for s in trace["spans"]:
+        for r in s["references"]:
+            if r["refType"] == "CHILD_OF":
+                kids.setdefault(r["spanID"], []).append(s)
+    return [s for s in trace["spans"] if not s["references"]], kids
+
+
+def _tags(span: dict) -> dict:
+    return {t["key"]: t["value"] for t in span["tags"]}
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 4-rank scripted run: rank 2 straggles, step 12 is slow, eval and `train.other` siblings,
+    a clock offset, and automatic mode's sub-microsecond overlap between consecutive steps."""
+    from support.synth_runs import Plan, write_run
+
+    from otel_train.cli import main
+    tmp = tmp_path_factory.mktemp("synthetic")
+    write_run(Plan(ranks=4, steps=20, straggler={2: 30.0}, slow_steps={12: 100.0}, jitter_ms=1.0, other_ms=2.0,
+                   zero_grad_ms=1.0, siblings={9: [("train.eval", 20.0)]}, offsets_ms={1: 4.0}), tmp / "run")
+    _overlap(tmp / "run" / "traces-rank1.jsonl")
+    assert main(["export", "--format", "jaeger", str(tmp / "run"), "-o", str(tmp / "jaeger.json")]) == 0
+    return tmp / "jaeger.json"
+
+
+def _overlap(path: Path) -> None:
+    """Start each step of the file 400 ns before the previous step's last span ended (issue 55)."""
+    docs = [json.loads(line) for line in path.read_text().splitlines()]
+    spans = [s for d in docs for rs in d["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
+    ends: dict[int, int] = {}
+    for s in spans:
+        step = next((int(a["value"]["intValue"]) for a in s["attributes"] if a["key"] == "train.step"), None)
+        if step is not None and s["name"] != "train.other":
+            ends[step] = max(ends.get(step, 0), int(s["endTimeUnixNano"]))
+    for s in spans:
+        step = next((int(a["value"]["intValue"]) for a in s["attributes"] if a["key"] == "train.step"), None)
+        if s["name"] == "train.step" and step and step - 1 in ends:
+            s["startTimeUnixNano"] = str(ends[step - 1] - 400)  # the step right after, 0.4 us early
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+
+
+def test_one_root_per_step_with_ranks_in_order_and_findings_as_tags(synthetic: Path) -> None:
+    traces = json.loads(synthetic.read_text())["data"]
+    assert len(traces) == 20
+    for trace in traces:
+        roots, kids = _tree(trace)
+        (root,) = roots  # one root, whatever the siblings
+        n = _tags(root)["train.step"]
+        assert root["operationName"] == f"train.step {n}"
+        lanes = kids[root["spanID"]]
+        assert [s["operationName"] for s in lanes] == [f"rank {r}" for r in range(4)]
+        assert len({s["startTime"] for s in lanes}) == 1  # equal starts: Jaeger keeps this order
+        for lane in lanes:
+            for child in kids[lane["spanID"]]:  # inside the lane, a child never outlives its parent
+                assert lane["startTime"] <= child["startTime"]
+                assert child["startTime"] + child["duration"] <= lane["startTime"] + lane["duration"]
+        names = sorted(s["operationName"] for lane in lanes for s in kids[lane["spanID"]])
+        assert names.count(f"train.step {n}") == 4 and names.count("train.other") == 4
+        steps = {trace["processes"][s["processID"]]["serviceName"]: _tags(s) for s in trace["spans"]
+                 if s["operationName"] == f"train.step {n}" and s is not root}
+        assert steps["otel-train rank 2"]["diagnose.straggler"] is True and steps["otel-train rank 2"]["diagnose.late_ms"] > 25
+        assert "diagnose.straggler" not in steps["otel-train rank 0"]
+        assert ("diagnose.slow" in _tags(root)) == (n == 12)
+        if n == 12:
+            assert all(t["diagnose.slow"] is True and t["diagnose.slow.severity"] > 1.5 for t in steps.values())
+
+
+def test_consecutive_steps_never_overlap(synthetic: Path) -> None:
+    by_rank: dict[str, list[tuple[int, int]]] = {}
+    for trace in json.loads(synthetic.read_text())["data"]:
+        for s in trace["spans"]:
+            service = trace["processes"][s["processID"]]["serviceName"]
+            if s["operationName"].startswith("train.step ") and "rank" in service:
+                by_rank.setdefault(service, []).append((s["startTime"], s["startTime"] + s["duration"]))
+    for spans in by_rank.values():
+        spans.sort()
+        assert all(b[0] >= a[1] for a, b in zip(spans, spans[1:]))
+
+
+def test_actors_are_named_by_role_and_index(tmp_path: Path) -> None:
+    from support.synth_runs import write_pipeline
+
+    from otel_train.cli import main
+    write_pipeline("balanced", tmp_path / "dump.jsonl", steps=6, links=True)
+    assert main(["export", "--format", "jaeger", str(tmp_path / "dump.jsonl"), "-o", str(tmp_path / "j.json")]) == 0
+    services = {p["serviceName"] for t in json.loads((tmp_path / "j.json").read_text())["data"]
+                for p in t["processes"].values()}
+    assert {"actor inference 0", "actor inference 1", "actor inference 2"} <= services
+    assert not any("actor-" in s for s in services)  # not the instance id
+
+
+def test_the_export_in_the_real_jaeger_ui(synthetic: Path, tmp_path: Path) -> None:
+    """The slow step's trace in Jaeger UI: one root, then rank 0, 1, 2, 3 in order; searchable tag."""
+    shown = _view([synthetic], tmp_path / "view", "--trace-index", "0")
+    assert shown["search"]["header"] == "20 Traces"
+    assert shown["console"] == [] and shown["errors_search_page"] == [] and shown["errors_trace_page"] == []
+    rows = shown["trace"]["rows"]
+    assert rows[0]["depth"] == 0 and rows[0]["service"] == "otel-train job"
+    lanes = [r["operation"] for r in rows if r["depth"] == 1]
+    assert lanes == ["rank 0", "rank 1", "rank 2", "rank 3"]

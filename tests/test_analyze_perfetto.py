@@ -6,7 +6,8 @@ the JSON Object Format (`traceEvents`, `displayTimeUnit` "ms" or "ns"); every ev
 `ph`, `pid`, `tid`; complete events ("X") with numeric `ts` and `dur` >= 0 in microseconds;
 instant events ("i") with a scope `s` of "g", "p" or "t"; metadata events ("M") named
 `process_name` / `thread_name` (args.name) or `process_sort_index` / `thread_sort_index`
-(args.sort_index); `args` an object. And what the viewers need beyond the fields: complete
+(args.sort_index); counter events ("C") whose args are numbers; flow events ("s" / "f") in
+pairs of one id; `args` an object. And what the viewers need beyond the fields: complete
 events on one thread nest (Perfetto drops slices that overlap without nesting).
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.synth_runs import Plan, write_run
+from support.synth_runs import Plan, write_pipeline, write_run
 
 from otel_train.cli import main
 
@@ -31,8 +32,9 @@ def check_trace_event_format(doc: dict[str, Any]) -> None:
     assert doc.get("displayTimeUnit", "ms") in ("ms", "ns")
     named_pids, named_threads, used = set(), set(), set()
     slices: dict[tuple[int, int], list[tuple[float, float, str]]] = defaultdict(list)
+    flows: dict[int, list[str]] = defaultdict(list)
     for e in doc["traceEvents"]:
-        assert isinstance(e["name"], str) and e["ph"] in ("X", "i", "M"), e
+        assert isinstance(e["name"], str) and e["ph"] in ("X", "i", "M", "C", "s", "f"), e
         assert isinstance(e["pid"], int) and isinstance(e["tid"], int), e
         assert isinstance(e.get("args", {}), dict) and isinstance(e.get("cat", ""), str), e
         if e["ph"] == "M":
@@ -42,13 +44,20 @@ def check_trace_event_format(doc: dict[str, Any]) -> None:
                 e["pid"] if e["name"] == "process_name" else (e["pid"], e["tid"]))
             continue
         assert isinstance(e["ts"], (int, float)) and e["ts"] >= 0, e
+        if e["ph"] == "C":  # a counter track belongs to its process
+            assert e["pid"] in named_pids and all(isinstance(v, (int, float)) for v in e["args"].values()), e
+            continue
         used.add((e["pid"], e["tid"]))
+        if e["ph"] in ("s", "f"):
+            flows[e["id"]].append(e["ph"])
+            continue
         if e["ph"] == "X":
             assert isinstance(e["dur"], (int, float)) and e["dur"] >= 0, e
             slices[(e["pid"], e["tid"])].append((e["ts"], e["ts"] + e["dur"], e["name"]))
         else:
             assert e["s"] in ("g", "p", "t"), e
     assert {pid for pid, _ in used} <= named_pids and used <= named_threads
+    assert all(sorted(v) == ["f", "s"] for v in flows.values()), flows
     for track, items in slices.items():
         stack: list[float] = []
         for start, end, name in sorted(items, key=lambda s: (s[0], -s[1])):
@@ -63,7 +72,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("perfetto")
     plan = Plan(ranks=3, steps=15, device=True, straggler={2: 20.0}, slow_steps={12: 80.0}, jitter_ms=0.5,
                 siblings={4: [("train.checkpoint", 30.0)], 9: [("train.eval", 20.0)]}, gc={6: 15.0},
-                offsets_ms={1: 33.0, 2: -7.0}, micro_batches=2)
+                offsets_ms={1: 33.0, 2: -7.0}, micro_batches=2, zero_grad_ms=1.0, other_ms=3.0)
     write_run(plan, tmp / "run")
     assert main(["export", "--format", "perfetto", str(tmp / "run"), "-o", str(tmp / "trace.json")]) == 0
     return json.loads((tmp / "trace.json").read_text())
@@ -76,7 +85,7 @@ def test_fields_follow_the_trace_event_format(exported: dict[str, Any]) -> None:
 def test_one_process_per_rank_and_one_thread_per_lane(exported: dict[str, Any]) -> None:
     events = exported["traceEvents"]
     procs = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
-    assert sorted(procs.values()) == ["rank 0", "rank 1", "rank 2"]
+    assert sorted(procs.values()) == ["rank 0", "rank 1", "rank 2", "run"]
     threads = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "thread_name"}
     assert {name for _, name in threads} == {"host", "device", "gc"}
     by = defaultdict(list)
@@ -84,15 +93,49 @@ def test_one_process_per_rank_and_one_thread_per_lane(exported: dict[str, Any]) 
         if e["ph"] != "M":
             by[(procs[e["pid"]], e["tid"], e["ph"], e["name"])].append(e)
     for rank in procs.values():
+        if rank == "run":
+            continue
         steps = by[(rank, 1, "X", "train.step")]
         assert [e["args"]["train.step"] for e in steps] == list(range(15))
         assert len(by[(rank, 1, "X", "train.forward")]) == 30  # two micro-batches a step
+        # every span: the zero_grad phase and the script's own time between steps (issue 55)
+        assert len(by[(rank, 1, "X", "train.zero_grad")]) == 15 and len(by[(rank, 1, "X", "train.other")]) == 15
+        assert len(by[(rank, 1, "C", "step time")]) == 15
         assert len(by[(rank, 2, "X", "train.backward")]) == 30  # device lane
         assert len(by[(rank, 3, "X", "train.gc")]) == 1
         assert [e["args"]["train.step"] for e in by[(rank, 1, "i", "checkpoint")]] == [4]
         assert [e["args"]["train.step"] for e in by[(rank, 1, "i", "slow")]] == [12]
         assert steps[4]["args"]["train.step.tags"] == ["checkpoint"]
     assert len(by[("rank 2", 1, "i", "straggler")]) == 15 and not by[("rank 0", 1, "i", "straggler")]
+    goodput = by[("run", 0, "C", "goodput so far")]
+    assert len(goodput) == 200 and goodput[0]["args"]["%"] < goodput[-1]["args"]["%"]
+
+
+def test_goodput_counter_ends_at_the_diagnose_figure(tmp_path: Path) -> None:
+    """One definition: the counter's last point is the goodput `diagnose` prints."""
+    from otel_train.analyze.diagnose import analyse
+    write_run(Plan(ranks=2, steps=20, compile_ms=300.0, siblings={10: [("train.checkpoint", 100.0)]}), tmp_path / "r")
+    assert main(["export", "--format", "perfetto", str(tmp_path / "r"), "-o", str(tmp_path / "t.json")]) == 0
+    doc = json.loads((tmp_path / "t.json").read_text())
+    last = [e for e in doc["traceEvents"] if e["name"] == "goodput so far"][-1]["args"]["%"]
+    assert last == pytest.approx(100 * analyse(tmp_path / "r").goodput.goodput, abs=1e-3)
+
+
+def test_actors_have_lanes_and_links_are_arrows(tmp_path: Path) -> None:
+    linked = write_pipeline("balanced", tmp_path / "dump.jsonl", steps=12, links=True)
+    assert main(["export", "--format", "perfetto", str(tmp_path / "dump.jsonl"), "-o", str(tmp_path / "t.json")]) == 0
+    doc = json.loads((tmp_path / "t.json").read_text())
+    check_trace_event_format(doc)
+    events = doc["traceEvents"]
+    procs = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert sorted(procs.values()) == ["inference 0", "inference 1", "inference 2", "rank 0", "run"]
+    calls = [e for e in events if e["ph"] == "X" and e["name"] == "infer.generate"]
+    assert calls and all(procs[e["pid"]].startswith("inference") for e in calls)
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    ends = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert len(starts) == len(ends) == len(linked) > 0
+    for k, f in ends.items():  # each arrow: from an actor's call to a trainer step
+        assert procs[starts[k]["pid"]].startswith("inference") and procs[f["pid"]] == "rank 0"
 
 
 def test_times_are_skew_corrected(exported: dict[str, Any]) -> None:

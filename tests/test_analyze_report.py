@@ -23,7 +23,7 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("report")
     plan = Plan(ranks=3, steps=30, device=True, straggler={1: 40.0}, slow_steps={20: 80.0}, jitter_ms=1.0,
                 siblings={5: [("train.checkpoint", 60.0)], 10: [("train.eval", 50.0)]}, gc={7: 20.0},
-                offsets_ms={2: 12.0})
+                offsets_ms={2: 12.0}, zero_grad_ms=2.0, other_ms=4.0)
     write_run(plan, tmp / "run")
     assert main(["report", str(tmp / "run"), "-o", str(tmp / "report.html")]) == 0
     return tmp / "report.html"
@@ -55,18 +55,23 @@ def test_report_in_chromium(page: Path) -> None:
                   ".map(r => r.dataset.step)).size]")
         assert gantt == ["3", str(report.WINDOW_STEPS), 3, report.WINDOW_STEPS]
         phases = q("return [...document.querySelectorAll('#legend .phase')].map(e => e.dataset.phase)")
-        assert phases == ["train.data", "train.forward", "train.backward", "train.optimizer", "train.collective",
-                          "(outside phase spans)"]
+        assert phases == ["train.data", "train.forward", "train.backward", "train.optimizer", "train.zero_grad",
+                          "train.collective", "(outside phase spans)"]
         counts = q("const g = document.getElementById('gantt'); return ['rect.device', 'rect.mark.checkpoint', "
-                   "'rect.mark.eval', 'rect.mark.gc', 'rect.step.straggler', 'path.tag'].map(s => "
-                   "g.querySelectorAll(s).length)")
+                   "'rect.mark.eval', 'rect.mark.gc', 'rect.step.straggler', 'path.tag', 'rect.outside', "
+                   "'rect.mark.other'].map(s => g.querySelectorAll(s).length)")
         assert counts[0] > 0 and counts[1:4] == [3, 3, 3]  # device lanes; one mark per rank
         assert counts[4] >= 20 and counts[5] >= 3  # rank 1 outlined; checkpoint/eval/gc tags
+        # all the time drawn: every step's extent under its phases, the script's own time beside
+        assert counts[6] == 3 * report.WINDOW_STEPS and counts[7] == 3 * report.WINDOW_STEPS
         assert q("return document.querySelectorAll('#phases g.bar').length") == 30
         assert q("return document.querySelectorAll('#phases .slow-dot').length") == 1
         # the last window: the slow step 20 highlighted across the ranks
         q("[...document.querySelectorAll('#windows button')].pop().click()")
         assert q("return document.querySelectorAll('#gantt rect.slow-band').length") == 1
+        # one verdict: the key figure, the triangles and the dots name the same slow step
+        assert q("return document.getElementById('n-slow').querySelector('b').textContent") == "1"
+        assert q("return document.querySelectorAll('#gantt path.tag.slow').length") == 3
         assert q("return document.querySelectorAll('#goodput rect.goodput-part').length") >= 5
         colours, ink = screenshot_census(driver)
         assert colours >= MIN_COLOURS and ink >= MIN_INK, (colours, ink)
@@ -96,3 +101,29 @@ def test_big_runs_are_sampled_and_say_so(tmp_path: Path) -> None:
     assert any("mean of 3 consecutive steps" in n for n in data["notes"])
     html_size = len(report.render(d).encode())
     assert html_size < 200_000  # mailable; the 10,000-step figure is in docs/analysis.md
+
+
+@needs_browser
+def test_a_2000_step_chart_keeps_every_slow_dot_and_readable_labels(tmp_path: Path) -> None:
+    """Issue 55: the dots stopped after the first 200 slow steps' worth; clipped bars' labels
+    overlapped into a black band."""
+    slow = {n: 30.0 for n in range(50, 2000, 97)}  # 21 slow steps, spread over the run
+    tall = {n: 400.0 for n in range(1000, 1040)}  # 40 clipped bars side by side
+    write_run(Plan(ranks=1, steps=2000, forward_ms=2, backward_ms=3, data_ms=1, startup_ms=10,
+                   slow_steps={**slow, **tall}, steps_per_line=500), tmp_path / "run")
+    d = analyse(tmp_path / "run")
+    assert set(slow) <= set(d.slow_steps)
+    data = report.report_data(d)
+    dotted = {b for b, _, _ in data["series"]["slow"]}
+    bars = data["series"]["bars"]
+    assert all(any(bars[b][0] <= n <= bars[b][1] for b in dotted) for n in d.slow_steps)
+    (tmp_path / "r.html").write_text(report.render(d))
+    with chromium() as driver:
+        driver.get((tmp_path / "r.html").as_uri())
+        assert _errors(driver) == []
+        q = driver.execute_script
+        assert q("return document.querySelectorAll('#phases .slow-dot').length") == len(dotted)
+        boxes = q("return [...document.querySelectorAll('#phases text.clipped')].map(t => { const b = t.getBBox(); "
+                  "return [b.x, b.x + b.width]; })")
+        assert boxes and all(b[0] >= a[1] for a, b in zip(boxes, boxes[1:]))  # no label over another
+        assert q("return document.querySelectorAll('#phases path.clipped-mark').length") == 40 // data["series"]["bucket"]

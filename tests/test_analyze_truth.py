@@ -131,3 +131,40 @@ def test_train_capacity_ignores_a_warm_up_step() -> None:
         pm.step(n, 0.083 + wait + (0.05 if n == 0 else 0.0), None)
     (value, _) = pm._values[semconv.METRIC_TRAIN_CAPACITY]
     assert value == pytest.approx(48 / 0.083, rel=0.01)
+
+
+SLOW_START = r"""
+import sys, time
+import otel_train
+otel_train.init()
+time.sleep(0.05)
+for i in range(15):
+    with otel_train.step():
+        with otel_train.span("train.data"):
+            time.sleep(1.0 if i == 0 else 0.002)  # the first batch takes a second to arrive
+        with otel_train.span("train.forward"):
+            time.sleep(0.02)
+"""
+
+
+def test_the_closing_line_and_diagnose_agree_on_a_real_run(tmp_path: Path) -> None:
+    """Issue 55: one definition. A real run (the embedded default, its exporter process) whose
+    first batch takes 1 s: the closing line and `diagnose` give the same wall time and goodput,
+    and neither counts the wait as compilation (the truth: 15 x 20 ms of forward, ~0.3 s)."""
+    import re
+
+    from support.procs import run_python
+    proc = run_python(SLOW_START, cwd=tmp_path, env={"OTEL_TRAIN_RUN_ID": "agree"}, timeout=120)
+    line = next(x for x in proc.stderr.splitlines() if x.startswith("otel_train: goodput"))
+    match = re.match(r"otel_train: goodput ([\d.]+)% of ([\d.]+) s since init", line)
+    assert match, line
+    d = analyse(tmp_path / "otel-train" / "agree")
+    assert d.goodput.wall_ns / 1e9 == pytest.approx(float(match.group(2)), rel=0.02)
+    assert 100 * d.goodput.goodput == pytest.approx(float(match.group(1)), abs=2.0)
+    assert d.goodput.totals[gp.DATA] > 0.95e9
+    # the wait is data only: what is left of the steps is productive, not eaten by `compile`
+    steps = list(d.data.steps[(0, 0)].values())
+    data_code = 0  # model.PHASES[0] is train.data
+    outside_data = sum(rs.duration - rs.totals[data_code] for rs in steps)
+    assert d.goodput.totals[gp.PRODUCTIVE] + d.goodput.totals[gp.COMPILE] == pytest.approx(outside_data, rel=0.01)
+    assert d.goodput.totals[gp.PRODUCTIVE] > 0.5 * outside_data

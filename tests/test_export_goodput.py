@@ -91,7 +91,8 @@ def test_the_shutdown_line_is_one_line_with_the_badput_shares() -> None:
     account.step(t, t + 400 * MS, 0.4)
     line = summary_line(account.summary(), rank=0)
     assert "\n" not in line
-    assert line == "otel_train: goodput 44.4% of 5.4 s on rank 0: startup 55.6%; 1 of 21 steps slow (tagged 'slow')"
+    assert line == ("otel_train: goodput 44.4% of 5.4 s since init on rank 0: startup 55.6%; 1 of 21 steps slow "
+                    "(over median + 3 sigma, tagged 'slow')")
 
 
 def test_a_long_first_data_wait_is_data_once_not_compilation_too() -> None:

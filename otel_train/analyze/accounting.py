@@ -34,6 +34,7 @@ class Goodput:
     redone_steps: int = 0  # step attempts lost to restarts (all ranks)
     restarts: int = 0  # highest ml.restart seen
     startup_from: str = "init"  # "init" (metrics' start time) or "first span"
+    series: list[tuple[int, float]] = field(default_factory=list)  # (time ns, goodput so far), when asked
 
     @property
     def wall_ns(self) -> int:
@@ -58,13 +59,16 @@ def job_window(data: RunData, skew: Skew) -> tuple[int, int, str]:
     return (start, end, source) if end else (0, 0, source)
 
 
-def account(data: RunData, skew: Skew, job_step_ns: Sequence[int]) -> Goodput:
-    """The run's goodput; `job_step_ns` is the job's step times (for the warm-up's ideal)."""
+def account(data: RunData, skew: Skew, job_step_ns: Sequence[int], marks: int = 0) -> Goodput:
+    """The run's goodput; `job_step_ns` is the job's step times (for the warm-up's ideal). With
+    `marks`, also the goodput so far at that many evenly spaced times (`Goodput.series`: what
+    `train.goodput` read then, mean over ranks; the last is the run's)."""
     start, end, source = job_window(data, skew)
     out = Goodput(start, end, startup_from=source)
     if end <= start:
         out.totals = dict.fromkeys(gp.CATEGORIES, 0.0)
         return out
+    times = [start + (end - start) * (i + 1) // marks for i in range(marks)] if marks else [end]
     bound = slow_bound(job_step_ns) or 0.0
     ideal = ideal_step_time(job_step_ns) or 0.0
     by_rank: dict[int, list[tuple[int, int]]] = {}
@@ -75,19 +79,27 @@ def account(data: RunData, skew: Skew, job_step_ns: Sequence[int]) -> Goodput:
             by_rank.setdefault(rank, []).append((rank, restart))
     siblings: dict[int, list[tuple[int, int, str]]] = {}
     for s in data.siblings:
-        siblings.setdefault(s.rank, []).append((s.start, s.end, _SIBLING_CATEGORY[s.name]))
+        category = _SIBLING_CATEGORY.get(s.name)  # train.other: the script's own time, no category of its own
+        if category is not None:
+            siblings.setdefault(s.rank, []).append((s.start, s.end, category))
     per_rank_totals = []
+    so_far = [0.0] * len(times)
     for rank, keys in sorted(by_rank.items()):
         off = skew.of(rank)
         intervals = [(a - off, b - off, c) for a, b, c in siblings.get(rank, ())]
         compile_ns, redone = _rank_intervals(data, sorted(keys, key=lambda k: k[1]), off, start, bound, ideal,
                                              intervals)
         out.redone_steps += redone
-        totals = gp.take_compile(gp.paint(start, end, intervals), compile_ns)
+        snaps = [gp.take_compile(t, compile_ns) for t in gp.paint_marks(start, times, intervals)]
+        totals = snaps[-1]
         per_rank_totals.append(totals)
         out.per_rank[rank] = gp.goodput(totals)
+        for i, snap in enumerate(snaps):
+            so_far[i] += gp.goodput(snap)
     out.totals = gp.mean_totals(per_rank_totals)
     out.restarts = max((r for _, r in data.processes), default=0)
+    if marks and per_rank_totals:
+        out.series = [(t, v / len(per_rank_totals)) for t, v in zip(times, so_far)]
     return out
 
 

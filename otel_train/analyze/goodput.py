@@ -48,9 +48,16 @@ def paint(start: int, end: int, intervals: Iterable[tuple[int, int, str]]) -> di
     """Split [start, end) among categories: each instant to the highest-priority interval over
     it (`PRIORITY`), `other` where none is. Intervals are (start, end, category), clipped to the
     window; their order does not matter. Returns ns per category (all of `CATEGORIES`)."""
+    return paint_marks(start, [end], intervals)[-1] if end > start else dict.fromkeys(CATEGORIES, 0)
+
+
+def paint_marks(start: int, marks: Sequence[int], intervals: Iterable[tuple[int, int, str]]
+                ) -> list[dict[str, int]]:
+    """`paint` from `start` to each of `marks` (ascending), in one sweep: the categories so far
+    at each mark (a run's goodput over time; the last mark's is `paint`'s)."""
+    end = marks[-1] if marks else start
     out = dict.fromkeys(CATEGORIES, 0)
-    if end <= start:
-        return out
+    snaps: list[dict[str, int]] = []
     events: list[tuple[int, int, int]] = []  # (time, +1 open / -1 close, priority index)
     for a, b, cat in intervals:
         a, b = max(a, start), min(b, end)
@@ -61,20 +68,35 @@ def paint(start: int, end: int, intervals: Iterable[tuple[int, int, str]]) -> di
     active = [0] * len(PRIORITY)
     heap: list[int] = []  # priority indexes open (lazily cleaned)
     t = start
+    m = 0
+
+    def advance(to: int) -> None:
+        nonlocal t
+        while heap and active[heap[0]] == 0:
+            heapq.heappop(heap)
+        out[PRIORITY[heap[0]] if heap else OTHER] += to - t
+        t = to
+
     for when, delta, idx in events:
+        while m < len(marks) and marks[m] <= when:
+            if marks[m] > t:
+                advance(marks[m])
+            snaps.append(dict(out))
+            m += 1
         if when > t:
-            while heap and active[heap[0]] == 0:
-                heapq.heappop(heap)
-            out[PRIORITY[heap[0]] if heap else OTHER] += when - t
-            t = when
+            advance(when)
         if delta > 0:
             if active[idx] == 0:
                 heapq.heappush(heap, idx)
             active[idx] += 1
         else:
             active[idx] -= 1
-    out[OTHER] += end - t
-    return out
+    while m < len(marks):
+        if marks[m] > t:
+            advance(marks[m])
+        snaps.append(dict(out))
+        m += 1
+    return snaps
 
 
 def excess(step_ns: int, data_ns: int, ideal_ns: float) -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from otel_train import semconv
 from otel_train.analyze import reader
-from otel_train.analyze.model import RunData, build
+from otel_train.analyze.model import RunData, build, settle
 
 #: Below this much JSON, starting workers costs more than it saves.
 PARALLEL_MIN_BYTES = 48 << 20
@@ -69,9 +69,11 @@ def _merge(into: RunData, part: RunData) -> None:
                 other.codes.extend(rs.codes)
                 other.times.extend(rs.times)
                 other.has_span = other.has_span or rs.has_span
+                other.links = other.links or rs.links
                 other.finish()
             else:
                 mine[n] = rs
+        settle(mine)
     into.siblings.extend(part.siblings)
     into.pipeline.extend(part.pipeline)
     for key, proc in part.processes.items():

@@ -19,8 +19,15 @@ from otel_train.analyze.reader import Process, Span, Stats, _span, _value
 
 #: The phase spans a step is made of, in the order a step usually runs them (for legends).
 PHASES: tuple[str, ...] = (semconv.SPAN_DATA, semconv.SPAN_FORWARD, semconv.SPAN_BACKWARD,
-                           semconv.SPAN_OPTIMIZER, semconv.SPAN_COLLECTIVE, semconv.SPAN_DISPATCH_WAIT)
-SIBLINGS: tuple[str, ...] = semconv.STEP_SIBLING_SPANS
+                           semconv.SPAN_OPTIMIZER, semconv.SPAN_ZERO_GRAD, semconv.SPAN_COLLECTIVE,
+                           semconv.SPAN_DISPATCH_WAIT)
+#: Spans kept beside the steps: checkpoint, eval, GC, and `train.other` (the script's own code
+#: no phase covers: between steps, or a detected step's largest gaps), so every picture can
+#: draw all the time a rank spent.
+SIBLINGS: tuple[str, ...] = (*semconv.STEP_SIBLING_SPANS, semconv.SPAN_OTHER)
+#: Consecutive steps of a rank that overlap by less than this are clock jitter, not overlap:
+#: automatic mode's step can start 0.1-0.6 us before the previous step's optimizer ends.
+JITTER_NS = 1_000
 #: The pseudo-phase of a step's time that no phase span covers.
 OUTSIDE = "(outside phase spans)"
 _PHASE_CODE = {name: i for i, name in enumerate(PHASES)}
@@ -50,6 +57,7 @@ class RankStep:
     tokens: int | None = None
     epoch: int | None = None
     totals: tuple[int, ...] = ()  # host ns per phase code, set by finish()
+    links: tuple[str, ...] = ()  # span ids the step span links to (producers of its samples)
 
     @property
     def duration(self) -> int:
@@ -93,6 +101,18 @@ class RankStep:
         if not self.has_span and n:
             self.start = min(self.times[0::2])
             self.end = max(self.times[1::2])
+
+
+def settle(per: Mapping[int, RankStep]) -> None:
+    """Move a step's start to where the previous step of the process (its last span) ended, when
+    they overlap by less than `JITTER_NS`: steps follow each other, and a sub-microsecond
+    overlap breaks the nesting every picture draws."""
+    prev_end = None
+    for n in sorted(per):
+        rs = per[n]
+        if prev_end is not None and 0 < prev_end - rs.start < JITTER_NS:
+            rs.start = min(prev_end, rs.end)
+        prev_end = max([rs.end, *rs.times[1::2]])
 
 
 def traced(per: Mapping[int, RankStep]) -> dict[int, RankStep]:
@@ -156,6 +176,18 @@ class RunData:
             for n, rs in per.items():
                 out.setdefault(n, {})[rank] = rs
         return dict(sorted(out.items()))
+
+
+def actor_names(pipeline: Iterable[Interval]) -> dict[tuple[str, int], str]:
+    """(instance, rank) of each inference process -> "<role> <index>", indexes in order of the
+    process's first span (a service instance id is a UUID nobody can read)."""
+    first: dict[tuple[str, int], tuple[int, str]] = {}
+    for s in pipeline:
+        key = (s.instance, s.rank)
+        if key not in first or s.start < first[key][0]:
+            first[key] = (s.start, s.role)
+    ordered = sorted(first, key=lambda k: (first[k][0], k))
+    return {key: f"{first[key][1]} {i}" for i, key in enumerate(ordered)}
 
 
 def build(blocks: Iterable[tuple[Process, list[dict[str, Any]]]], stats: Stats | None = None) -> RunData:
@@ -223,6 +255,8 @@ def build(blocks: Iterable[tuple[Process, list[dict[str, Any]]]], stats: Stats |
                 rs = per[n] = RankStep(n, proc.rank, proc.restart)
             if code is None:
                 _take_step_span(rs, t0, t1, _decode(attrs))
+                if s.get("links"):
+                    rs.links = tuple(str(x.get("spanId", "")) for x in s["links"] if isinstance(x, dict))
             else:
                 rs.codes.append(code)
                 rs.times.append(t0)
@@ -233,6 +267,7 @@ def build(blocks: Iterable[tuple[Process, list[dict[str, Any]]]], stats: Stats |
     for per in steps.values():
         for rs in per.values():
             rs.finish()
+        settle(per)
     data.spans = count
     if stats is not None:
         stats.spans += count

@@ -108,7 +108,8 @@ def _window(d: Diagnosis, title: str, steps: list[int], ranks: list[int], by_ste
             off = skew.of(s.rank) + t0
             row["marks"].append([s.name.split(".")[-1], _ms(s.start - off), _ms(s.end - s.start)])
     return {"title": title, "steps": steps, "span_ms": _ms(t1 - t0), "rows": rows,
-            "slow": [n for n in steps if n in set(d.slow_steps)]}
+            "slow": [n for n in steps if n in d.severity],
+            "severity": {n: round(d.severity[n], 3) for n in steps if n in d.severity}}
 
 
 def _phase_series(d: Diagnosis, by_step: dict[int, dict[int, RankStep]]) -> dict[str, Any]:
@@ -124,12 +125,15 @@ def _phase_series(d: Diagnosis, by_step: dict[int, dict[int, RankStep]]) -> dict
             sums[-1] += max(0, rs.duration - sum(rs.totals))
         per_step.append([v / len(per) for v in sums])
     bucket = max(1, -(-len(steps) // MAX_BARS))
-    bars = []
+    bars, slow = [], []
     for i in range(0, len(steps), bucket):
         chunk = per_step[i:i + bucket]
         bars.append([steps[i], steps[min(i + bucket, len(steps)) - 1]] +
                     [_ms(sum(c[k] for c in chunk) / len(chunk)) for k in range(len(PHASES) + 1)])
-    return {"bucket": bucket, "bars": bars}
+        found = [d.severity[n] for n in steps[i:i + bucket] if n in d.severity]
+        if found:  # every slow step gets its dot, however many steps a bar holds
+            slow.append([len(bars) - 1, len(found), round(max(found), 3)])
+    return {"bucket": bucket, "bars": bars, "slow": slow}
 
 
 def report_data(d: Diagnosis) -> dict[str, Any]:

@@ -122,7 +122,7 @@ def phase_shares(steps: Iterable[RankStep]) -> dict[str, float]:
 
 _PLAIN = {semconv.SPAN_DATA: "data wait", semconv.SPAN_DISPATCH_WAIT: "waiting for samples",
           semconv.SPAN_COLLECTIVE: "collectives", semconv.SPAN_FORWARD: "forward",
-          semconv.SPAN_BACKWARD: "backward", semconv.SPAN_OPTIMIZER: "optimizer"}
+          semconv.SPAN_BACKWARD: "backward", semconv.SPAN_OPTIMIZER: "optimizer", semconv.SPAN_ZERO_GRAD: "zero_grad"}
 
 
 def breakdown_headline(shares: Mapping[str, float]) -> str:

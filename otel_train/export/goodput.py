@@ -138,17 +138,19 @@ class RunAccount:
 
 def summary_line(summary: Mapping[str, Any], rank: int) -> str:
     """The one goodput line printed at shutdown, e.g.
-    `otel_train: goodput 81.2% of 1m02s on rank 0: startup 9.8%, data 6.0%, ...; 2 of 480 steps slow`."""
+    `otel_train: goodput 81.2% of 1m02s since init on rank 0: startup 9.8%, data 6.0%, ...; 2 of 480
+    steps slow (over median + 3 sigma, tagged 'slow')`: the window and the figures `diagnose` gives
+    for this rank (`goodput.per_rank` in its --json)."""
     wall = float(summary.get("wall_s", 0.0))
     seconds = summary.get("seconds", {})
     parts = [f"{c} {seconds[c] / wall:.1%}" for c in gp.CATEGORIES
              if c != gp.PRODUCTIVE and wall > 0 and seconds.get(c, 0.0) / wall >= 0.0005]
-    line = f"otel_train: goodput {float(summary.get('goodput', 0.0)):.1%} of {_duration(wall)} on rank {rank}"
+    line = f"otel_train: goodput {float(summary.get('goodput', 0.0)):.1%} of {_duration(wall)} since init on rank {rank}"
     if parts:
         line += ": " + ", ".join(parts)
     steps = int(summary.get("steps", 0))
     if steps:
-        line += f"; {int(summary.get('slow_steps', 0))} of {steps} steps slow (tagged {SLOW_TAG!r})"
+        line += f"; {int(summary.get('slow_steps', 0))} of {steps} steps slow (over median + 3 sigma, tagged {SLOW_TAG!r})"
     return line
 
 

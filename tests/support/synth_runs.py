@@ -61,6 +61,8 @@ class Plan:
     steps_per_line: int = 10
     tail_ms: float = 0.0  # after the last step, before the process's last span ends
     sample: int | None = None  # OTEL_TRAIN_RANKS=sample:K: phase spans of rank 0 and K ranks a step only
+    zero_grad_ms: float = 0.0  # a train.zero_grad phase after the optimizer (automatic mode's)
+    other_ms: float = 0.0  # the script's own time after each step: a train.other sibling (goodput `other`)
     first_data_ms: float = 0.0  # extra data wait in the first step (every rank): a slow first batch
     hiccup: tuple[float, float] | None = None  # (probability, ms): a random rank's extra data in a step (noise)
 
@@ -174,6 +176,12 @@ def write_run(plan: Plan, out: str | os.PathLike[str]) -> Truth:
         for n in steps:
             lost = restart == 0 and n in redone
             t = _step(plan, writers, n, t, rng, cat, truth, lost, first=(n == steps[0]))
+            if plan.other_ms:
+                d = int(plan.other_ms * MS)
+                for w in writers:
+                    w.span("train.other", n, t, t + d, parent=w.step_ids(n)[1])
+                cat["other"] += d
+                t += d
             for name, ms in plan.siblings.get(n, ()):
                 d = int(ms * MS)
                 for w in writers:
@@ -231,7 +239,8 @@ def _step(plan: Plan, writers: list[_RankWriter], n: int, t: int, rng: random.Ra
         arrive.append(cur)
         rank_phases.append((phases, data_total))
     together = max(arrive) + int(plan.collective_ms * MS)
-    end = together + int(plan.optimizer_ms * MS)
+    opt_end = together + int(plan.optimizer_ms * MS)
+    end = opt_end + int(plan.zero_grad_ms * MS)
     for w, (phases, data_total), a in zip(writers, rank_phases, arrive):
         own, root = w.step_ids(n)
         if plan.ddp:
@@ -239,7 +248,9 @@ def _step(plan: Plan, writers: list[_RankWriter], n: int, t: int, rng: random.Ra
             phases[-1] = (name, s, together, attrs)  # the all-reduce completes inside backward
         else:
             phases.append(("train.collective", a, together, {"comm.op": "all_reduce", "comm.bytes": 4096}))
-        phases.append(("train.optimizer", together, end, {}))
+        phases.append(("train.optimizer", together, opt_end, {}))
+        if plan.zero_grad_ms:
+            phases.append(("train.zero_grad", opt_end, end, {}))
         for name, s, e, attrs in phases:
             if plan.device and name in ("train.forward", "train.backward", "train.optimizer"):
                 attrs = {**attrs, "device.duration_s": (e - s) / 1e9 * 0.8, "device.lag_s": (e - s) / 1e9 * 0.1,
@@ -281,46 +292,67 @@ PIPELINES = {
 
 
 def write_pipeline(kind: str, path: str | os.PathLike[str], steps: int = 40, actors: int = 3,
-                   first_wait_ms: float = 0.0) -> None:
+                   first_wait_ms: float = 0.0, links: bool = False) -> dict[int, str]:
     """One OTLP JSON lines dump (a receiver's view): a trainer whose steps wait in
     `pipeline.dispatch_wait`, and `actors` inference processes calling `infer.generate`,
     timed as `PIPELINES[kind]` says, plus their capacity metrics; `first_wait_ms`: the first
-    step's wait for the actors to start (a warm-up, on top of the usual wait)."""
+    step's wait for the actors to start (a warm-up, on top of the usual wait). `links`: each step
+    links the last generate call that ended before it (returned: step -> that span's id)."""
     wait_ms, gen_ms, idle_ms = PIPELINES[kind]
     rng = random.Random(1)
     plan = Plan(ranks=1, run_id=f"pipe-{kind}")
     trainer = {"service.name": "trainer", "ml.run.id": plan.run_id, "ml.rank": 0, "ml.world_size": 1,
                "ml.role": "trainer", "ml.restart": 0, "service.instance.id": "trainer-0"}
     lines = []
-    spans, t = [], T0
+    timing = []  # (step, its start, its phases)
+    t = T0
     for n in range(steps):
-        parent = f"{step_span_id(plan.run_id, n, 0):016x}"
-        cur = t
+        cur, phases = t, []
         for name, d in (("pipeline.dispatch_wait", wait_ms + (first_wait_ms if n == 0 else 0.0)),
                         ("train.forward", 30.0), ("train.backward", 60.0), ("train.optimizer", 10.0)):
-            spans.append(_raw(plan.run_id, name, n, cur, cur + int(d * MS), parent, rng))
+            phases.append((name, cur, cur + int(d * MS)))
             cur += int(d * MS)
-        spans.append(_raw(plan.run_id, "train.step", n, t, cur, None, rng, span_id=parent))
+        timing.append((n, t, phases))
         t = cur
-    lines.append({"resourceSpans": [{"resource": {"attributes": _kv(trainer)}, "scopeSpans": [{"spans": spans}]}]})
     end = t
+    produced: list[tuple[int, str]] = []  # (end, span id) of every generate call
+    actor_lines = []
     for a in range(actors):
         res = {"service.name": "actor", "ml.run.id": plan.run_id, "ml.role": "inference", "ml.rank": a,
                "service.instance.id": f"actor-{a}"}
         spans, cur = [], T0 + a * MS
         while cur < end:
             g = int(gen_ms * MS)
-            spans.append({**_raw(plan.run_id, "infer.generate", None, cur, cur + g, None, rng),
-                          "traceId": f"{rng.getrandbits(128):032x}"})
+            span = {**_raw(plan.run_id, "infer.generate", None, cur, cur + g, None, rng),
+                    "traceId": f"{rng.getrandbits(128):032x}"}
+            spans.append(span)
+            produced.append((cur + g, span["spanId"], span["traceId"]))
             cur += g + int(idle_ms * MS)
-        lines.append({"resourceSpans": [{"resource": {"attributes": _kv(res)}, "scopeSpans": [{"spans": spans}]}]})
+        actor_lines.append({"resourceSpans": [{"resource": {"attributes": _kv(res)},
+                                               "scopeSpans": [{"spans": spans}]}]})
         util = gen_ms / (gen_ms + idle_ms)
-        lines.append({"resourceMetrics": [{"resource": {"attributes": _kv(res)}, "scopeMetrics": [{"metrics": [
+        actor_lines.append({"resourceMetrics": [{"resource": {"attributes": _kv(res)}, "scopeMetrics": [{"metrics": [
             {"name": "infer.capacity", "unit": "{sample}/s", "gauge": {"dataPoints": [
                 {"startTimeUnixNano": str(T0), "timeUnixNano": str(end), "asDouble": 8 * 1000 / gen_ms * util}]}}]}]}]})
+    produced.sort()
+    linked: dict[int, str] = {}
+    spans = []
+    for n, start, phases in timing:
+        parent = f"{step_span_id(plan.run_id, n, 0):016x}"
+        for name, p0, p1 in phases:
+            spans.append(_raw(plan.run_id, name, n, p0, p1, parent, rng))
+        step = _raw(plan.run_id, "train.step", n, start, phases[-1][2], None, rng, span_id=parent)
+        before = [p for p in produced if p[0] <= phases[0][2]]
+        if links and before:
+            step["links"] = [{"traceId": before[-1][2], "spanId": before[-1][1]}]
+            linked[n] = before[-1][1]
+        spans.append(step)
+    lines.append({"resourceSpans": [{"resource": {"attributes": _kv(trainer)}, "scopeSpans": [{"spans": spans}]}]})
+    lines += actor_lines
     with open(path, "w", encoding="utf-8") as f:
         for doc in lines:
             f.write(json.dumps(doc) + "\n")
+    return linked
 
 
 def _raw(run_id: str, name: str, step: int | None, t0: int, t1: int, parent: str | None, rng: random.Random,
