@@ -271,8 +271,16 @@ def _report(st: _State, recorder: _recorder.Recorder, stats: dict[str, Any] | No
             msg = f"{who} {stats.get('exported', 0)} spans exported to {st.destination}"
         if buffer_full or failed:
             msg += f"; dropped: {buffer_full} (buffer full), {failed} (export failed or cut off at shutdown)"
+            unconfirmed = min(failed, stats.get("unconfirmed", 0))
+            if unconfirmed:
+                msg += (f", {unconfirmed} of them unconfirmed (sent, but no answer came before the bound: the "
+                        "collector may have them)")
         else:
             msg += "; none dropped"
+        duplicated = stats.get("duplicated", 0)
+        if duplicated:
+            msg += (f"; {duplicated} of the exported may have arrived twice (a request that got no answer in "
+                    "OTEL_EXPORTER_OTLP_TIMEOUT was sent again)")
     device = st.device
     if device is not None and (device.timing.skipped or device.unresolved):
         msg += (f"; device timing: {device.timing.skipped} regions without events (event pool empty), "

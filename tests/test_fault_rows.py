@@ -6,12 +6,15 @@ and compares the closing line's counts with what the receiver itself got.
 from __future__ import annotations
 
 import base64
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 from support.fault_run import TrainingRun, run_script, settle, step_spans
-from support.otlp_receiver import OTLPReceiver
+from support.otlp_receiver import Fault, OTLPReceiver
 from support.tls import TlsMaterial, make_tls
 
 from otel_train.export.otlp_json import read_spans
@@ -261,3 +264,56 @@ def test_hostile_links_and_attributes_are_said_once_and_every_span_is_kept(recei
     assert all(len(s["links"]) == 1 for s in steps)
     assert forwards[0]["attributes"]["loud"] == "<Loud: str() failed>"
     assert result.exported == len(spans) and result.dropped == 0, result.stderr
+
+
+# --- rows 4 and 5: delivery until the bound; counts that are what the receiver got --------------------
+def test_a_collector_back_inside_the_shutdown_bound_gets_everything(receiver: OTLPReceiver) -> None:
+    """Row 4. Before: a collector down for the whole run and back 3 s after the loop ended
+    (bound 5 s) got 0 of 1,000 spans: the run's backoff (up to 5 s) put the retry past the
+    bound. Now retries at shutdown come every 0.2 s and gRPC reconnects within 0.5 s."""
+    endpoint = receiver.grpc_endpoint
+    receiver.close()  # down, on the port the run is given
+    run = TrainingRun({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S": "5"}, 200)
+    run.wait_for("DONE")
+    time.sleep(3.0)
+    receiver.start()
+    result = run.finish()
+    spans = settle(receiver, run.run_id)
+    assert result.returncode == 0, result.stderr
+    assert len(step_spans(spans, run.run_id)) == 200, result.stderr
+    assert result.exported == len(spans) == 200 * SPANS_PER_STEP and result.dropped == 0, result.stderr
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_collector_refusing_its_first_calls_then_taking_them_gets_everything(
+        receiver: OTLPReceiver, protocol: str) -> None:
+    """Row 4. Before: UNAVAILABLE (HTTP 503) for the first 4 calls, then OK: 0 of 1,500 spans
+    delivered (a rerun 708, while the closing line said 563): the backoff of 0.5+1+2+4 s left
+    no time for a last try in the 5 s bound. Now every span arrives and is counted."""
+    receiver.inject([Fault(grpc_code=grpc.StatusCode.UNAVAILABLE, http_status=503, count=4)])
+    endpoint = receiver.grpc_endpoint if protocol == "grpc" else receiver.http_endpoint
+    run = TrainingRun({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+                       "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S": "5"}, 300)
+    result = run.finish()
+    spans = settle(receiver, run.run_id)
+    assert result.returncode == 0, result.stderr
+    assert len(receiver.refused) == 4
+    assert result.exported == len(spans) == 300 * SPANS_PER_STEP and result.dropped == 0, result.stderr
+
+
+def test_a_collector_slower_than_the_timeout_is_counted_as_it_is(receiver: OTLPReceiver) -> None:
+    """Row 5. Before: OTEL_EXPORTER_OTLP_TIMEOUT=1000 against a collector answering in 1.5 s: it
+    received every span three times while the closing line said 0 exported. Now an unanswered
+    request is retried with twice the timeout; the closing line counts each span once as
+    exported and says how many may have arrived twice, which is what the receiver holds."""
+    receiver.inject([Fault(delay_s=1.5, count=None)])
+    run = TrainingRun({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.grpc_endpoint, "OTEL_EXPORTER_OTLP_TIMEOUT": "1000",
+                       "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S": "15"}, 100)
+    result = run.finish()
+    spans = settle(receiver, run.run_id, quiet_s=2.0)
+    assert result.returncode == 0, result.stderr
+    distinct = {s["span_id"] for s in spans}
+    twice = re.search(r"(\d+) of the exported may have arrived twice", result.stderr)
+    assert twice is not None, result.stderr
+    assert result.exported == len(distinct) == 100 * SPANS_PER_STEP, result.stderr
+    assert len(spans) == result.exported + int(twice.group(1)), (len(spans), result.stderr)

@@ -13,7 +13,15 @@ collector never holds up the pipeline (nor, through it, the training process's w
   read-only directory) is dropped and counted; each kind of failure is said once, with what to
   check.
 - `close(deadline)` keeps trying until `deadline` and counts what is left as failed: shutdown
-  is bounded, and every span is either exported or counted.
+  is bounded, and every span is either exported or counted. From then on the backoff is
+  `_SHUTDOWN_RETRY_S` (a server's delay is honoured while it ends before `_LAST_TRY_S` before the
+  deadline), so a collector that comes back inside the bound gets everything: the exponential
+  backoff of the run (up to 5 s) once left no time for a last try.
+- A request sent and not answered in time (a timeout after it went out) may have reached the
+  collector: it is retried with twice the timeout (the same collector answering in 1.5 s to a
+  1 s timeout once received every span three times), and counted apart: `duplicated` when a
+  retry succeeds (the collector may hold it twice), `unconfirmed` when none does (it may hold
+  it once: counted as failed, said as unconfirmed). Whether it did is unknowable from here.
 """
 
 from __future__ import annotations
@@ -32,6 +40,10 @@ _log = logging.getLogger("otel_train")
 _BACKOFF_S = 0.5
 _BACKOFF_MAX_S = 5.0
 _BACKOFF_DOUBLINGS = 16  # far past the cap
+_SHUTDOWN_RETRY_S = 0.2  # the backoff once shutting down: a refused connect costs a millisecond
+_LAST_TRY_S = 0.5  # no retry is put off past this long before the deadline
+_MIN_RETRY_S = 0.05  # between two tries, at least: a collector that refuses at once is not spun on
+_TIMEOUT_DOUBLINGS = 3  # an unanswered request's timeout grows to 8x at most
 
 
 _said_lock = threading.Lock()
@@ -62,7 +74,11 @@ class Delivery:
         self.failed = 0  # refused, or still waiting at the shutdown deadline
         self.dropped = 0  # waited past the capacity
         self.rejected = 0  # accepted requests' partial-success rejections
-        self._queue: deque[tuple[Any, int]] = deque()  # (payload, spans)
+        self.unconfirmed = 0  # in `failed`: sent, never answered (the collector may have them)
+        self.duplicated = 0  # in `exported`: a retry succeeded after a try that was not answered
+        # (payload, spans, tries that went out and were not answered)
+        self._queue: deque[tuple[Any, int, int]] = deque()
+        self._flight_unanswered = 0  # of the request in flight
         self._queued = 0
         self._in_flight = 0
         self._cond = threading.Condition()
@@ -87,7 +103,7 @@ class Delivery:
             if self._stopped:
                 self.failed += spans
                 return
-            self._queue.append((payload, spans))
+            self._queue.append((payload, spans, 0))
             self._queued += spans
             self._trim()
             self._cond.notify_all()
@@ -115,6 +131,7 @@ class Delivery:
                                 max(0.0, deadline - self.clock()))
             self._stopped = True
             self.failed += self._queued
+            self.unconfirmed += sum(spans for _, spans, unanswered in self._queue if unanswered)
             self._queue.clear()
             self._queued = 0
             self._cond.notify_all()
@@ -123,6 +140,7 @@ class Delivery:
         with self._cond:
             if self._in_flight:  # still blocked in a send past the deadline: counted now, not later
                 self.failed += self._in_flight
+                self.unconfirmed += self._in_flight  # it went out: the collector may take it yet
                 self._in_flight = 0
                 self._abandoned = True
         try:
@@ -133,14 +151,15 @@ class Delivery:
     def stats(self) -> dict[str, int]:
         with self._cond:
             return {"exported": self.exported, "failed": self.failed + self.rejected, "overflow": self.dropped,
-                    "queued": self._queued + self._in_flight}
+                    "queued": self._queued + self._in_flight, "unconfirmed": self.unconfirmed,
+                    "duplicated": self.duplicated}
 
     # -- the thread -----------------------------------------------------------------------
     def _trim(self) -> None:
         """Past the capacity, drop the oldest waiting requests (never the one being sent)."""
         dropped = 0
         while self._queued > self.capacity and len(self._queue) > 1:
-            _, spans = self._queue.popleft()
+            _, spans, _ = self._queue.popleft()
             self._queued -= spans
             dropped += spans
         if dropped:
@@ -165,15 +184,16 @@ class Delivery:
                     self._cond.wait(None if not self._queue or ended else self._retry_at - now)
                 if self._stopped:
                     return
-                payload, spans = self._queue.popleft()
+                payload, spans, unanswered = self._queue.popleft()
                 self._queued -= spans
                 self._in_flight = spans
-                timeout = self.timeout_s if self._deadline is None else \
-                    min(self.timeout_s, self._deadline - self.clock())
+                timeout = self.timeout_s * 2 ** min(unanswered, _TIMEOUT_DOUBLINGS)
+                if self._deadline is not None:
+                    timeout = min(timeout, self._deadline - self.clock())
             outcome = self._send(payload, timeout) if timeout > 0 else Outcome(False, True, None, "shutdown bound")
             with self._cond:
                 self._in_flight = 0
-                self._settle(payload, spans, outcome)
+                self._settle(payload, spans, unanswered + outcome.unanswered, outcome)
                 self._cond.notify_all()
 
     def _send(self, payload: Any, timeout_s: float) -> Outcome:
@@ -184,12 +204,16 @@ class Delivery:
             return Outcome(False, False, None, type(err).__name__, "an unexpected error in otel_train (a bug: please "
                            "report it)")
 
-    def _settle(self, payload: Any, spans: int, outcome: Outcome) -> None:
+    def _settle(self, payload: Any, spans: int, unanswered: int, outcome: Outcome) -> None:
+        """What became of one try; `unanswered`: its request's tries that went out and got no
+        answer, this one included."""
         if self._abandoned:
             return  # counted as failed by `close`
         now = self.clock()
         if outcome.ok:
             self.exported += spans - min(spans, outcome.rejected)
+            if unanswered:
+                self.duplicated += spans - min(spans, outcome.rejected)
             if outcome.rejected:
                 self.rejected += min(spans, outcome.rejected)
                 self._say("rejected", "otel_train: %s accepted a request but rejected %d of its items (partial "
@@ -203,13 +227,15 @@ class Delivery:
             return
         if not outcome.retry or self._stopped:
             self.failed += spans
+            if unanswered:
+                self.unconfirmed += spans
             if first_time(self.where, outcome.reason):
                 self._say(f"refused:{outcome.reason}", "otel_train: %s did not take an export (%s): %s; its spans are "
                                                        "dropped and counted (later exports are tried as usual).",
                           self.where, outcome.reason, outcome.hint)
             return
         # Retryable: back to the head of the queue, tried again after a backoff.
-        self._queue.appendleft((payload, spans))
+        self._queue.appendleft((payload, spans, unanswered))
         self._queued += spans
         self._trim()
         if self._outage_since is None:
@@ -222,10 +248,13 @@ class Delivery:
         backoff = min(_BACKOFF_MAX_S, _BACKOFF_S * (2 ** min(self._failures, _BACKOFF_DOUBLINGS))) * \
             random.uniform(0.8, 1.2)
         self._failures += 1
-        delay = outcome.delay_s if outcome.delay_s is not None else backoff
-        self._retry_at = now + delay
-        if self._deadline is not None and self._retry_at >= self._deadline:
-            self._retry_at = self._deadline  # tried once more at the end: nothing is left for later
+        if self._deadline is None:
+            self._retry_at = now + (outcome.delay_s if outcome.delay_s is not None else backoff)
+            return
+        # Shutting down: retried soon, and never put off past the last try's start, so that a
+        # collector back inside the bound gets everything.
+        delay = outcome.delay_s if outcome.delay_s is not None else _SHUTDOWN_RETRY_S
+        self._retry_at = min(now + delay, max(now + _MIN_RETRY_S, self._deadline - _LAST_TRY_S))
 
     def _say(self, key: str, message: str, *args: Any) -> None:
         """Each kind of failure once per process: a dead collector is one line, not thousands."""

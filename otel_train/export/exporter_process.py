@@ -59,12 +59,31 @@ def _more_input(fd: int, wait_s: float = 0.0) -> bool:
     return bool(select.select([fd], [], [], wait_s)[0])
 
 
-def _report(stats: dict[str, int]) -> None:
-    try:
-        sys.stdout.write(json.dumps(stats) + "\n")
-        sys.stdout.flush()
-    except (BrokenPipeError, OSError):
-        os._exit(0)  # the trainer is gone and nobody reads: nothing left to report to
+_report_lock = threading.Lock()
+
+
+def _report(stats: dict[str, Any], unless: threading.Event | None = None) -> None:
+    with _report_lock:
+        if unless is not None and unless.is_set():
+            return  # the final report is being written: no older one after it
+        try:
+            sys.stdout.write(json.dumps(stats) + "\n")
+            sys.stdout.flush()
+        except (BrokenPipeError, OSError):
+            os._exit(0)  # the trainer is gone and nobody reads: nothing left to report to
+
+
+def _report_while(pipeline: Any, done: threading.Event, every_s: float = 0.05) -> None:
+    """Report progress whenever it changes until `done` (the shutdown's delivery)."""
+    last: dict[str, Any] = {}
+    while not done.wait(every_s):
+        try:
+            stats = pipeline.stats()
+        except Exception:  # noqa: BLE001 - read while delivery changes it: the next try
+            continue
+        if stats != last:
+            last = stats
+            _report({**stats, "ready": 1}, unless=done)
 
 
 def _watch_parent(timeout_s: float) -> None:
@@ -163,7 +182,15 @@ def main(argv: list[str] | None = None) -> int:
         message = _read(stdin)
         if message is None or message[0] == "shutdown":
             budget = timeout_s if message is None else float(message[1])
-            stats = pipeline.shutdown(time.monotonic() + budget)
+            # Progress while delivery retries to the end: if this process is killed at the
+            # bound (starved of CPU, stopped), the trainer counts from its last report, and each
+            # request the collector took must be in it.
+            done = threading.Event()
+            threading.Thread(target=_report_while, args=(pipeline, done), daemon=True).start()
+            try:
+                stats = pipeline.shutdown(time.monotonic() + budget)
+            finally:
+                done.set()
             _report({**stats, "ready": 1, "final": 1})
             return 0
         if message[0] in ("packed", "batch", "strings"):

@@ -162,8 +162,10 @@ class ExportPipeline:
                 _guarded(processor.force_flush, max(1, int((deadline - time.monotonic()) * 1000)))
                 _guarded(processor.shutdown)
             if self.delivery is not None:
-                # Spans first; metrics get the last quarter (their exporter bounds itself too).
-                self.delivery.close(deadline - 0.25 * max(0.0, deadline - time.monotonic()))
+                # Spans first; metrics get the last quarter, at most 0.5 s (one request to a
+                # collector that answers): a collector back late in the bound must find the
+                # spans still being retried.
+                self.delivery.close(deadline - min(0.5, 0.25 * max(0.0, deadline - time.monotonic())))
             self.metrics.set_dropped({"export_failed": self.failed()})
             self.metrics.shutdown(max(0.05, deadline - time.monotonic()))
         stats: dict[str, Any] = dict(self.stats())
@@ -186,6 +188,7 @@ class ExportPipeline:
                      else {"exported": 0, "failed": 0, "overflow": 0, "queued": 0})
         return {"received": self.received, "built": self.assembler.spans_built, "exported": delivered["exported"],
                 "failed": self.cut_off + delivered["failed"] + (len(self._pending) if self._closed else 0),
+                "unconfirmed": delivered.get("unconfirmed", 0), "duplicated": delivered.get("duplicated", 0),
                 "overflow": delivered["overflow"], "queued": delivered["queued"] + len(self._pending),
                 "held": len(self.assembler.timeline.held)}
 

@@ -47,6 +47,10 @@ class Outcome:
     """What to check, for the one message a kind of failure gets."""
     rejected: int = 0
     """Items a successful request's partial success said were rejected."""
+    unanswered: bool = False
+    """Sent, and no answer came in time: the collector may have taken it (a timeout after the
+    request went out). Retried with a longer timeout; counted as `unconfirmed` if it never
+    gets an answer, as possibly `duplicated` if a retry succeeds."""
 
 
 OK = Outcome(True)
@@ -71,6 +75,16 @@ _GRPC_HINTS = {
     "INVALID_ARGUMENT": "the collector rejected the request as malformed",
     "RESOURCE_EXHAUSTED": "the collector refused the request (too large, or over a limit) without asking for a "
                           "retry",
+    "INTERNAL": "an internal error, in the collector or in the gRPC channel before the request left",
+    "UNKNOWN": "an unknown error, in the collector or in the gRPC channel",
+}
+#: What a retryable code says: only UNAVAILABLE means the collector could not be reached.
+_GRPC_RETRY_HINTS = {
+    "UNAVAILABLE": "the collector is not reachable",
+    "DEADLINE_EXCEEDED": "no answer within OTEL_EXPORTER_OTLP_TIMEOUT (a slow or overloaded collector)",
+    "RESOURCE_EXHAUSTED": "the collector is over a limit and asked to retry later",
+    "ABORTED": "the collector aborted the request",
+    "CANCELLED": "the request was cancelled",
 }
 _TLS_WORDS = ("ssl", "tls", "certificate", "handshake")
 _TLS_HINT = ("the TLS handshake failed: check OTEL_EXPORTER_OTLP_CERTIFICATE (the CA that signed the collector's "
@@ -93,8 +107,11 @@ class GrpcTransport:
         self._grpc = grpc
         # Reconnect soon after a collector comes back (gRPC's own default backs off to 120 s),
         # and leave retrying to `Delivery`, which keeps what failed.
-        options = [("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
-                   ("grpc.max_reconnect_backoff_ms", 2000), ("grpc.enable_retries", 0),
+        # A call on a channel that is between reconnects fails at once, so the reconnect backoff
+        # caps how soon a collector that came back is seen: at 2 s, one back 3 s into a 5 s
+        # shutdown bound was seen too late. A reconnect is one refused connect: cheap.
+        options = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
+                   ("grpc.max_reconnect_backoff_ms", 500), ("grpc.enable_retries", 0),
                    ("grpc.primary_user_agent", _USER_AGENT)]
         compression = grpc.Compression.Gzip if dest.compression == "gzip" else None
         if dest.secure:
@@ -129,7 +146,8 @@ def _grpc_outcome(err: Any) -> Outcome:
     tls = any(word in details.lower() for word in _TLS_WORDS)
     if name in _GRPC_RETRYABLE or (name == "RESOURCE_EXHAUSTED" and delay is not None):
         reason = name if name != "UNAVAILABLE" or not tls else "UNAVAILABLE (TLS handshake failed)"
-        return Outcome(False, True, delay, reason, _TLS_HINT if tls else "the collector is not reachable")
+        hint = _TLS_HINT if tls else _GRPC_RETRY_HINTS.get(name, f"the collector answered {name}, to be retried")
+        return Outcome(False, True, delay, reason, hint, unanswered=name == "DEADLINE_EXCEEDED")
     return Outcome(False, False, None, name, _GRPC_HINTS.get(name, f"the collector answered {name}"))
 
 
@@ -173,7 +191,13 @@ def _partial_rejections(signal: str, response: bytes | None) -> int:
 
 
 # --- HTTP --------------------------------------------------------------------------------------
-_HTTP_RETRYABLE = frozenset((429, 502, 503, 504))
+_HTTP_RETRY_HINTS = {
+    429: "the collector is over a limit and asked to retry later",
+    502: "a proxy in front of the collector could not reach it",
+    503: "the collector is unavailable for now",
+    504: "a proxy in front of the collector got no answer from it in time",
+}
+_HTTP_RETRYABLE = frozenset(_HTTP_RETRY_HINTS)
 _HTTP_HINTS = {
     400: "the collector rejected the request as malformed",
     401: "the collector refused the credentials: check OTEL_EXPORTER_OTLP_HEADERS",
@@ -218,16 +242,24 @@ class HttpTransport:
 
     def send(self, payload: bytes, timeout_s: float) -> Outcome:
         body = gzip.compress(payload, 6) if self._gzip else payload
+        sent = False
         try:
             conn = self._connection(max(0.001, timeout_s))
             conn.request("POST", self._path, body, self._headers)
+            sent = True
             response = conn.getresponse()
             data = response.read()
         except ssl.SSLError as err:
             self.close()
-            return Outcome(False, True, None, f"TLS error ({err.reason or err.__class__.__name__})", _TLS_HINT)
+            return Outcome(False, True, None, f"TLS error ({err.reason or err.__class__.__name__})", _TLS_HINT,
+                           unanswered=sent)
         except (OSError, http.client.HTTPException) as err:
             self.close()
+            if sent:  # the request went out: after a timeout the collector may have it
+                timed_out = isinstance(err, TimeoutError)
+                return Outcome(False, True, None, f"no answer ({_network_reason(err)})",
+                               "no answer within OTEL_EXPORTER_OTLP_TIMEOUT (a slow or overloaded collector)"
+                               if timed_out else "the connection closed before an answer", unanswered=timed_out)
             return Outcome(False, True, None, _network_reason(err), "the collector is not reachable")
         status = response.status
         if 200 <= status < 300:
@@ -237,7 +269,7 @@ class HttpTransport:
             self.close()
         if status in _HTTP_RETRYABLE:
             return Outcome(False, True, _retry_after(response.getheader("Retry-After")), f"HTTP {status}",
-                           "the collector asked to retry later")
+                           _HTTP_RETRY_HINTS[status])
         return Outcome(False, False, None, f"HTTP {status}", _HTTP_HINTS.get(status, f"the collector answered {status}"))
 
     def close(self) -> None:
