@@ -76,7 +76,7 @@ def _ranks(d: Diagnosis, add) -> None:  # type: ignore[no-untyped-def]
         if ev:
             add("    " + ev)
     if rv.occasional:
-        add("  occasionally late (below 5% of the run's step time): " +
+        add("  occasionally late (not consistently, or under 5% of the run's step time): " +
             ", ".join(f"rank {x.rank} in {x.steps} step{'s' if x.steps != 1 else ''} ({dur(x.lost_ns)})"
                       for x in rv.occasional[:8]) + (" ..." if len(rv.occasional) > 8 else ""))
     medians = rv.per_rank_median_ns
@@ -162,6 +162,10 @@ def _goodput(d: Diagnosis, add) -> None:  # type: ignore[no-untyped-def]
         v = g.totals.get(c, 0.0)
         if v or c == "productive":
             add(f"  {c:<11} {dur(v):>10}  {v / wall if wall else 0:6.1%}")
+    if len(g.per_rank) > 1:  # what each rank's closing line printed ("goodput X% of ... on rank R")
+        add("  per rank (each rank's closing line): " +
+            ", ".join(f"rank {r} {v:.1%}" for r, v in list(g.per_rank.items())[:8]) +
+            (" ..." if len(g.per_rank) > 8 else ""))
     if g.restarts:
         add(f"  restarts: {g.restarts}; {g.redone_steps} step attempts redone (all ranks)")
     add("")
