@@ -14,9 +14,13 @@ KeyboardInterrupt), and the interpreter then exits as usual (`atexit`, our shutd
 
 from __future__ import annotations
 
+import builtins
+import importlib.machinery
+import io
 import os
 import runpy
 import sys
+import types
 from collections.abc import Sequence
 
 _USAGE = "usage: python -m otel_train.run (script.py | -m module) [args ...]"
@@ -46,16 +50,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if module is not None:
             sys.argv = [module, *rest]
-            sys.path.insert(0, os.getcwd())
+            _set_path0(os.getcwd())  # `python -m` puts the working directory first
             runpy.run_module(module, run_name="__main__", alter_sys=True)
         else:
-            sys.argv = [script, *rest]
-            directory = os.path.dirname(os.path.abspath(script))
-            if sys.path:
-                sys.path[0] = directory
-            else:
-                sys.path.insert(0, directory)
-            runpy.run_path(script, run_name="__main__")
+            sys.argv = [script, *rest]  # as typed, as `python script.py` leaves it
+            _set_path0(_script_dir(script))
+            _run_script(script)
     except SystemExit as exit_:
         return _exit_status(exit_.code)
     except BaseException as err:  # noqa: BLE001 - uncaught by the script: printed as Python would
@@ -66,6 +66,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         if saved_path0 is not None and module is None:
             sys.path[0] = saved_path0
     return 0
+
+
+def _run_script(script: str) -> None:
+    """Run `script` as `python script` does. `__file__` (and the code's file name, so tracebacks
+    and warnings) is absolute: the working directory joined, symlinks and `./` kept. `runpy`
+    would set `sys.argv[0]` to that path too, and a `__loader__` of None: so a plain file runs
+    here, in a fresh `__main__` put in place of ours for the run (pickle looks classes up there)."""
+    path = os.path.join(os.getcwd(), script)
+    if os.path.isdir(path) or _is_zip(path):
+        runpy.run_path(path, run_name="__main__")  # its __main__.py, with the directory first on the path
+        return
+    with io.open_code(path) as source:
+        code = compile(source.read(), path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __package__=None, __spec__=None,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", path),
+                         __builtins__=builtins)
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = main
+    try:
+        exec(code, main.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
+def _set_path0(entry: str) -> None:
+    if sys.path:
+        sys.path[0] = entry
+    else:
+        sys.path.insert(0, entry)
+
+
+def _script_dir(script: str) -> str:
+    """`sys.path[0]` for `python script`: the directory of the script with its symlinks
+    resolved, or the script itself when it is a directory or a zip file (it holds `__main__`)."""
+    if os.path.isdir(script) or _is_zip(script):
+        return os.path.abspath(script)
+    return os.path.dirname(os.path.realpath(script))
+
+
+def _is_zip(path: str) -> bool:
+    if path.endswith(".py"):
+        return False
+    import zipfile
+    try:
+        return zipfile.is_zipfile(path)
+    except OSError:
+        return False
 
 
 #: Files whose frames lead into the script: this module and `runpy` (frozen or not).

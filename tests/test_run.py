@@ -84,3 +84,30 @@ def test_a_keyboard_interrupt_exits_as_python_does_with_the_scripts_frames(tmp_p
     assert plain.returncode == -signal.SIGINT  # CPython ends itself with SIGINT (a shell shows 130)
     assert proc.returncode == plain.returncode
     assert _frames(proc.stderr) == [("interrupted.py", "<module>")]
+
+
+SHOW_PATHS = ("import os, sys, warnings\n"
+              "os.chdir('/')\n"  # a script that moves, then finds its files from __file__
+              "print(repr((__file__, sys.argv[0], sys.path[0], os.path.dirname(__file__), __package__,\n"
+              "            type(__loader__).__name__)))\n")
+
+
+def test_file_argv0_and_path0_are_as_python_sets_them(tmp_path: Path) -> None:
+    """`__file__` absolute (the working directory joined, `./` and symlinks kept), `sys.argv[0]`
+    as typed, `sys.path[0]` the script's real directory: `python script.py`'s, under both
+    launchers (issue 54 #4: `otel-train run` left `__file__` relative)."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "main.py").write_text(SHOW_PATHS)
+    (tmp_path / "link.py").symlink_to(tmp_path / "sub" / "main.py")
+    for typed, cwd in (("sub/main.py", tmp_path), ("./main.py", tmp_path / "sub"), ("link.py", tmp_path),
+                       (str(tmp_path / "sub" / "main.py"), tmp_path)):
+        plain = subprocess.run([sys.executable, typed], env=clean_env(OFF), cwd=cwd, capture_output=True,
+                               text=True, timeout=120)
+        assert plain.returncode == 0, plain.stderr
+        for launcher in (["-m", "otel_train.run"],
+                         ["-c", "import sys; from otel_train.cli import main; sys.argv[0] = 'otel-train'; "
+                                "sys.exit(main())", "run"]):
+            proc = subprocess.run([sys.executable, *launcher, typed], env=clean_env(OFF), cwd=cwd,
+                                  capture_output=True, text=True, timeout=120)
+            assert proc.returncode == 0, proc.stderr
+            assert proc.stdout == plain.stdout, (typed, launcher, proc.stdout, plain.stdout)
