@@ -11,6 +11,7 @@ import hashlib
 import logging
 import os
 import secrets
+import sys
 import time
 import uuid
 from collections.abc import Mapping
@@ -38,6 +39,9 @@ class RunInfo:
     #: This launch of the run, shared by its ranks (`launch_id`): two launches given the same run
     #: id (a rerun with OTEL_TRAIN_RUN_ID fixed) get different step span ids.
     launch: str = ""
+    #: A `multiprocessing` child with no rank of its own (hogwild workers, a process pool): its
+    #: identity there (`1`, `2`, `1:3` for a grandchild), which names its files beside its rank's.
+    process: str = ""
 
     def resource_attributes(self) -> dict[str, Any]:
         return {
@@ -65,10 +69,19 @@ def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
 
 
 def detect_run_info(run_id: str | None, role: str, environ: Mapping[str, str] | None = None) -> RunInfo:
-    """Ranks from torchrun variables; run id from `run_id`, TORCHELASTIC_RUN_ID, or a shared generated one."""
+    """Ranks from `torch.distributed` once `init_process_group` has run (however it was given
+    them: env, arguments, init_method), else torchrun variables; run id from `run_id`,
+    TORCHELASTIC_RUN_ID, or a shared generated one. A `multiprocessing` child that has neither
+    (`_children`) is told apart from its siblings by its identity there."""
     environ = os.environ if environ is None else environ
     rank = _env_int(environ, "RANK", 0)
     world = _env_int(environ, "WORLD_SIZE", 1)
+    process = ""
+    dist = _torch_distributed()
+    if dist is not None:
+        rank, world = dist
+    elif "RANK" not in environ:
+        process = _multiprocessing_identity()
     return RunInfo(
         run_id=run_id or safe_run_id(_run_id_from_env(environ), "TORCHELASTIC_RUN_ID"),
         rank=rank,
@@ -78,7 +91,28 @@ def detect_run_info(run_id: str | None, role: str, environ: Mapping[str, str] | 
         restart=_env_int(environ, "TORCHELASTIC_RESTART_COUNT", 0),
         role=role,
         launch=launch_id(environ, world),
+        process=process,
     )
+
+
+def _torch_distributed() -> tuple[int, int] | None:
+    """(rank, world size) of the default process group, if torch.distributed is initialised
+    (never imported here: a program that has not imported it has no group)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+    except Exception:  # noqa: BLE001 - a half-torn-down group: the environment's ranks then
+        return None
+    return None
+
+
+def _multiprocessing_identity() -> str:
+    """`1`, `2`... for the children `multiprocessing` started; `` for a main process."""
+    mp = sys.modules.get("multiprocessing")
+    if mp is None or mp.parent_process() is None and not getattr(mp.current_process(), "_inheriting", False):
+        return ""
+    return ":".join(map(str, getattr(mp.current_process(), "_identity", ()) or ()))
 
 
 def launch_id(environ: Mapping[str, str], world: int) -> str:

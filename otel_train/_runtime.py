@@ -207,6 +207,27 @@ def shutdown(timeout_s: float | None = None, reason: str | None = None) -> None:
             _log.warning("otel_train: shutdown failed: %r", err)
 
 
+def stand_down() -> None:
+    """This process only starts the trainers and has recorded nothing (`_children`: the launcher
+    of `mp.spawn`): stop at once, with no closing line and no file of its rank (the exporter is
+    killed, not flushed), so that a first training activity here may start it again."""
+    global _state
+    with _lock:
+        st = _state
+        if st is None or st.closed or st.worker is None:
+            return
+        _recorder.install(None)
+        st.worker._stop = True
+        st.worker._wake.set()
+        st.worker._thread.join(timeout=1.0)
+        st.worker.sink.abort()
+        if st.device is not None:
+            from otel_train.record import device as _device
+            _device.uninstall()
+        st.closed = True
+        _state = None
+
+
 #: Called first by `shutdown()`, while the recorder still records: integrations close what they
 #: hold open at its real end (automatic detection's last step waits for a trigger that an
 #: explicit shutdown right after the loop would otherwise cut as truncated).

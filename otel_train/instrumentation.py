@@ -56,7 +56,7 @@ from typing import Any
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
-from otel_train import _imports, _runtime
+from otel_train import _children, _imports, _runtime
 
 _log = logging.getLogger("otel_train")
 
@@ -81,12 +81,14 @@ class TorchTrainingInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         if not lazy and _runtime.init() is None:
             return
         self._lazy = lazy
+        _children.install()  # follow the training into the processes the script starts
         _imports.when_imported("torch", self._install_torch)
         if kwargs.get("attach_callbacks", True):
             _imports.when_imported(_LIGHTNING, _attach_lightning)
             _imports.when_imported(_TRANSFORMERS, _attach_transformers)
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        _children.uninstall()
         _imports.cancel(self._install_torch)
         _imports.cancel(_attach_lightning)
         _imports.cancel(_attach_transformers)

@@ -7,6 +7,7 @@ one. Each family's module pairs its `install()` with the `uninstall()` that undo
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +57,17 @@ def uninstall() -> None:
     _framework.undo()
     _runtime.remove_before_shutdown(_at_exit)
     _s.reset()
+
+
+def forked_trainer() -> None:
+    """In a forked child that `_children` follows: what the parent's detection was in the middle
+    of is not the child's; the child's own first training activity starts its runtime."""
+    if not state.installed:
+        return
+    batch.b.notes.clear()
+    batch.b.thread = threading.main_thread().ident
+    _s.reset()
+    _s.lazy = True
 
 
 def claim() -> bool | None:

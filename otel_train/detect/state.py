@@ -142,5 +142,6 @@ def active() -> recorder.Recorder | None:
         s.lazy = False
         from torch.utils.data import get_worker_info
         if get_worker_info() is None:  # a DataLoader worker is never a trainer
-            r = recorder.auto_init()
+            from otel_train import _children
+            r = _children.start_runtime()
     return r

@@ -77,7 +77,7 @@ def process_label(run: RunInfo) -> str:
     """What names a process's files: `rank<R>` for a trainer; `<role>-<instance>` for another
     role (an inference actor has no rank of its own, and several may share a run directory)."""
     if run.role == semconv.ROLE_TRAINER:
-        return f"rank{run.rank}"
+        return f"rank{run.rank}-p{run.process}" if run.process else f"rank{run.rank}"
     return f"{run.role}-{run.instance_id.replace('-', '')[:12]}"
 
 
