@@ -180,6 +180,8 @@ class SpanAssembler:
             attrs[semconv.TRAIN_STEP] = step_n
         sibling_tag = SIBLING_TAGS.get(name)
         parent_seq = wire[W_PARENT]
+        if dev and sibling_tag is None and step_seq is not None and semconv.WIRE_DEV_END_NS in dev:
+            self.timeline.device_work(step_seq, wire[W_T1] + dev[semconv.WIRE_DEV_END_NS])
         if sibling_tag is not None:
             # Checkpoint / eval / GC: never inside a step; the step they belong to is tagged.
             # With device time, the sibling holds the timeline from when the device started it
@@ -233,8 +235,10 @@ class SpanAssembler:
         # dispatch the host runs ahead (MaxText #4270). Without device time (CPU, or no event
         # to spare), the host end is the boundary, which on CPU is the same thing.
         dev = wire[W_DEV]
-        self._hold(wire, t1 + dev[semconv.WIRE_DEV_END_NS] if dev and semconv.WIRE_DEV_END_NS in dev else t1, None,
-                   out)
+        end = t1
+        if dev and semconv.WIRE_DEV_END_NS in dev:
+            end = self.timeline.device_end(wire[W_SEQ], t1, t1 + dev[semconv.WIRE_DEV_END_NS])
+        self._hold(wire, end, None, out)
 
     def _hold(self, wire: tuple[Any, ...], end: int, lean: bytes | None, out: list[Any]) -> None:
         if self.progress is not None and type(wire[W_STEP]) is int:

@@ -53,6 +53,7 @@ class StepTimeline:
         self.prev_step_end: int | None = None
         self.early: dict[int, list[str]] = {}  # tags for step numbers not held yet (before the first step)
         self.last_n: int | None = None  # the highest step number held so far
+        self.work_ends: dict[int, int] = {}  # step seq -> where its device-timed regions ended (host ns)
 
     def hold(self, wire: tuple[Any, ...], end: int, lean: bytes | None = None) -> tuple[HeldStep, list[HeldStep]]:
         """Hold step `wire`, whose boundary is `end`, until the next step: its own time runs from
@@ -86,6 +87,25 @@ class StepTimeline:
             done = [steps.pop(earlier) for earlier in [s for s in steps if s < seq]]
         steps[seq] = held
         return held, done
+
+    def device_work(self, step_seq: int, end: int) -> None:
+        """A device-timed region of step `step_seq` (not a sibling) ended on the device at `end`."""
+        ends = self.work_ends
+        if ends.get(step_seq, end - 1) < end:
+            ends[step_seq] = end
+        if len(ends) > _MAX_ORPHANS:  # steps whose record never came
+            ends.pop(next(iter(ends)))
+
+    def device_end(self, step_seq: int, t1: int, event_end: int) -> int:
+        """Step `step_seq`'s boundary: when its end event completed (`event_end`), but no later
+        than the end of its own device work (its last device-timed region) or its host end `t1`,
+        whichever is later. A step closed after it ended (automatic detection closes one with
+        `t1`, its last phase's end, at the next step's start or at shutdown) records its end
+        event then: with the device idle since, the event would add the idle time to it."""
+        work = self.work_ends.pop(step_seq, None)
+        if work is None:
+            return event_end
+        return min(event_end, max(work, t1))
 
     def release_all(self) -> list[HeldStep]:
         """Every held step, oldest first (at shutdown, or when a caller must see everything now)."""

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import struct
 import threading
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Callable
 
 from otel_train.record.clock import FakeClock
 
@@ -34,9 +35,13 @@ def _f32(value: float) -> float:
 
 
 class FakeDevice:
-    def __init__(self, clock: FakeClock, launch_latency_ns: int = 0) -> None:
+    def __init__(self, clock: FakeClock, launch_latency_ns: int = 0, queue_limit: int | None = None) -> None:
         self.clock = clock
         self.latency = launch_latency_ns
+        #: Launches and event records the stream holds at most; one more blocks the host until the
+        #: oldest completes (CUDA's launch queue: ~1,024 entries).
+        self.queue_limit = queue_limit
+        self.queued: deque[float] = deque()  # completion times of what the stream holds, in order
         self.busy_until: float = clock.now_ns
         self.hung = False
         self.syncs: list[tuple[str, str]] = []  # (thread name, what)
@@ -48,10 +53,29 @@ class FakeDevice:
 
     # -- what the simulated training code does --------------------------------------------
     def launch(self, ns: int) -> float:
-        """Enqueue `ns` of device work now; returns when (host clock) it will be done."""
+        """Enqueue `ns` of device work now (after waiting for room in a full queue); returns when
+        (host clock) it will be done."""
+        self.admit()
         start = max(self.clock.now_ns + self.latency, self.busy_until)
         self.busy_until = NEVER if self.hung else start + ns
+        self.queued.append(self.busy_until)
         return self.busy_until
+
+    def admit(self) -> None:
+        """Room for one more entry on the stream: with a full queue the host blocks (the clock
+        moves) until the oldest entry completes."""
+        queued = self.queued
+        while queued and queued[0] <= self.clock.now_ns:
+            queued.popleft()
+        while self.queue_limit is not None and len(queued) >= self.queue_limit:
+            self.wait_until(queued.popleft())
+
+    def run_on(self, ns_per_call: int) -> Callable[[float], None]:
+        """A `time.sleep` under which the host clock moves on `ns_per_call` a call: the device
+        works through its queue while the code under test waits in real time (shutdown)."""
+        def sleep(seconds: float) -> None:
+            self.clock.advance(ns_per_call)
+        return sleep
 
     def wait_until(self, t: float) -> None:
         """The training code blocks until host time `t` (its own sync: `.item()`, a D2H copy)."""
@@ -104,8 +128,10 @@ class FakeEvent:
     def record(self) -> None:
         dev = self.device
         dev._log("record")
+        dev.admit()  # a full queue blocks cudaEventRecord as it blocks a launch
         self.done_at = max(dev.clock.now_ns + dev.latency, dev.busy_until)
         dev.busy_until = self.done_at
+        dev.queued.append(self.done_at)
 
     def query(self) -> bool:
         dev = self.device
