@@ -62,6 +62,9 @@ CREATE_NS = 1000
 LAG_NS = 500_000
 
 VARIANTS = ("plain", "auto_host", "auto_device", "explicit_host", "explicit_device")
+#: On a GPU, the real loop: plain, automatic (device timing on), automatic with
+#: `OTEL_TRAIN_DEVICE_TIMING=off`, explicit spans (device timing on), hand-written SDK spans.
+CUDA_VARIANTS = ("plain", "auto", "auto_off", "explicit", "sdk")
 _WARMUP, _COUNTED = 60, 64  # counted over two of detection's batches of notes (32 steps each)
 
 
@@ -134,44 +137,57 @@ def step(self):
 
 
 class ProxyLoop:
-    """The launch-bound loop; `step()` plain (as a user's script), `explicit()` with spans."""
+    """The launch-bound loop; `step()` plain (as a user's script), `explicit()` with spans,
+    `sdk(tracer)` with hand-written OpenTelemetry SDK spans. On "cuda", the issue's loop itself
+    (512 wide, pinned batches), else its CPU proxy (64 wide)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str = "cpu") -> None:
         import torch
         from torch import nn
         from torch.utils.data import DataLoader, TensorDataset
 
         torch.manual_seed(0)
+        width = 512 if device == "cuda" else 64
         layers: list[Any] = []
         for _ in range(12):
-            layers += [nn.Linear(64, 64), nn.ReLU()]
-        self.model = nn.Sequential(*layers, nn.Linear(64, 10))
+            layers += [nn.Linear(width, width), nn.ReLU()]
+        self.model = nn.Sequential(*layers, nn.Linear(width, 10)).to(device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
         self.loss = nn.CrossEntropyLoss()
-        self.loader = DataLoader(TensorDataset(torch.randn(4096, 64), torch.randint(0, 10, (4096,))),
-                                 batch_size=64, shuffle=True)
+        self.loader = DataLoader(TensorDataset(torch.randn(4096, width), torch.randint(0, 10, (4096,))),
+                                 batch_size=64, shuffle=True, pin_memory=device == "cuda")
         self.it = iter(self.loader)
-        self.device = "cpu"
+        self.device = device
         self.n = 0
         self.last = 0.0
 
     def explicit(self) -> None:
         import otel_train
+        self._spanned(otel_train.span, otel_train.step)
+
+    def sdk(self, tracer: Any) -> None:
         from otel_train import semconv
 
-        with otel_train.step():
-            with otel_train.span(semconv.SPAN_DATA):
+        def span(name: str) -> Any:
+            return tracer.start_as_current_span(name)
+        self._spanned(span, lambda: span(semconv.SPAN_STEP))
+
+    def _spanned(self, span: Any, step: Any) -> None:
+        from otel_train import semconv
+
+        with step():
+            with span(semconv.SPAN_DATA):
                 try:
                     x, y = next(self.it)
                 except StopIteration:
                     self.it = iter(self.loader)
                     x, y = next(self.it)
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            with otel_train.span(semconv.SPAN_FORWARD):
+            with span(semconv.SPAN_FORWARD):
                 loss = self.loss(self.model(x), y)
-            with otel_train.span(semconv.SPAN_BACKWARD):
+            with span(semconv.SPAN_BACKWARD):
                 loss.backward()
-            with otel_train.span(semconv.SPAN_OPTIMIZER):
+            with span(semconv.SPAN_OPTIMIZER):
                 self.opt.step()
                 self.opt.zero_grad(set_to_none=True)
         self.n += 1
@@ -196,24 +212,32 @@ def _count_calls(step: Any, steps: int) -> tuple[int, int]:
     return counts["call"], counts["c_call"]
 
 
-def child(variant: str, steps: int, out_dir: str) -> dict[str, float]:
-    """One variant's figures, in this (fresh) process."""
+def child(variant: str, steps: int, out_dir: str, cuda: bool = False, endpoint: str | None = None,
+          warmup: int = _WARMUP) -> dict[str, float]:
+    """One variant's figures, in this (fresh) process. `cuda`: the real loop on the GPU (variants
+    `CUDA_VARIANTS`); `endpoint`: export over OTLP gRPC to it, else to files in `out_dir`."""
     import torch
 
     from otel_train.bench.harness import as_script
 
     torch.set_num_threads(1)
-    loop = ProxyLoop()
+    loop = ProxyLoop("cuda" if cuda else "cpu")
     step_fn = as_script(_LOOP, "bench_device_path_loop")["step"]
     plain = lambda: step_fn(loop)  # noqa: E731
-    worker = proxy = None
-    if variant != "plain":
+    run: Any = plain
+    worker = proxy = provider = None
+    if variant == "sdk":
+        from otel_train.bench.harness import sdk_tracer
+        provider, tracer = sdk_tracer(endpoint)
+        run = lambda: loop.sdk(tracer)  # noqa: E731
+    elif variant != "plain":
         import otel_train
         from otel_train import _runtime
         from otel_train.record import device as _device
 
-        otel_train.init(run_id=f"device-path-{variant}-{os.getpid()}", output_dir=out_dir,
-                        metric_interval_ms=60000)
+        where: dict[str, Any] = {"endpoint": endpoint, "protocol": "grpc"} if endpoint else {"output_dir": out_dir}
+        otel_train.init(run_id=f"device-path-{variant}-{os.getpid()}", metric_interval_ms=60000,
+                        device_timing="off" if variant == "auto_off" else "auto", **where)
         if variant.endswith("_device"):
             proxy = ProxyDevice()
             _device.active().use(proxy.event, "cuda")  # type: ignore[union-attr]
@@ -221,14 +245,21 @@ def child(variant: str, steps: int, out_dir: str) -> dict[str, float]:
             from otel_train.instrumentation import TorchTrainingInstrumentor
             TorchTrainingInstrumentor().instrument()
         worker = _runtime.state().worker  # type: ignore[union-attr]
-    run = loop.explicit if variant.startswith("explicit") else plain
-    for _ in range(_WARMUP):
+        if variant.startswith("explicit"):
+            run = loop.explicit
+    for _ in range(warmup):
         run()
+    if cuda:
+        torch.cuda.synchronize()  # the bench's own sync, outside the timed steps
+    if worker is not None:
+        worker.drain()  # the warm-up's records are not the window's work
     calls0 = Counter(proxy.calls) if proxy is not None else Counter()
     cpu0 = worker.cpu_ns() if worker is not None else 0
     t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
     for _ in range(steps):
         run()
+    if cuda:
+        torch.cuda.synchronize()  # the bench's own sync: the steps' device work is in their time
     elapsed, train_cpu = time.perf_counter_ns() - t0, time.thread_time_ns() - c0
     result = {"step_us": elapsed / steps / 1e3, "train_cpu_us_per_step": train_cpu / steps / 1e3}
     if worker is not None:
@@ -244,49 +275,73 @@ def child(variant: str, steps: int, out_dir: str) -> dict[str, float]:
     py, c = _count_calls(run, _COUNTED)
     result["python_calls_per_step"] = py / _COUNTED
     result["c_calls_per_step"] = c / _COUNTED
-    if variant != "plain":
+    if provider is not None:
+        provider.shutdown()
+    elif variant != "plain":
         import otel_train
         otel_train.shutdown()
     return result
 
 
 # --- the runner (in the parent) ---------------------------------------------------------
-def run_device_path(rounds: int = 3, steps: int = 1500, seed: int = 0) -> int:
+def run_device_path(rounds: int = 3, steps: int = 1500, seed: int = 0, cuda: bool | None = None) -> int:
     """Every variant once a round, each in a fresh process, rounds in a random order; prints
-    the figures of the module docstring."""
-    from otel_train.bench.harness import print_figure
+    the figures of the module docstring. With a CUDA device (`cuda` None: when torch sees one)
+    the real loop runs instead of the proxy: 1,000 steps after 300 of warm-up by default."""
+    import torch
 
-    for name, value in (("proxy_record_us", RECORD_NS / 1e3), ("proxy_query_us", QUERY_NS / 1e3),
-                        ("proxy_elapsed_time_us", ELAPSED_NS / 1e3), ("proxy_create_us", CREATE_NS / 1e3),
-                        ("proxy_lag_us", LAG_NS / 1e3), ("rounds", rounds), ("steps", steps)):
-        print_figure(name, value)
-    print_figure("proxy_costs", "estimates (no per-call timing on a GPU recorded yet)")
+    from otel_train.bench.harness import Receiver, print_figure
+
+    if cuda is None:
+        cuda = torch.cuda.is_available()
+    variants = CUDA_VARIANTS if cuda else VARIANTS
+    if cuda:
+        print_figure("device", torch.cuda.get_device_name())
+    else:
+        for name, value in (("proxy_record_us", RECORD_NS / 1e3), ("proxy_query_us", QUERY_NS / 1e3),
+                            ("proxy_elapsed_time_us", ELAPSED_NS / 1e3), ("proxy_create_us", CREATE_NS / 1e3),
+                            ("proxy_lag_us", LAG_NS / 1e3)):
+            print_figure(name, value)
+        print_figure("proxy_costs", "estimates (no per-call timing on a GPU recorded yet)")
+    print_figure("rounds", rounds)
+    print_figure("steps", steps)
+    print_figure("load_avg_1m", os.getloadavg()[0])
     rng = random.Random(seed)
-    results: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
-    with tempfile.TemporaryDirectory(prefix="otel-train-device-path-") as out_dir:
-        for _ in range(rounds):
-            for variant in rng.sample(VARIANTS, len(VARIANTS)):
-                results[variant].append(_spawn(variant, steps, out_dir))
+    results: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    receiver = Receiver()
+    try:
+        with tempfile.TemporaryDirectory(prefix="otel-train-device-path-") as out_dir:
+            for _ in range(rounds):
+                for variant in rng.sample(variants, len(variants)):
+                    results[variant].append(_spawn(variant, steps, out_dir, cuda, receiver.endpoint))
+    finally:
+        receiver.close()
     plain = [r["step_us"] for r in results["plain"]]
-    for variant in VARIANTS:
+    plain_calls = statistics.median(r["python_calls_per_step"] for r in results["plain"])
+    for variant in variants:
         runs = results[variant]
         print_figure(f"step_us_{variant}", statistics.median(r["step_us"] for r in runs))
         if variant != "plain":
-            print_figure(f"added_us_{variant}", statistics.median(r["step_us"] - p for r, p in zip(runs, plain)))
-        for key in ("python_calls_per_step", "c_calls_per_step", "train_cpu_us_per_step", "worker_cpu_us_per_step", "record_per_step",
-                    "query_per_step", "elapsed_time_per_step"):
+            added = statistics.median(r["step_us"] - p for r, p in zip(runs, plain))
+            print_figure(f"added_us_{variant}", added)
+            print_figure(f"added_pct_{variant}", 100 * added / statistics.median(plain))
+        for key in ("python_calls_per_step", "c_calls_per_step", "train_cpu_us_per_step", "worker_cpu_us_per_step",
+                    "record_per_step", "query_per_step", "elapsed_time_per_step"):
             if key in runs[0]:
                 print_figure(f"{key}_{variant}", statistics.median(r[key] for r in runs))
         if variant != "plain":
-            added = statistics.median(r["python_calls_per_step"] for r in runs) - \
-                statistics.median(r["python_calls_per_step"] for r in results["plain"])
-            print_figure(f"python_calls_added_{variant}", added)
+            calls = statistics.median(r["python_calls_per_step"] for r in runs)
+            print_figure(f"python_calls_added_{variant}", calls - plain_calls)
     return 0
 
 
-def _spawn(variant: str, steps: int, out_dir: str) -> dict[str, float]:
+def _spawn(variant: str, steps: int, out_dir: str, cuda: bool, endpoint: str) -> dict[str, float]:
+    # Exporting to files on the CPU (the proxy's figures since 2026-11-28), over OTLP on a GPU
+    # (the issue's setting); the SDK variant always over OTLP.
+    where = endpoint if cuda or variant == "sdk" else None
+    warmup = 300 if cuda else _WARMUP
     code = ("import json, sys; from otel_train.bench.device_path import child; "
-            f"print(json.dumps(child({variant!r}, {steps}, {out_dir!r})))")
+            f"print(json.dumps(child({variant!r}, {steps}, {out_dir!r}, {cuda!r}, {where!r}, {warmup})))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"device-path variant {variant} failed:\n{proc.stderr[-2000:]}")

@@ -40,9 +40,10 @@ def add_parser(sub: Any) -> None:
                                "one with instrumented ones (or, every other group, automatic ones), "
                                "judged by group of 200 steps (--rounds groups; no --block-steps)")
     overhead.add_argument("--device-path", type=int, nargs="?", const=3, default=0, metavar="ROUNDS",
-                          help="instead: the accelerator code path on this CPU, a proxy device whose event "
-                               "calls cost what CUDA's do, beside the host path (ROUNDS rounds of fresh "
-                               "processes, default 3; otel_train.bench.device_path)")
+                          help="instead: the device-timing path's cost on a launch-bound loop (ROUNDS rounds "
+                               "of fresh processes, default 3): on a GPU the real loop (plain, automatic, "
+                               "device timing off, explicit, SDK spans); without one, a proxy device whose "
+                               "event calls cost what CUDA's do, beside the host path (bench/device_path.py)")
     startup = bench_sub.add_parser("startup", help="the first steps' time with and without otel_train's start")
     startup.add_argument("--steps", type=int, default=10, help="steps timed from the start (default 10)")
     startup.add_argument("--step-ms", type=float, default=25.0, help="CPU work per step, ms (default 25)")
@@ -94,7 +95,9 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.bench == "overhead" and args.device_path:
         from otel_train.bench.device_path import run_device_path
-        return run_device_path(rounds=args.device_path, steps=150 if args.quick else 1500)
+        import torch
+        steps = (100 if args.quick else 1000) if torch.cuda.is_available() else (150 if args.quick else 1500)
+        return run_device_path(rounds=args.device_path, steps=steps)
     if args.bench == "overhead":
         from otel_train.bench.overhead import run_overhead
         if args.rounds < 3:

@@ -45,4 +45,22 @@ def event_calls(monkeypatch: pytest.MonkeyPatch) -> Counter[tuple[int, str, bool
 
     monkeypatch.setattr(torch.cuda.Event, "query", logged_query)
     monkeypatch.setattr(torch.cuda.Event, "elapsed_time", logged_elapsed)
+    if hasattr(torch, "Event"):
+        # Device timing records `torch.Event`s on CUDA from torch 2.4 (`record/device.py`): a C type,
+        # whose methods cannot be patched, so the factory finds this subclass in its place (its
+        # `record()` the C one).
+        generic = torch.Event
+        g_query, g_elapsed = generic.query, generic.elapsed_time
+
+        class LoggedEvent(generic):  # type: ignore[misc,valid-type]
+            def query(self) -> bool:
+                done = g_query(self)
+                calls[(threading.get_ident(), "query", done)] += 1
+                return done
+
+            def elapsed_time(self, end: Any) -> float:
+                calls[(threading.get_ident(), "elapsed_time", bool(g_query(self) and g_query(end)))] += 1
+                return g_elapsed(self, end)
+
+        monkeypatch.setattr(torch, "Event", LoggedEvent)
     return calls
