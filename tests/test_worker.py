@@ -292,3 +292,20 @@ def test_the_exporter_process_gets_slots_and_a_thread_exporter_records(tmp_path,
         worker = _runtime.state().worker
         assert (worker.packed, worker.recorder.packing) == (packs, packs), mode
         otel_train.shutdown()
+
+
+def test_with_a_device_timed_the_worker_paces_itself_by_the_event_pool() -> None:
+    """A drain gives the resolved events back to the pool: the pacer drains before a quarter of
+    the pool can be out (4,096 events: 2,048 records), not a quarter of the buffer."""
+    from otel_train.export.worker import Worker
+    from otel_train.record import device
+    from otel_train.record.clock import FakeClock
+    from otel_train.record.device_resolver import DeviceResolver
+    from otel_train.record.recorder import Recorder
+
+    timing = device.DeviceTiming()
+    resolver = DeviceResolver(timing, FakeClock())
+    worker = Worker(Recorder(1 << 16, FakeClock()), _RecordingSink(), 2.0, resolve=resolver)
+    assert worker.capacity() == 1 << 16  # no device chosen yet
+    timing.pool = device.EventPool(lambda: None, 4096)
+    assert worker.capacity() == 2048

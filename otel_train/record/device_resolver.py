@@ -95,6 +95,13 @@ class DeviceResolver:
         self.tidy()
         return out
 
+    def record_capacity(self) -> int:
+        """Records with events that may be in flight before the pool runs dry (two events each):
+        the worker drains before a quarter of them are (`DrainPacer`), so a fast loop's events
+        come back to the pool in time (0: no device timed)."""
+        pool = self.timing.pool
+        return pool.size // 2 if pool is not None else 0
+
     def ready(self, side: list[Any], held: int) -> int:
         """The packed path's hook: how many of `side`'s leading records are ready to export,
         each resolved in place (its `dev` a dict), or released without device time when it
