@@ -492,8 +492,11 @@ def _forward_moment(seed: int, begin, end) -> tuple:
         s.opt_depth = int(rng.random() < 0.1)
         s.mb, s.mb_fwd, s.mb_bwd = rng.choice([0, 1]), rng.random() < 0.5, rng.random() < 0.5
         s.uses_opt, s.data_driven = True, rng.choice([None, True])
+        # the step's update done before this forward (a sample after it), after it, or not yet
+        opt_end = rng.choice([None, 1, 2**62])
         if r is not None and rng.random() < 0.7:
             s.step = _recorder.Step(None, None, None).__enter__()
+            s.opt_end = opt_end
         if rng.random() < 0.3:
             s.pending.append([DATA, 1, 2, None, None, (2, 0)])
         first = next(_recorder.seq)
@@ -508,7 +511,7 @@ def _forward_moment(seed: int, begin, end) -> tuple:
             end(module)
         records = _records(r, first)
         return (depth_after_begin, s.fwd_depth, s.fwd_kind, s.fwd_nested, s.copying, s.mb, s.mb_fwd, s.mb_bwd,
-                s.cover, s.last_end, s.pending, s.fwd_region is None, s.eval_t0, s.eval_t1,
+                s.cover, s.last_end, s.pending, s.fwd_region is None, s.eval_t0, s.eval_t1, s.opt_end,
                 s.step.micro_batches if s.step is not None else None, records)
     finally:
         roots.discovering = discovering
@@ -522,12 +525,15 @@ def test_forward_hooks_match_the_python_bodies() -> None:
     discovering roots), the same state and records after."""
     from otel_train.detect import forward
     kinds = set()
+    extended = False
     for seed in range(500):
         python = _forward_moment(seed, forward.forward_begin_python, forward.forward_end_python)
         c = _forward_moment(seed, _loops.forward_begin, _loops.forward_end)
         assert c == python, seed
+        extended = extended or python[14] not in (None, 1, 2**62)
         kinds.add((python[2], bool(python[-1])))
     assert {(0, True), (1, True)} <= kinds  # training forwards recorded, evaluations seen
+    assert extended  # a forward after the update moved the update's end (`forward_end_python`)
 
 
 def _backward_moment(seed: int, run) -> tuple:

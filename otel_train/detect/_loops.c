@@ -1238,6 +1238,25 @@ fail:
     return NULL;
 }
 
+/* A forward of our step that began after its update was done (a sample, `netG(fixed_noise)`;
+ * a GAN's next update's forward): the step's update now ends after it, so whatever closes the
+ * step next (the next batch, an evaluation, the end) closes it after this forward, never before
+ * it. `forward.forward_end_python`'s rule; 0, or -1 with an error. */
+static int
+after_update(PyObject *s, PyObject *live)
+{
+    PyObject *opt_end = sget(s, &f_opt_end), *t0 = NULL, *t1 = NULL;
+    int err = opt_end == NULL;
+    if (!err && opt_end != Py_None) {
+        int after = (t0 = mget(live, &m_region_t0)) == NULL ? -1 : PyObject_RichCompareBool(t0, opt_end, Py_GE);
+        err = after < 0 || (after && ((t1 = mget(live, &m_region_t1)) == NULL || sset(s, &f_opt_end, t1) < 0));
+    }
+    Py_XDECREF(opt_end);
+    Py_XDECREF(t0);
+    Py_XDECREF(t1);
+    return err ? -1 : 0;
+}
+
 PyDoc_STRVAR(forward_end_doc,
 "forward_end(module)\n--\n\n"
 "`forward.forward_end_python`'s common path: the outermost forward in flight ends.");
@@ -1297,7 +1316,7 @@ forward_end(PyObject *module_, PyObject *module)
         goto fail;
     if (!recorded && !nested) { /* recorded, and not a closure evaluation inside the update */
         PyObject *step = mget(live, &m_region_step), *ours = step == NULL ? NULL : sget(s, &f_step);
-        err = ours == NULL || phase_ended(s, live, step == ours) < 0;
+        err = ours == NULL || phase_ended(s, live, step == ours) < 0 || (step == ours && after_update(s, live) < 0);
         Py_XDECREF(step);
         Py_XDECREF(ours);
         if (err)

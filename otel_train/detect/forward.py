@@ -106,6 +106,11 @@ def forward_end_python(module: torch.nn.Module) -> None:
                 s.last_end = live.t1
                 if live.parent is None and live.step is s.step:
                     s.cover += (live.t0, live.t1)  # `coverage.cover`, written out
+                if live.step is s.step and s.opt_end is not None and live.t0 >= s.opt_end:
+                    # After the step's update (a sample, `netG(fixed_noise)`; a GAN's next
+                    # update's forward): the update ends after it, so what closes the step next
+                    # (the next batch, an evaluation, the end) closes it after this forward.
+                    s.opt_end = live.t1
     elif kind == FWD_EVAL:
         r = recorder._rec
         if r is not None and s.eval_t0 is not None:

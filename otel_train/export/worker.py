@@ -41,7 +41,7 @@ from otel_train.export.pacer import DrainPacer
 from otel_train.export.pipe import Segments
 from otel_train.export.sinks import Sink
 from otel_train.record import recorder
-from otel_train.record.clock import wall_offset
+from otel_train.record.clock import Anchor
 from otel_train.record.device_resolver import _FLUSH_WAIT_S
 from otel_train.record.recorder import Recorder, to_wire
 from otel_train.wire.schema import sample_wire
@@ -80,6 +80,7 @@ class Worker:
         # Records move as slots (`drain_packed`) when the recorder packs and the sink takes them.
         self.packed = bool(getattr(recorder, "packing", False)) and hasattr(sink, "send_packed")
         self._wake = threading.Event()
+        self._anchor = Anchor()
         self._stop = False
         #: Held while a drain runs (`otel_train.testing.held` holds it to keep drains off).
         self.busy = threading.Lock()
@@ -132,7 +133,7 @@ class Worker:
         """
         moved = 0
         with self.busy:
-            offset = wall_offset(self.recorder.clock)
+            offset = self._anchor(self.recorder.clock)  # one time base for the run (`Anchor`)
             # What is in the buffer now; what the loop records meanwhile waits for the next
             # drain. Chasing it, a drain whose slices each took a while (an export call per
             # slice in thread mode) went on for as long as training did, a few records a slice.
