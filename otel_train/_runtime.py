@@ -142,9 +142,26 @@ def _in_dataloader_worker() -> bool:
     info = getattr(worker, "_worker_info", None) if worker is not None else None
     if info is None:
         return False
-    if getattr(info, "id", None) == 0:
+    if getattr(info, "id", None) == 0 and _first_worker_of_run():
         _log.warning("otel_train: spans made in DataLoader worker processes are not recorded (the trainer's "
                      "train.data spans show the batches they load); otel_train calls there do nothing.")
+    return True
+
+
+def _first_worker_of_run() -> bool:
+    """Whether no DataLoader worker of this trainer said the notice yet. Workers are new
+    processes each epoch (unless `persistent_workers`), so a flag in memory would say it every
+    epoch: the first one creates a marker named by the trainer's pid, atomically."""
+    import tempfile
+
+    marker = os.path.join(tempfile.gettempdir(), f"otel_train-{os.getuid() if hasattr(os, 'getuid') else 0}-"
+                                                 f"{os.getppid()}-dataloader-notice")
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    except OSError:
+        return True  # no marker possible: say it (once per epoch) rather than never
     return True
 
 
@@ -196,6 +213,7 @@ def shutdown(timeout_s: float | None = None, reason: str | None = None) -> None:
                 _log.warning("otel_train: closing %s at shutdown failed: %r", getattr(fn, "__qualname__", fn), err)
         recorder = st.worker.recorder
         _recorder.install(None)
+        held = _SignalsHeld(deadline)
         try:
             _truncate_open(recorder, reason or _uncaught())
             stats = st.worker.stop(deadline)
@@ -205,6 +223,52 @@ def shutdown(timeout_s: float | None = None, reason: str | None = None) -> None:
             _report(st, recorder, stats, bound)
         except Exception as err:  # noqa: BLE001 - shutdown runs at exit and in signal handlers
             _log.warning("otel_train: shutdown failed: %r", err)
+        finally:
+            held.release(raise_again=not _exiting)
+
+
+_exiting = False  # shutdown runs from `atexit`: a signal held meanwhile is not raised again
+
+
+class _SignalsHeld:
+    """SIGINT and SIGTERM held off during the bounded flush (on the main thread, where handlers
+    can be set). A second Ctrl-C or SIGTERM there raised KeyboardInterrupt (or killed the
+    process) in the middle of it: no closing line, and "Exception ignored in atexit callback".
+    Each is said once; the flush ends within its bound anyway. After it the handlers are put
+    back, and one held signal is raised again, unless the process is exiting already."""
+
+    _SIGNALS = ("SIGINT", "SIGTERM")
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.got: list[int] = []
+        self.saved: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in self._SIGNALS:
+            sig = getattr(signal, name, None)
+            if sig is None:
+                continue
+            try:
+                self.saved[sig] = signal.signal(sig, self._note)
+            except (ValueError, OSError, TypeError):
+                pass
+
+    def _note(self, signum: int, frame: Any) -> None:
+        if signum not in self.got:
+            _stderr.line(f"otel_train: {signal.Signals(signum).name} during the final flush: it ends within "
+                         f"the shutdown bound ({max(0.0, self.deadline - time.monotonic()):.1f} s left), "
+                         "then the closing line says what was sent.")
+        self.got.append(signum)
+
+    def release(self, raise_again: bool) -> None:
+        for sig, handler in self.saved.items():
+            try:
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+            except (ValueError, OSError, TypeError):
+                pass
+        if raise_again and self.got and self.saved:
+            signal.raise_signal(self.got[0])
 
 
 def stand_down() -> None:
@@ -272,6 +336,10 @@ def _truncate_open(recorder: _recorder.Recorder, reason: str | None = None) -> N
         recorder.append(record)
 
 
+_KILLED = ("; the exporter process had not finished at the bound (stopped, or starved of CPU) and was killed: "
+           "what it had not confirmed is counted as failed")
+
+
 def _report(st: _State, recorder: _recorder.Recorder, stats: dict[str, Any] | None, bound: float) -> None:
     """The closing line: what was exported where, what was lost and why. Under torchrun each
     rank says its own, so each names its rank."""
@@ -284,6 +352,8 @@ def _report(st: _State, recorder: _recorder.Recorder, stats: dict[str, Any] | No
         msg = (f"{who} {partial.get('exported', 0)} spans exported to {st.destination} when the shutdown bound "
                f"of {bound:g} s was reached; dropped: {buffer_full} (buffer full), "
                f"{partial.get('failed', 0) + st.worker.pending()} (export failed or cut off at shutdown)")
+        if getattr(st.worker.sink, "killed", False):
+            msg += _KILLED
     else:
         failed = stats.get("failed", 0)
         if st.destination == "none":
@@ -298,6 +368,8 @@ def _report(st: _State, recorder: _recorder.Recorder, stats: dict[str, Any] | No
                         "collector may have them)")
         else:
             msg += "; none dropped"
+        if stats.get("killed"):
+            msg += _KILLED
         duplicated = stats.get("duplicated", 0)
         if duplicated:
             msg += (f"; {duplicated} of the exported may have arrived twice (a request that got no answer in "
@@ -330,6 +402,8 @@ def _install_process_hooks() -> None:
 
 
 def _at_exit() -> None:
+    global _exiting
+    _exiting = True
     interrupted = _uncaught() == "KeyboardInterrupt"
     shutdown()
     if interrupted:

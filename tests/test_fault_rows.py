@@ -6,15 +6,18 @@ and compares the closing line's counts with what the receiver itself got.
 from __future__ import annotations
 
 import base64
+import os
 import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import signal
+
 import grpc
 import pytest
 from support.fault_run import TrainingRun, run_script, settle, step_spans
-from support.otlp_receiver import Fault, OTLPReceiver
+from support.otlp_receiver import BlackHoleListener, Fault, OTLPReceiver
 from support.tls import TlsMaterial, make_tls
 
 from otel_train.export.otlp_json import read_spans
@@ -123,6 +126,7 @@ def test_no_tls_setting_aborts_the_process_each_is_named_once_and_counted(tls: T
         result, spans = results[name], got[name]
         assert result.returncode == 0 and result.completed == STEPS, (name, result.returncode, result.stderr)
         assert "Traceback" not in result.stderr and "Check failed" not in result.stderr, (name, result.stderr)
+        assert not re.search(r"^[EWIF]\d{4} ", result.stderr, re.M), (name, result.stderr)  # gRPC's own log lines
         said = [line for line in result.stderr.splitlines() if message in line]
         assert len(said) == 1 and "OTEL_EXPORTER_OTLP_" in said[0], (name, result.stderr)
         assert result.exported == len(spans), (name, result.stderr, len(spans))
@@ -317,3 +321,101 @@ def test_a_collector_slower_than_the_timeout_is_counted_as_it_is(receiver: OTLPR
     assert twice is not None, result.stderr
     assert result.exported == len(distinct) == 100 * SPANS_PER_STEP, result.stderr
     assert len(spans) == result.exported + int(twice.group(1)), (len(spans), result.stderr)
+
+
+# --- row 7: signals during the flush; a stopped exporter; the output folder; DataLoader workers ---------
+@pytest.mark.parametrize("first, second", [("SIGTERM", "SIGTERM"), ("SIGINT", "SIGINT"), ("SIGTERM", "SIGINT")])
+def test_a_second_signal_during_the_flush_keeps_the_closing_line(first: str, second: str) -> None:
+    """Row 7. Before: a second Ctrl-C or SIGTERM while the final flush waited on a collector
+    lost the closing line (and printed "Exception ignored in atexit callback"). Now it is said
+    once and held until the flush ends within its bound; the process then ends by the signal."""
+    with BlackHoleListener() as hole:
+        run = TrainingRun({"OTEL_EXPORTER_OTLP_ENDPOINT": hole.endpoint, "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S": "3"}, 20,
+                          mode="hold")
+        run.wait_for("HOLDING")
+        run.proc.send_signal(getattr(signal, first))
+        time.sleep(1.0)  # the flush waits on the black hole for the whole bound
+        run.proc.send_signal(getattr(signal, second))
+        result = run.finish()
+    assert result.returncode == -getattr(signal, first), result.stderr
+    assert "Exception ignored" not in result.stderr and "Traceback" not in result.stderr.replace(
+        "Traceback (most recent call last):\n  File \"<string>\"", ""), result.stderr
+    assert f"{second} during the final flush" in result.stderr, result.stderr
+    assert len(result.closing()) == 1 and result.exported == 0, result.stderr
+    assert result.dropped == 20 * SPANS_PER_STEP + 2, result.stderr  # and the open step and span, truncated
+
+
+def test_a_stopped_exporter_is_explained_in_the_closing_line(receiver: OTLPReceiver) -> None:
+    """Row 7. Before: an exporter process SIGSTOPped at exit took the bound and the closing line
+    said 0 of 6,000 with no reason. Now it says the exporter had not finished and was killed,
+    and its counts are still what the receiver got (nothing)."""
+    run = TrainingRun({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.grpc_endpoint, "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S": "3",
+                       "FAULT_RUN_WAIT_READY": "1", "OTEL_TRAIN_FLUSH_INTERVAL_MS": "60000"}, 200, mode="hold")
+    run.wait_for("HOLDING")
+    children = [int(pid) for pid in Path(f"/proc/{run.proc.pid}/task/{run.proc.pid}/children").read_text().split()]
+    assert children
+    for pid in children:
+        os.kill(pid, signal.SIGSTOP)
+    run.proc.send_signal(signal.SIGTERM)
+    result = run.finish()
+    spans = settle(receiver, run.run_id)
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    assert "had not finished at the bound" in result.stderr and "was killed" in result.stderr, result.stderr
+    assert result.exported == len(spans) == 0 and result.dropped == 200 * SPANS_PER_STEP + 2, result.stderr
+
+
+UMASK = """
+    import os, stat
+    os.umask(0)
+    import otel_train
+    otel_train.init()
+    with otel_train.step():
+        with otel_train.span("train.forward"):
+            pass
+    otel_train.shutdown()
+    for folder in ("out", "out/deeper", "out/deeper/umask-run"):
+        print(folder, oct(stat.S_IMODE(os.stat(folder).st_mode)))
+"""
+
+
+def test_the_output_folders_are_private_under_umask_000(tmp_path: Path) -> None:
+    """Row 7. Before: under umask 000 the run's folder was 0700 but the folders above it
+    (`otel-train/` itself) were 0777 (the files are 0600). Now each folder we create is 0700."""
+    result = run_script(UMASK, {"OTEL_TRAIN_OUTPUT_DIR": "out/deeper", "OTEL_TRAIN_RUN_ID": "umask-run"},
+                        cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    modes = dict(line.split() for line in result.stdout.splitlines())
+    assert modes == {"out": "0o700", "out/deeper": "0o700", "out/deeper/umask-run": "0o700"}, modes
+
+
+DATALOADER = """
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+    import otel_train
+
+    class Items(Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            with otel_train.span("inside.worker"):
+                return torch.tensor([i])
+
+    otel_train.init()
+    # A worker that initialises (its `worker_init_fn`, or a spawned worker's auto-init) is told once.
+    loader = DataLoader(Items(), batch_size=2, num_workers=2, worker_init_fn=lambda worker: otel_train.init())
+    for epoch in range(3):
+        for batch in loader:
+            with otel_train.step():
+                pass
+    print("LOOP DONE", flush=True)
+"""
+
+
+def test_the_dataloader_worker_notice_is_said_once_per_run(tmp_path: Path) -> None:
+    """Row 7. Before: "not recorded in DataLoader workers" was said by worker 0 of every epoch
+    (new worker processes each epoch). Now once per trainer; the steps are all kept."""
+    result = run_script(DATALOADER, {}, cwd=tmp_path, timeout=180)
+    assert result.returncode == 0 and "LOOP DONE" in result.stdout, result.stderr
+    assert result.stderr.count("DataLoader worker processes are not recorded") == 1, result.stderr
+    assert result.exported == 12 and result.dropped == 0, result.stderr

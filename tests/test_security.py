@@ -5,6 +5,7 @@ receiver serving TLS with a CA made in the test (`support.tls`) and refusing a w
 
 from __future__ import annotations
 
+import re
 import stat
 import uuid
 from collections.abc import Iterator
@@ -50,9 +51,10 @@ def test_tls_and_a_bearer_token_deliver_and_anything_wrong_fails_closed_with_one
                                      OTEL_EXPORTER_OTLP_CERTIFICATE=tls.ca_file,
                                      OTEL_TRAIN_SHUTDOWN_TIMEOUT_S="20"), STEPS),
             # Retried until the bound: long enough for a loaded machine's exporter to start and fail.
+            # GRPC_VERBOSITY=ERROR, a user's for their own gRPC: the exporter's says nothing anyway.
             "wrong CA": TrainingRun(_env(endpoint, protocol, f"authorization=Bearer%20{token}",
                                          OTEL_EXPORTER_OTLP_CERTIFICATE=tls.other_ca_file,
-                                         OTEL_TRAIN_SHUTDOWN_TIMEOUT_S="6"), STEPS),
+                                         OTEL_TRAIN_SHUTDOWN_TIMEOUT_S="6", GRPC_VERBOSITY="ERROR"), STEPS),
             # Never retried, so it ends as soon as it is refused: the bound only has to be long enough.
             "wrong token": TrainingRun(_env(endpoint, protocol, "authorization=Bearer%20not-the-token",
                                             OTEL_EXPORTER_OTLP_CERTIFICATE=tls.ca_file,
@@ -71,6 +73,7 @@ def test_tls_and_a_bearer_token_deliver_and_anything_wrong_fails_closed_with_one
     assert wrong_ca.dropped == STEPS * SPANS_PER_STEP, wrong_ca.stderr
     tls_lines = [line for line in wrong_ca.stderr.splitlines() if "OTEL_EXPORTER_OTLP_CERTIFICATE" in line]
     assert len(tls_lines) == 1 and "TLS" in tls_lines[0], wrong_ca.stderr
+    assert not re.search(r"^[EWIF]\d{4} ", wrong_ca.stderr, re.M), wrong_ca.stderr  # gRPC's own log lines
 
     assert got["wrong token"] == [] and wrong_token.exported == 0
     assert wrong_token.dropped == STEPS * SPANS_PER_STEP, wrong_token.stderr

@@ -66,12 +66,22 @@ class TransportMetricExporter(MetricExporter):  # type: ignore[misc]
         super().__init__()
         self.transport = transport
         self.dest = dest
+        #: No export goes on past this (monotonic s; `end_by`): the SDK reader's last export at
+        #: its shutdown takes its own 30 s timeout, which outlived the shutdown bound.
+        self.end: float | None = None
+
+    def end_by(self, deadline: float) -> None:
+        self.end = deadline
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
         from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 
         payload = encode_metrics(metrics_data).SerializeToString()
         deadline = time.monotonic() + min(timeout_millis / 1000.0, self.dest.timeout_s)
+        if self.end is not None:
+            deadline = min(deadline, self.end)
+            if deadline <= time.monotonic():
+                return MetricExportResult.FAILURE
         attempt = 0
         while True:
             outcome = self.transport.send(payload, max(0.001, deadline - time.monotonic()))

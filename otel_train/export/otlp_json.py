@@ -85,7 +85,7 @@ class JsonLinesFile:
     def _open(self) -> int:
         if self._fd is None:
             if not self.path.parent.is_dir():
-                self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                private_dirs(self.path.parent)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
                                0o600)
         return self._fd
@@ -215,6 +215,23 @@ def _value(any_value: dict[str, Any]) -> Any:
 
 def _attrs(items: list[dict[str, Any]] | None) -> dict[str, Any]:
     return {item["key"]: _value(item.get("value", {})) for item in items or ()}
+
+
+def private_dirs(path: Path) -> None:
+    """Create `path` and each missing folder above it as 0700: `mkdir(parents=True)` gives the
+    folders above the last the process's default mode, so `otel-train/` was 0777 under umask
+    000 (the files are 0600). Folders that exist are left as they are."""
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:  # another rank made it meanwhile
+            pass
 
 
 def read_spans(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:

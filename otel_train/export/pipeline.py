@@ -68,7 +68,8 @@ class ExportPipeline:
         self.delivery = build_span_delivery(setup.traces, cfg.buffer_size)
         self.account = RunAccount(setup.init_ns, self.run.restart)
         shift = setup.wall_shift_ns  # the test-only clock shift, on metric timestamps as on spans'
-        self.metrics = TrainMetrics(self.resource, build_metric_exporter(setup.metrics), cfg.metric_interval_ms,
+        self.metric_exporter = build_metric_exporter(setup.metrics)
+        self.metrics = TrainMetrics(self.resource, self.metric_exporter, cfg.metric_interval_ms,
                                     metric_readers, self.version, account=self.account,
                                     mfu=Mfu(cfg.flops_per_step, cfg.peak_flops),
                                     console_every=cfg.console_every if self.run.rank == 0 else 0,
@@ -167,6 +168,9 @@ class ExportPipeline:
                 # spans still being retried.
                 self.delivery.close(deadline - min(0.5, 0.25 * max(0.0, deadline - time.monotonic())))
             self.metrics.set_dropped({"export_failed": self.failed()})
+            end_by = getattr(self.metric_exporter, "end_by", None)
+            if end_by is not None:
+                end_by(deadline)
             self.metrics.shutdown(max(0.05, deadline - time.monotonic()))
         stats: dict[str, Any] = dict(self.stats())
         if self.account.steps:

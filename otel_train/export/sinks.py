@@ -135,6 +135,7 @@ class ProcessSink:
         self._capacity = setup.config.buffer_size
         self._fallback: LocalSink | None = None
         self._aborted = False
+        self.killed = False  # at the shutdown bound, still exporting (stopped, starved of CPU)
         self.took_over = False  # exported from this process: the exporter process was never ready
         self.sent = 0
         self.given = 0  # records handed to this sink, whatever became of them
@@ -254,12 +255,14 @@ class ProcessSink:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+            self.killed = True  # said in the closing line
         self._reader.join(timeout=0.5)
         stats = dict(self.progress)
         if stats.get("final"):
             stats["failed"] = stats.get("failed", 0) + self.unacknowledged() + self.lost
         else:  # killed at the bound: whatever it had not exported is lost, and said so
             stats["failed"] = stats.get("failed", 0) + self._lost_in_process(stats) + self.lost
+            stats["killed"] = 1
         stats["failed"] += self._waiting_records  # never written: it was not ready in time
         stats["overflow"] = stats.get("overflow", 0) + self.overflowed
         return stats
@@ -321,6 +324,7 @@ class ProcessSink:
         if self._fallback is not None:
             return False
         self.proc.kill()  # any write blocked on the full pipe now fails at once
+        self.killed = True
         return True
 
     # -- what it says --------------------------------------------------------------------
