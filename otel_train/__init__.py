@@ -21,6 +21,7 @@ from typing import Any
 
 from otel_train import _runtime, semconv
 from otel_train._distributed import RunInfo
+from otel_train.export.attributes import describe
 from otel_train.record import recorder as _recorder
 from otel_train.wire.ids import actor_trace_id, format_traceparent, region_span_id, step_span_id, trace_id_for
 
@@ -60,12 +61,12 @@ step = _recorder.new_step
 
 def tag(name: str) -> None:
     """Tag the current step (`checkpoint`, `eval`, `gc` or any word); between steps, the one just ended."""
-    _recorder.tag(str(name))
+    _recorder.tag(name if type(name) is str else describe(name))
 
 
 def event(name: str, **attrs: Any) -> None:
     """Record an instant (a loss spike, an LR change) on the current span."""
-    _recorder.event(str(name), attrs)
+    _recorder.event(name if type(name) is str else describe(name), attrs)
 
 
 def inject() -> dict[str, str]:
@@ -80,9 +81,10 @@ def inject() -> dict[str, str]:
         step_n, _ = _recorder._step_ref(region.step)
         if step_n is None and run.role != semconv.ROLE_TRAINER:
             # An actor's call keeps its own trace, named after its top-level span (`export/actor_traces.py`).
-            root = region
-            while root.parent is not None and root.parent.rec is root.rec:
+            root, seen = region, {id(region)}  # regions exited out of order can be each other's parents
+            while root.parent is not None and root.parent.rec is root.rec and id(root.parent) not in seen:
                 root = root.parent
+                seen.add(id(root))
             trace = actor_trace_id(run.run_id, st.salt, root.seq)
         else:
             trace = trace_id_for(run.run_id, step_n)

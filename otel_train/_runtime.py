@@ -329,6 +329,8 @@ def _truncate_open(recorder: _recorder.Recorder, reason: str | None = None) -> N
     a `reason` (a signal, an uncaught exception) it ended in error."""
     now = recorder.now()
     for record in recorder.open_records():
+        if not isinstance(record, _recorder.Step) and type(record.name) is not str:
+            record.name = _recorder._span_name(record.name)  # as its exit would have
         record.t1 = now
         record.exc = Truncated(reason) if reason else Truncated
         if isinstance(record, _recorder.Step):

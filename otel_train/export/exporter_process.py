@@ -189,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
             threading.Thread(target=_report_while, args=(pipeline, done), daemon=True).start()
             try:
                 stats = pipeline.shutdown(time.monotonic() + budget)
+            except Exception as err:  # noqa: BLE001 - the final report must still go out
+                _unreadable(pipeline, 0, "shutting down", err)
+                stats = pipeline.stats()
             finally:
                 done.set()
             _report({**stats, "ready": 1, "final": 1})

@@ -15,9 +15,12 @@ headers, TLS and compression stay the official exporter's own.
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+_log = logging.getLogger("otel_train")
 
 _DOUBLE = struct.Struct("<d")
 _FIXED64 = struct.Struct("<Q")
@@ -122,13 +125,17 @@ class LeanEncoder:
         self._names: dict[str, bytes] = {}
         self._float_prefixes: dict[str, bytes] = {}
         self._keys: dict[str, bytes] = {}
+        self.unencodable = 0  # spans `batches` could not encode, dropped (counted as failed)
 
     def batches(self, spans: Sequence[tuple[Any, ...]], max_spans: int, max_bytes: int) -> list[LeanSpanBatch]:
         """`spans` (`spans.SpanAssembler._build`'s lean tuples) as `ExportTraceServiceRequest`s of
         at most `max_spans` spans and (but for a lone huge span) `max_bytes`."""
         span = self._span
         # ScopeSpans.spans; a usual region (and step) comes encoded already (`region`).
-        fields = [s if type(s) is bytes else _len_field(2, span(s)) for s in spans]
+        try:
+            fields = [s if type(s) is bytes else _len_field(2, span(s)) for s in spans]
+        except Exception:  # noqa: BLE001 - one span that cannot be encoded costs itself, not the batch
+            fields = [field for field in map(self._field_or_none, spans) if field is not None]
         out: list[LeanSpanBatch] = []
         start = 0
         while start < len(fields):
@@ -142,6 +149,18 @@ class LeanEncoder:
             out.append(LeanSpanBatch(self._request(chunk), len(chunk)))
             start += len(chunk)
         return out
+
+    def _field_or_none(self, span: Any) -> bytes | None:
+        """One span's field, or None (counted in `unencodable`, said once) where it cannot be
+        encoded: the exporter process must outlive anything it is handed."""
+        try:
+            return span if type(span) is bytes else _len_field(2, self._span(span))
+        except Exception as err:  # noqa: BLE001 - see above
+            if not self.unencodable:
+                _log.warning("otel_train: a span could not be encoded (%s, a bug in otel_train: please report "
+                             "it); it is counted as failed.", type(err).__name__)
+            self.unencodable += 1
+            return None
 
     def _request(self, span_fields: list[bytes]) -> bytes:
         scope_spans = self._scope_field + b"".join(span_fields)

@@ -180,10 +180,11 @@ class ExportPipeline:
 
     def failed(self) -> int:
         """Spans lost so far: refused, dropped while waiting, or cut off at the deadline."""
+        unencodable = getattr(self.encoder, "unencodable", 0)
         if self.delivery is None:
-            return self.cut_off
+            return self.cut_off + unencodable
         delivered = self.delivery.stats()
-        return self.cut_off + delivered["failed"] + delivered["overflow"]
+        return self.cut_off + unencodable + delivered["failed"] + delivered["overflow"]
 
     def stats(self) -> dict[str, int]:
         """received (records), built, exported, failed (refused, or cut off at the deadline),
@@ -191,7 +192,8 @@ class ExportPipeline:
         delivered = (self.delivery.stats() if self.delivery is not None
                      else {"exported": 0, "failed": 0, "overflow": 0, "queued": 0})
         return {"received": self.received, "built": self.assembler.spans_built, "exported": delivered["exported"],
-                "failed": self.cut_off + delivered["failed"] + (len(self._pending) if self._closed else 0),
+                "failed": self.cut_off + delivered["failed"] + (len(self._pending) if self._closed else 0)
+                + getattr(self.encoder, "unencodable", 0),
                 "unconfirmed": delivered.get("unconfirmed", 0), "duplicated": delivered.get("duplicated", 0),
                 "overflow": delivered["overflow"], "queued": delivered["queued"] + len(self._pending),
                 "held": len(self.assembler.timeline.held)}

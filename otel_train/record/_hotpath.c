@@ -43,11 +43,12 @@ static PyTypeObject SeqType = {
 static PyObject *
 mod_bind(PyObject *module, PyObject *args)
 {
-    PyObject *current, *no_step, *kind_span, *auto_init, *decorate, *aenter, *aexit, *misused = NULL;
-    if (!PyArg_UnpackTuple(args, "bind", 7, 8, &current, &no_step, &kind_span, &auto_init, &decorate,
-                           &aenter, &aexit, &misused))
+    PyObject *current, *no_step, *kind_span, *auto_init, *decorate, *aenter, *aexit, *misused = NULL, *name_of = NULL;
+    if (!PyArg_UnpackTuple(args, "bind", 7, 9, &current, &no_step, &kind_span, &auto_init, &decorate,
+                           &aenter, &aexit, &misused, &name_of))
         return NULL;
     Py_XSETREF(g_misused, misused != NULL && misused != Py_None ? Py_NewRef(misused) : NULL);
+    Py_XSETREF(g_name_of, name_of != NULL && name_of != Py_None ? Py_NewRef(name_of) : NULL);
     Py_XSETREF(g_current, Py_NewRef(current));
     Py_XSETREF(g_no_step, Py_NewRef(no_step));
     Py_XSETREF(g_kind_span, Py_NewRef(kind_span));
@@ -147,7 +148,7 @@ static PyMethodDef mod_methods[] = {
     {"close_step", (PyCFunction)(void (*)(void))mod_close_step, METH_FASTCALL,
      "close_step(recorder, step, t1, exc_type): end the open step at t1 and append its record."},
     {"bind", mod_bind, METH_VARARGS,
-     "bind(current, no_step, kind_span, auto_init, decorate, aenter, aexit, misused=None)"},
+     "bind(current, no_step, kind_span, auto_init, decorate, aenter, aexit, misused=None, name_of=None)"},
     {"current", mod_current, METH_NOARGS, "The innermost open region here (either kind of region), or None."},
     {"set_settle", mod_set_settle, METH_O,
      "set_settle(fn or None): called with no arguments before a region or step is entered or the current "

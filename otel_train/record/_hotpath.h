@@ -33,6 +33,7 @@ static PyObject *g_kind_step;  /* KIND_STEP */
 static PyObject *g_reopened;   /* (new step, recorder): says so and closes the step still open */
 static PyObject *g_step_number; /* (n, next step): a valid step number for an `n` that is not one */
 static PyObject *g_misused;    /* (what, name): says once that a region was misused (re-entered, exited twice) */
+static PyObject *g_name_of;    /* (name) -> str: a span name that is not a str, as text (said once) */
 
 #if defined(_MSC_VER)
 #define THREAD_LOCAL __declspec(thread)

@@ -436,6 +436,14 @@ region_exit(RegionObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     }
     RecorderObject *rec = (RecorderObject *)r;
+    if (!PyUnicode_CheckExact(self->name) && g_name_of != NULL) {
+        /* Not a str (an int, None, an object whose __str__ raises): as text, here, where the
+         * user's code runs anyway, so that the exporter only ever sees str names. */
+        PyObject *text = PyObject_CallOneArg(g_name_of, self->name != NULL ? self->name : Py_None);
+        if (text == NULL)
+            return NULL;
+        Py_XSETREF(self->name, text);
+    }
     if (rec_now_ns(rec, &self->t1) < 0)
         return NULL;
     self->has |= HAS_T1;

@@ -161,6 +161,26 @@ def _misused(what: str, name: Any) -> None:
                  _MISUSES.get(what, what))
 
 
+def _span_name(name: Any) -> str:
+    """A span name that is not a str, as text (said once): the exporter only takes str names.
+    A str subclass (an enum's value) is its plain text; anything else its `str()`, or its type's
+    name where that raises. Never raises."""
+    try:
+        text = str.__str__(name) if isinstance(name, str) else str(name)
+        if type(text) is not str:
+            text = str.__str__(text)
+    except Exception:  # noqa: BLE001 - the user's __str__
+        try:
+            text = f"<{type(name).__name__}: str() failed>"
+        except Exception:  # noqa: BLE001 - a metaclass's __name__
+            text = "<span>"
+    if not isinstance(name, str) and "name" not in _misuses_said:
+        _misuses_said.add("name")
+        _log.warning("otel_train: a span name is a %s, not a str; it is recorded as %r.",
+                     type(name).__name__ if type(type(name).__name__) is str else "object", text)
+    return text
+
+
 async def _aenter(region: Any) -> Any:
     """`async with` a region or step (`__aenter__` of the Python and C types alike)."""
     return region.__enter__()
@@ -225,6 +245,8 @@ class _PyRegion:
         if hasattr(self, "t1"):
             _misused("exited", self.name)
             return
+        if type(self.name) is not str:
+            self.name = _span_name(self.name)
         self.t1 = t1 = r.now()
         try:
             _current.reset(self.token)
@@ -393,7 +415,7 @@ if _hotpath is not None:
     Region: type = _hotpath.Region
     Step: type = _hotpath.Step
     After: type = _hotpath.After
-    _hotpath.bind(_current, NO_STEP, KIND_SPAN, _auto_init, _decorate, _aenter, _aexit, _misused)
+    _hotpath.bind(_current, NO_STEP, KIND_SPAN, _auto_init, _decorate, _aenter, _aexit, _misused, _span_name)
     _hotpath.bind_steps(KIND_STEP, _reopened, step_number)
     #: `otel_train.step(n=None, epoch=None, **attrs)`
     new_step: Callable[..., Any] = _hotpath.step

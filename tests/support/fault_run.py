@@ -214,11 +214,11 @@ class Script:
 
 
 def run_script(code: str, env: Mapping[str, str], timeout: float = 90.0,
-               cwd: str | os.PathLike[str] | None = None) -> Script:
+               cwd: str | os.PathLike[str] | None = None, args: tuple[str, ...] = ()) -> Script:
     """Run `code` (dedented) in a fresh interpreter under `env` (no other OTEL_*), killed past
     `timeout`: a hang fails the test as an exit by SIGKILL (-9), not by the suite's timeout."""
     environ = clean_env({"OTEL_TRAIN_FLUSH_INTERVAL_MS": "100", "OTEL_METRIC_EXPORT_INTERVAL": "600000", **env})
-    proc = subprocess.Popen([sys.executable, "-u", "-c", textwrap.dedent(code)], cwd=cwd, env=environ,
+    proc = subprocess.Popen([sys.executable, "-u", "-c", textwrap.dedent(code), *args], cwd=cwd, env=environ,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=timeout)
