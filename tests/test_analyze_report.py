@@ -127,3 +127,18 @@ def test_a_2000_step_chart_keeps_every_slow_dot_and_readable_labels(tmp_path: Pa
                   "return [b.x, b.x + b.width]; })")
         assert boxes and all(b[0] >= a[1] for a, b in zip(boxes, boxes[1:]))  # no label over another
         assert q("return document.querySelectorAll('#phases path.clipped-mark').length") == 40 // data["series"]["bucket"]
+
+
+@needs_browser
+def test_actors_have_their_own_lanes(tmp_path: Path) -> None:
+    from support.synth_runs import write_pipeline
+    write_pipeline("balanced", tmp_path / "dump.jsonl", steps=12, links=True)
+    d = analyse(tmp_path / "dump.jsonl")
+    (tmp_path / "r.html").write_text(report.render(d))
+    with chromium() as driver:
+        driver.get((tmp_path / "r.html").as_uri())
+        assert _errors(driver) == []
+        lanes = driver.execute_script("return [...document.querySelectorAll('#gantt g.actor-row')].map(g => "
+                                      "[g.dataset.actor, g.querySelectorAll('rect.call').length])")
+    assert [name for name, _ in lanes] == ["inference 0", "inference 1", "inference 2"]
+    assert all(calls > 0 for _, calls in lanes)

@@ -27,7 +27,7 @@ from typing import Any
 
 from otel_train.analyze.diagnose import Diagnosis, to_json
 from otel_train.analyze.goodput import CATEGORIES
-from otel_train.analyze.model import OUTSIDE, PHASES, RankStep, RunData
+from otel_train.analyze.model import OUTSIDE, PHASES, RankStep, RunData, actor_names
 from otel_train.analyze.skew import Skew
 from otel_train.analyze.slow import median
 
@@ -107,7 +107,16 @@ def _window(d: Diagnosis, title: str, steps: list[int], ranks: list[int], by_ste
             row = rows[ranks.index(s.rank)]
             off = skew.of(s.rank) + t0
             row["marks"].append([s.name.split(".")[-1], _ms(s.start - off), _ms(s.end - s.start)])
+    # Inference actors as their own lanes: their calls in the window, on the reference clock
+    # as written (actors are not skew-corrected: no collective ties them to the ranks).
+    actors: dict[str, list[list[float]]] = {name: [] for name in actor_names(data.pipeline).values()}
+    names = actor_names(data.pipeline)
+    for p in data.pipeline:
+        name = names.get((p.instance, p.rank))
+        if name is not None and p.end > t0 and p.start < t1:
+            actors[name].append([_ms(max(p.start, t0) - t0), _ms(min(p.end, t1) - max(p.start, t0))])
     return {"title": title, "steps": steps, "span_ms": _ms(t1 - t0), "rows": rows,
+            "actors": [[name, calls] for name, calls in actors.items()],
             "slow": [n for n in steps if n in d.severity],
             "severity": {n: round(d.severity[n], 3) for n in steps if n in d.severity}}
 
