@@ -168,3 +168,13 @@ def test_the_closing_line_and_diagnose_agree_on_a_real_run(tmp_path: Path) -> No
     outside_data = sum(rs.duration - rs.totals[data_code] for rs in steps)
     assert d.goodput.totals[gp.PRODUCTIVE] + d.goodput.totals[gp.COMPILE] == pytest.approx(outside_data, rel=0.01)
     assert d.goodput.totals[gp.PRODUCTIVE] > 0.5 * outside_data
+
+
+def test_a_long_warm_up_is_not_slow_steps(tmp_path: Path) -> None:
+    """14 compiling steps, the last four the longest (a recompilation), then steady: the warm-up
+    is compilation, no step of it is tagged slow, though the rule judges from step 11 on."""
+    compiling = {n: 50.0 for n in range(10)} | {n: 200.0 for n in range(10, 14)}
+    write_run(Plan(ranks=2, steps=60, slow_steps=compiling, jitter_ms=1.0, startup_ms=10), tmp_path)
+    d = analyse(tmp_path)
+    assert sorted(d.warmup) == list(range(14)) and d.slow_steps == []
+    assert "warm-up left out" in render(d)

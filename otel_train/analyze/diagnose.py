@@ -70,7 +70,10 @@ def analyse(path: str | Path, workers: int | None = None, run_id: str | None = N
     warm = warmup_steps(job_step_ns)
     rv = verdict(step_ranks, {r: int(slow.median(v)) for r, v in sorted(per_rank.items())}, warmup=warm,
                  residual_ns=skew.residual_ns)
-    severity = {n: x for n, x in zip(job_step_ns, slow.judge(list(job_step_ns.values()))) if x is not None}
+    # A warm-up step is compilation or start-up, not an anomaly (the rule may judge one when a
+    # warm-up outlasts its first `MIN_HISTORY` steps).
+    severity = {n: x for n, x in zip(job_step_ns, slow.judge(list(job_step_ns.values())))
+                if x is not None and n not in warm}
     good = account(data, skew, list(job_step_ns.values()))
     # Phase breakdowns from the steps whose phases are there (a sampled run has every rank's step
     # spans but some ranks' phases: the others would count as time outside any phase).

@@ -144,7 +144,8 @@ def _steps(d: Diagnosis, add) -> None:  # type: ignore[no-untyped-def]
 
 def _slow(d: Diagnosis, add) -> None:  # type: ignore[no-untyped-def]
     judged = max(0, len(d.steps) - slow.MIN_HISTORY)
-    head = f"Slow steps ({slow.RULE_TEXT}): {len(d.slow_steps)} of {judged}"
+    judged = max(0, judged - sum(1 for n in d.warmup if list(d.steps).index(n) >= slow.MIN_HISTORY))
+    head = f"Slow steps ({slow.RULE_TEXT}{', warm-up left out' if d.warmup else ''}): {len(d.slow_steps)} of {judged}"
     if d.slow_steps:
         listed = ", ".join(f"{n} ({dur(d.job_step_ns[n])}, {d.severity[n]:.1f}x median)" for n in d.slow_steps[:12])
         head += ": " + listed + (" ..." if len(d.slow_steps) > 12 else "")
