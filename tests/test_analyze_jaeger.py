@@ -208,3 +208,18 @@ def test_the_export_in_the_real_jaeger_ui(synthetic: Path, tmp_path: Path) -> No
     assert rows[0]["depth"] == 0 and rows[0]["service"] == "otel-train job"
     lanes = [r["operation"] for r in rows if r["depth"] == 1]
     assert lanes == ["rank 0", "rank 1", "rank 2", "rank 3"]
+
+
+def test_a_step_range_is_exported_and_said(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from support.synth_runs import Plan, write_run
+
+    from otel_train.cli import main
+    write_run(Plan(ranks=2, steps=30), tmp_path / "run")
+    assert main(["export", "--format", "jaeger", str(tmp_path / "run"), "--steps", "10-14",
+                 "-o", str(tmp_path / "j.json")]) == 0
+    assert "(5 traces, steps 10-14 of 30)" in capsys.readouterr().out
+    roots = [s["operationName"] for t in json.loads((tmp_path / "j.json").read_text())["data"]
+             for s in t["spans"] if not s["references"]]
+    assert sorted(roots) == sorted(f"train.step {n}" for n in range(10, 15))
+    assert main(["export", "--format", "jaeger", str(tmp_path / "run"), "--steps", "14-10"]) != 0
+    assert "--steps '14-10': expected FIRST-LAST" in capsys.readouterr().err

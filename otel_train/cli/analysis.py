@@ -44,6 +44,9 @@ def add_parser(sub: Any) -> None:
     export.add_argument("path", help=path_help)
     export.add_argument("--run", help=run_help)
     export.add_argument("--format", required=True, help="output format: perfetto or jaeger")
+    export.add_argument("--steps", default=None, metavar="FIRST-LAST",
+                        help="--format jaeger: only the traces of these steps (Jaeger UI loads a file whole in "
+                             "the browser; a few thousand steps a file)")
     export.add_argument("-o", "--output", default=None,
                         help="the file to write (default trace.json, or jaeger.json for --format jaeger)")
 
@@ -111,9 +114,16 @@ def _export(args: argparse.Namespace) -> int:
         from otel_train.analyze.jaeger import write_jaeger
         from otel_train.analyze.reader import find_sources
 
+        from otel_train.analyze.jaeger import BIG_FILE_STEPS, parse_steps
+
+        steps = parse_steps(args.steps) if args.steps is not None else None
         out = args.output or "jaeger.json"
-        traces = write_jaeger(d, find_sources(args.path), out, run_id=args.run)
-        print(f"otel-train export: wrote {out} ({traces} traces); in Jaeger UI: Search, JSON File, pick it")
+        traces = write_jaeger(d, find_sources(args.path), out, run_id=args.run, steps=steps)
+        what = f"steps {steps[0]}-{steps[1]} of {len(d.steps)}" if steps else "every step"
+        print(f"otel-train export: wrote {out} ({traces} traces, {what}); in Jaeger UI: Search, JSON File, pick it")
+        if steps is None and len(d.steps) > BIG_FILE_STEPS:
+            print(f"otel-train export: {len(d.steps)} steps is more than Jaeger UI's upload handles well (it parses "
+                  f"the file whole in the browser); export slices with --steps FIRST-LAST, e.g. --steps 0-1999")
         return 0
     from otel_train.analyze.perfetto import write_trace
 
