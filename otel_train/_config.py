@@ -359,6 +359,9 @@ class Config:
     """OTEL_TRAIN_OUTPUT_DIR: where the embedded default writes `<run id>/traces-rank<R>.jsonl`."""
     device_timing: str = "auto"
     """OTEL_TRAIN_DEVICE_TIMING: auto (device events when the model is on an accelerator) or off."""
+    span_time: str = "device"
+    """OTEL_TRAIN_SPAN_TIME: where device-timed spans are drawn: device (the interval the device
+    worked on them; a step between its device boundaries) or host (the host's dispatch)."""
     step_sample: int = 1
     """OTEL_TRAIN_STEP_SAMPLE: export the spans of every Nth step (metrics always see every step)."""
     step_spans: str = "auto"
@@ -519,6 +522,7 @@ _SPECS: dict[str, _Spec] = {
     "protocol": _Spec(("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"), _protocol),
     "output_dir": _Spec((semconv.ENV_OUTPUT_DIR,), _text),
     "device_timing": _Spec((semconv.ENV_DEVICE_TIMING,), _device_timing),
+    "span_time": _Spec((semconv.ENV_SPAN_TIME,), _one_of("device", "host")),
     "step_sample": _Spec((semconv.ENV_STEP_SAMPLE,), _int_at_least(1)),
     "ranks": _Spec((semconv.ENV_RANKS,), _ranks),
     "step_spans": _Spec((semconv.ENV_STEP_SPANS,), _one_of(*sampling.STEP_SPANS)),

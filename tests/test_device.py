@@ -57,7 +57,11 @@ def test_span_is_emitted_only_after_its_events_complete(harness: Harness, fake: 
     assert forward.attributes[DUR] == pytest.approx(0.100, rel=1e-6)
     assert forward.attributes[LAG] == 0.0  # the device was idle: it started at once
     assert forward.attributes[TYPE] == "cuda"
-    assert forward.end_time - forward.start_time == 2 * MS  # the host span keeps its dispatch time
+    # Drawn where the device worked (OTEL_TRAIN_SPAN_TIME=device, the default); the host's
+    # dispatch is in attributes.
+    assert forward.end_time - forward.start_time == 100 * MS
+    assert forward.attributes[semconv.HOST_DURATION_S] == pytest.approx(0.002)
+    assert forward.attributes[semconv.HOST_OFFSET_S] == 0.0
     assert not any(key.startswith("_") for key in forward.attributes)  # private wire keys stripped
     harness.finish()
 
@@ -87,7 +91,32 @@ def test_exact_durations_and_lag_with_a_deep_queue(harness: Harness, fake: FakeD
     assert fwd.attributes[LAG] == pytest.approx(0.0, abs=1e-6)
     assert bwd.attributes[LAG] == pytest.approx(0.299, rel=1e-5)
     assert opt.attributes[LAG] == pytest.approx(0.336, rel=1e-5)
-    assert (bwd.end_time - bwd.start_time) == 3 * MS  # host durations stay dispatch costs
+    # Each phase drawn where the device worked on it: one after the other, the host's dispatch
+    # (3 ms for the backward, 299 ms before the device reached it) in attributes.
+    assert (bwd.end_time - bwd.start_time) == 40 * MS and bwd.start_time == fwd.end_time
+    assert opt.start_time == bwd.end_time and opt.end_time - opt.start_time == 12 * MS
+    assert bwd.attributes[semconv.HOST_DURATION_S] == pytest.approx(0.003)
+    assert bwd.attributes[semconv.HOST_OFFSET_S] == pytest.approx(-0.299, rel=1e-5)
+    (step,) = by_name(spans, semconv.SPAN_STEP)
+    assert (step.start_time, step.end_time) == (fwd.start_time, opt.end_time)  # its device boundaries
+    assert step.end_time - step.start_time == round(step.attributes[semconv.TRAIN_STEP_TIME_S] * 1e9)
+
+
+def test_span_time_host_keeps_the_hosts_intervals(harness: Harness, fake: FakeDevice) -> None:
+    from otel_train import _runtime
+
+    _runtime.state().worker.sink.pipeline.assembler.device_view = False  # OTEL_TRAIN_SPAN_TIME=host
+    clock = harness.clock
+    with otel_train.step():
+        with otel_train.span(semconv.SPAN_FORWARD):
+            fake.launch(100 * MS)
+            clock.advance(2 * MS)
+    fake.drain()
+    spans = harness.finish()
+    (forward,), (step,) = by_name(spans, semconv.SPAN_FORWARD), by_name(spans, semconv.SPAN_STEP)
+    assert forward.end_time - forward.start_time == 2 * MS and forward.attributes[DUR] == pytest.approx(0.1)
+    assert step.end_time - step.start_time == 2 * MS
+    assert semconv.HOST_DURATION_S not in forward.attributes
 
 
 def test_training_thread_only_records_and_nothing_synchronises(harness: Harness, fake: FakeDevice) -> None:
@@ -470,3 +499,43 @@ def test_naming_an_unavailable_accelerator_keeps_host_time(harness: Harness) -> 
         with otel_train.span(semconv.SPAN_FORWARD):
             harness.clock.advance(MS)
     assert all(DUR not in s.attributes for s in harness.finish())
+
+
+def test_the_report_draws_host_and_device_lanes_from_device_drawn_spans(harness: Harness, fake: FakeDevice) -> None:
+    """`otel-train report` and the Perfetto export (`analyze.model`) read a span drawn on the
+    device's timeline back into the host's interval (`host.offset_s`, `host.duration_s`) and the
+    device's: the same lanes as with `OTEL_TRAIN_SPAN_TIME=host`."""
+    from otel_train.analyze import model
+    from otel_train.analyze.reader import Process
+
+    clock = harness.clock
+    fake.launch(1)
+    host = {}
+    with otel_train.step():
+        for name, work in ((semconv.SPAN_FORWARD, 300), (semconv.SPAN_BACKWARD, 40)):
+            t0 = clock.now_ns
+            with otel_train.span(name):
+                fake.launch(work * MS)
+                clock.advance(2 * MS)
+            host[name] = (t0, clock.now_ns)
+    fake.drain()
+    spans = harness.finish()
+
+    def otlp(span: Any) -> dict[str, Any]:
+        def value(v: Any) -> dict[str, Any]:
+            return {"intValue": str(v)} if isinstance(v, int) else {"doubleValue": v} if isinstance(v, float) \
+                else {"stringValue": str(v)}
+        return {"name": span.name, "startTimeUnixNano": str(span.start_time), "endTimeUnixNano": str(span.end_time),
+                "spanId": f"{span.context.span_id:016x}",
+                "attributes": [{"key": k, "value": value(v)} for k, v in span.attributes.items()]}
+
+    proc = Process(0, 0, semconv.ROLE_TRAINER, 1, "svc", "i", "h", "test-run")
+    data = model.build([(proc, [otlp(s) for s in spans])])
+    (rs,) = data.steps[(0, 0)].values()
+    offset = harness.clock.wall_offset_ns
+    drawn = {name: (a - offset, b - offset) for name, a, b in rs.phases()}
+    assert drawn[semconv.SPAN_FORWARD] == host[semconv.SPAN_FORWARD]  # the host lane: dispatch
+    assert drawn[semconv.SPAN_BACKWARD] == host[semconv.SPAN_BACKWARD]
+    device_lane = {name: (a, b) for name, a, b in rs.device_phases()}
+    (bwd,) = by_name(spans, semconv.SPAN_BACKWARD)
+    assert device_lane[semconv.SPAN_BACKWARD] == (bwd.start_time, bwd.end_time)  # the device lane: the span

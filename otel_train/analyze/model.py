@@ -234,7 +234,7 @@ def build(blocks: Iterable[tuple[Process, list[dict[str, Any]]]], stats: Stats |
                 else:
                     data.other_spans[name] = data.other_spans.get(name, 0) + 1
                 continue
-            n = dev_d = dev_lag = None
+            n = dev_d = dev_lag = host_off = host_d = None
             attrs = s.get("attributes") or ()
             if code is None:
                 n = _step_attr(attrs)
@@ -247,6 +247,13 @@ def build(blocks: Iterable[tuple[Process, list[dict[str, Any]]]], stats: Stats |
                         dev_d = _num(item.get("value"))
                     elif k == "device.lag_s":
                         dev_lag = _num(item.get("value"))
+                    elif k == semconv.HOST_OFFSET_S:
+                        host_off = _num(item.get("value"))
+                    elif k == semconv.HOST_DURATION_S:
+                        host_d = _num(item.get("value"))
+                if host_off is not None and host_d is not None:  # drawn on the device's timeline:
+                    t0 += int(host_off * 1e9)  # the host lane keeps the host's interval
+                    t1 = t0 + int(host_d * 1e9)
             if n is None:
                 data.other_spans[name] = data.other_spans.get(name, 0) + 1
                 continue
@@ -311,6 +318,10 @@ def _interval(span: Span) -> Interval:
 
 
 def _take_step_span(rs: RankStep, t0: int, t1: int, a: dict[str, Any]) -> None:
+    off, dur = a.get(semconv.HOST_OFFSET_S), a.get(semconv.HOST_DURATION_S)
+    if isinstance(off, (int, float)) and isinstance(dur, (int, float)):  # a step drawn between its
+        t0 += int(off * 1e9)  # device boundaries: its host interval, as for a CPU run
+        t1 = t0 + int(dur * 1e9)
     rs.has_span = True
     rs.start, rs.end = t0, t1
     t = a.get(semconv.TRAIN_STEP_TIME_S)

@@ -78,7 +78,7 @@ class ExportPipeline:
         self.assembler = SpanAssembler(self.run, setup.salt, self.resource,
                                        AttributeCleaner(cfg.attribute_value_limit), self._emit, cfg.step_sample,
                                        self.metrics, self.version, self.encoder, self.account,
-                                       cfg.ranks, cfg.step_spans)
+                                       cfg.ranks, cfg.step_spans, cfg.span_time)
         if self.processors:  # they see every span as a `ReadableSpan`: none may leave as bytes already
             self.assembler.fast = False  # (the assembler turns it off for an inference actor itself)
         if restarts.may_restart(self.run):

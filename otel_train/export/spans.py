@@ -54,6 +54,26 @@ MAX_LINKS = 128
 _NO_LOCK = nullcontext()
 
 
+def sibling_interval(wire: tuple[Any, ...], dev: Any) -> tuple[int, int]:
+    """A checkpoint / eval / GC span's hold on the timeline: with device time, from when the
+    device started it (before that it was finishing the step's work) until both host and device
+    are done with it (async eval work may outlive its host span); else its host interval."""
+    s0, s1 = wire[W_T0], wire[W_T1]
+    if dev:
+        s0 += max(0, dev.get(semconv.WIRE_DEV_START_NS, 0))
+        s1 += max(0, dev.get(semconv.WIRE_DEV_END_NS, 0))
+    return s0, s1
+
+
+def _device_times(wire: tuple[Any, ...], attrs: dict[str, Any], start: int, end: int) -> tuple[Any, ...]:
+    """`wire` drawn from `start` to `end` (the device's timeline); the host's interval kept as
+    `host.offset_s` (from `start`) and `host.duration_s`."""
+    t0, t1 = wire[W_T0], wire[W_T1]
+    attrs[semconv.HOST_OFFSET_S] = (t0 - start) / 1e9
+    attrs[semconv.HOST_DURATION_S] = (t1 - t0) / 1e9
+    return (*wire[:W_T0], start, max(end, start), *wire[W_T1 + 1:])
+
+
 class SpanAssembler:
     """Records in, spans out through `emit`; metrics observed on the way.
 
@@ -64,7 +84,7 @@ class SpanAssembler:
     def __init__(self, run: RunInfo, salt: int, resource: Resource, cleaner: AttributeCleaner,
                  emit: Callable[[list[Any]], None], step_sample: int = 1, metrics: TrainMetrics | None = None,
                  version: str = "", encoder: LeanEncoder | None = None, account: RunAccount | None = None,
-                 ranks: str = sampling.ALL, step_spans: str = "all") -> None:
+                 ranks: str = sampling.ALL, step_spans: str = "all", span_time: str = "device") -> None:
         encoder = encoder or LeanEncoder(dict(resource.attributes), semconv.SCOPE_NAME, version)
         self.run = run
         self.salt = salt
@@ -81,6 +101,8 @@ class SpanAssembler:
         self.account = account  # goodput and slow steps, fed under the metrics lock (collect reads it)
         self.ids = SpanIds(run, salt)
         self.timeline = StepTimeline()
+        #: "device": spans with device time are drawn where the device worked (`_device_times`).
+        self.device_view = span_time == "device"
         self.fast_path = FastPath(encoder, cleaner, self.ids, self.phases_sampled)
         # An inference actor's spans wait for their call's trace (`actor_traces`): the general way.
         self.actors = ActorTraces(run.run_id, salt) if run.role != semconv.ROLE_TRAINER else None
@@ -187,10 +209,7 @@ class SpanAssembler:
             # With device time, the sibling holds the timeline from when the device started it
             # (before that the device was finishing the step's work) until both host and device
             # are done with it (async eval work may outlive its host span).
-            s0, s1 = wire[W_T0], wire[W_T1]
-            if dev:
-                s0 += max(0, dev.get(semconv.WIRE_DEV_START_NS, 0))
-                s1 += max(0, dev.get(semconv.WIRE_DEV_END_NS, 0))
+            s0, s1 = sibling_interval(wire, dev)
             self.timeline.sibling(s0, s1)
             if self.account is not None:
                 self.account.sibling(name, s0, s1)
@@ -225,6 +244,10 @@ class SpanAssembler:
             self.actors.place(wire[W_SEQ], parent_seq, lambda trace: self._build(
                 name, trace, span_id, parent_id, False, wire, attrs, wire[W_EVENTS], None), out)
             return
+        if dev and self.device_view and semconv.WIRE_DEV_START_NS in dev:
+            start, end = sibling_interval(wire, dev) if sibling_tag is not None else (
+                wire[W_T0] + max(0, dev[semconv.WIRE_DEV_START_NS]), wire[W_T1] + dev[semconv.WIRE_DEV_END_NS])
+            wire = _device_times(wire, attrs, start, end)
         out.append(self._build(name, self.ids.trace(step_n), span_id, parent_id, remote, wire, attrs,
                                wire[W_EVENTS], None))
 
@@ -270,6 +293,10 @@ class SpanAssembler:
                 self.metrics.pipeline.step(step_n, held.time_s, attrs)
         if not self.sampled(step_n):
             return
+        if wire[W_DEV] and self.device_view and held.end is not None:
+            # Between its device boundaries: from the previous step's (its siblings' time left
+            # out, so the span lasts `train.step.time_s`) to its own.
+            wire = _device_times(wire, attrs, held.end - round(held.time_s * 1e9), held.end)
         if self.fast and not (held.events or wire[W_LINKS] or wire[W_ERROR] or wire[W_TRUNC]):
             out.append(self.fast_path.step_span(step_n, wire[W_T0], wire[W_T1], attrs))  # type: ignore[union-attr]
             return

@@ -19,7 +19,7 @@ from collections import deque
 from typing import Any
 
 from otel_train import semconv
-from otel_train.wire.schema import KIND_EVENT, KIND_TAG, W_ATTRS, W_EVENTS, W_SEQ, W_STEP, W_T0
+from otel_train.wire.schema import KIND_EVENT, KIND_TAG, W_ATTRS, W_EVENTS, W_SEQ, W_STEP, W_T0, W_T1
 
 _MAX_ORPHANS = 1024  # tags/events waiting for a step record that may never come
 
@@ -33,10 +33,12 @@ class HeldStep:
     fields of a usual step (`FastPath.lean_step`), which is emitted without cleaning or
     re-encoding those while nothing is added to it."""
 
-    __slots__ = ("wire", "tags", "events", "time_s", "lean")
+    __slots__ = ("wire", "tags", "events", "time_s", "lean", "end")
 
-    def __init__(self, wire: tuple[Any, ...], time_s: float, lean: bytes | None = None) -> None:
+    def __init__(self, wire: tuple[Any, ...], time_s: float, lean: bytes | None = None,
+                 end: int | None = None) -> None:
         self.wire = wire
+        self.end = end  # its boundary (wall ns) where that is not its host end: its device end
         self.tags: list[str] = list(wire[W_ATTRS].pop(semconv.TRAIN_STEP_TAGS, ()))
         self.events: list[tuple[str, int, Any]] = list(wire[W_EVENTS] or ())
         self.time_s = time_s
@@ -67,7 +69,7 @@ class StepTimeline:
         if self.siblings:
             own_ns -= self.sibling_ns(start, end)
         self.prev_step_end = end
-        held = HeldStep(wire, max(own_ns, 0) / 1e9, lean)
+        held = HeldStep(wire, max(own_ns, 0) / 1e9, lean, end if end != wire[W_T1] else None)
         seq = wire[W_SEQ]
         if self.orphans:
             for kind, payload in self.orphans.pop(seq, ()):
