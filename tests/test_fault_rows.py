@@ -16,7 +16,7 @@ import signal
 
 import grpc
 import pytest
-from support.fault_run import TrainingRun, run_script, settle, step_spans
+from support.fault_run import TrainingRun, report, run_script, settle, step_spans
 from support.otlp_receiver import BlackHoleListener, Fault, OTLPReceiver
 from support.tls import TlsMaterial, make_tls
 
@@ -215,6 +215,8 @@ def test_a_small_buffer_never_kills_the_exporter(receiver: OTLPReceiver, size: s
     assert "failed" not in result.stderr.replace("0 (export failed", ""), result.stderr
     assert result.exported == len(spans) > 0, result.stderr
     assert result.exported + result.dropped == 60 * SPANS_PER_STEP, result.stderr
+    report(f"OTEL_TRAIN_BUFFER_SIZE={size}, exporter still starting", f"{result.exported} of 300 spans",
+           f"{result.dropped} (buffer full), counted", result, None)
 
 
 HOSTILE = """
@@ -286,6 +288,8 @@ def test_a_collector_back_inside_the_shutdown_bound_gets_everything(receiver: OT
     assert result.returncode == 0, result.stderr
     assert len(step_spans(spans, run.run_id)) == 200, result.stderr
     assert result.exported == len(spans) == 200 * SPANS_PER_STEP and result.dropped == 0, result.stderr
+    report("collector down all run, back 3 s into a 5 s bound", f"{len(spans)} of 1000 spans", "nothing",
+           result, None)
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
@@ -303,6 +307,8 @@ def test_a_collector_refusing_its_first_calls_then_taking_them_gets_everything(
     assert result.returncode == 0, result.stderr
     assert len(receiver.refused) == 4
     assert result.exported == len(spans) == 300 * SPANS_PER_STEP and result.dropped == 0, result.stderr
+    report(f"{protocol}: UNAVAILABLE / 503 for 4 calls, then OK", f"{len(spans)} of 1500 spans", "nothing",
+           result, None)
 
 
 def test_a_collector_slower_than_the_timeout_is_counted_as_it_is(receiver: OTLPReceiver) -> None:
@@ -321,6 +327,9 @@ def test_a_collector_slower_than_the_timeout_is_counted_as_it_is(receiver: OTLPR
     assert twice is not None, result.stderr
     assert result.exported == len(distinct) == 100 * SPANS_PER_STEP, result.stderr
     assert len(spans) == result.exported + int(twice.group(1)), (len(spans), result.stderr)
+    report("collector answers in 1.5 s, OTEL_EXPORTER_OTLP_TIMEOUT=1000",
+           f"{len(distinct)} of 500 spans; the receiver holds {len(spans)} (said: {twice.group(1)} may be twice)",
+           "nothing", result, None)
 
 
 # --- row 7: signals during the flush; a stopped exporter; the output folder; DataLoader workers ---------
@@ -362,6 +371,8 @@ def test_a_stopped_exporter_is_explained_in_the_closing_line(receiver: OTLPRecei
     assert result.returncode == -signal.SIGTERM, result.stderr
     assert "had not finished at the bound" in result.stderr and "was killed" in result.stderr, result.stderr
     assert result.exported == len(spans) == 0 and result.dropped == 200 * SPANS_PER_STEP + 2, result.stderr
+    report("exporter process SIGSTOPped, then SIGTERM to the trainer (bound 3 s)", "nothing (it cannot run)",
+           f"all {result.dropped}, counted; the closing line says it was killed", result, None)
 
 
 UMASK = """
