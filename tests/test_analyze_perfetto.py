@@ -172,3 +172,23 @@ def test_export_writes_trace_json_by_default(tmp_path: Path, monkeypatch: pytest
     monkeypatch.chdir(tmp_path)
     assert main(["export", "--format", "perfetto", "run"]) == 0
     check_trace_event_format(json.loads((tmp_path / "trace.json").read_text()))
+
+
+def test_an_automatic_run_keeps_every_span(tmp_path: Path) -> None:
+    """Issue 55: automatic mode's `train.other` (the script's own code) and `train.zero_grad`
+    were dropped from the export. A real run of examples/auto_plain.py: every span it wrote is
+    an event, and the slices still nest."""
+    from collections import Counter
+
+    from support.procs import REPO, run_python
+    run_python(script=REPO / "examples" / "auto_plain.py", args=["--epochs", "1", "--out", str(tmp_path)],
+               cwd=tmp_path, env={"OTEL_TRAIN_RUN_ID": "auto"}, timeout=180)
+    run = tmp_path / "otel-train" / "auto"
+    written = Counter(s["name"] for line in (run / "traces-rank0.jsonl").read_text().splitlines()
+                      for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"])
+    assert written["train.other"] and written["train.zero_grad"]
+    assert main(["export", "--format", "perfetto", str(run), "-o", str(tmp_path / "t.json")]) == 0
+    doc = json.loads((tmp_path / "t.json").read_text())
+    check_trace_event_format(doc)
+    exported = Counter(e["name"] for e in doc["traceEvents"] if e["ph"] == "X")
+    assert exported == written

@@ -190,3 +190,27 @@ def test_jaeger_ui_shows_the_step_referencing_the_producer(runs: dict, tmp_path:
             assert not driver.find_elements(By.CSS_SELECTOR, ".ErrorMessage")
     finally:
         httpd.shutdown()
+
+
+@pytest.mark.parametrize("mode", list(EXPECTED))
+def test_a_ray_run_has_goodput(runs: dict, mode: str) -> None:
+    """Issue 55: every Ray run read goodput 0.0 %: the first step's wait for the actors to start
+    was counted as data and again as compilation. The categories partition the wall time once."""
+    from otel_train.analyze import goodput as gp
+    g = analyse(runs[mode][0]).goodput
+    assert sum(g.totals.values()) == pytest.approx(g.wall_ns, abs=10)
+    assert g.totals[gp.PRODUCTIVE] > 0.1e9 and g.goodput > 0.01
+    assert g.totals[gp.COMPILE] < 0.05e9  # sleeps stand in for work: nothing compiles
+
+
+def test_the_perfetto_export_draws_actors_and_arrows(runs: dict, tmp_path: Path) -> None:
+    """Each actor its own process, an arrow from each producer call to the step that linked it."""
+    from otel_train.cli import main
+    run, consumed = runs["slow_actors"]
+    assert main(["export", "--format", "perfetto", str(run), "-o", str(tmp_path / "t.json")]) == 0
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    procs = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert sorted(procs.values()) == ["inference 0", "inference 1", "rank 0", "run"]
+    arrows = [e for e in events if e["ph"] == "f"]
+    assert len(arrows) == sum(len(c) for c in consumed)  # every link, drawn
+    assert {procs[e["pid"]] for e in events if e["ph"] == "s"} == {"inference 0", "inference 1"}
