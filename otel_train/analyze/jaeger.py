@@ -106,6 +106,8 @@ def write_jaeger(d: Diagnosis, sources: reader.Sources, path: str | Path, run_id
     worst = {s.step: s.stragglers[0].rank for s in d.step_ranks if s.stragglers}
     by_trace: dict[str, list[reader.Span]] = {}
     for span in _spans(sources, run_id):
+        if steps is not None and span.step is not None and not steps[0] <= span.step <= steps[1]:
+            continue  # a step outside the range: not held (a slice of a long run stays small)
         by_trace.setdefault(span.trace_id, []).append(span)
     if steps is not None:
         by_trace = {t: spans for t, spans in by_trace.items()
