@@ -16,7 +16,7 @@ import logging
 import os
 import re
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -467,6 +467,25 @@ class Config:
                     values[name] = _checked(name, spec, _env_value(var, raw), var, None, warned, rejected)
                     break
         return cls(**values, rejected=tuple(rejected))
+
+    def as_environment(self, names: Iterable[str]) -> dict[str, str]:
+        """The variables that make another process resolve the fields `names` to this config's
+        values: each field's most specific variable (the one `resolve` reads first), its value
+        written as that variable is read (`true`/`false`; headers as URL-encoded `key=value,...`).
+        Fields that are None are left out. For the processes a run starts (`otel_train.ray`)."""
+        out: dict[str, str] = {}
+        for name in names:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, Mapping):
+                text = ",".join(f"{urllib.parse.quote(str(k))}={urllib.parse.quote(str(v))}" for k, v in value.items())
+            else:
+                text = str(value)
+            out[_SPECS[name].env[0]] = text
+        return out
 
 
 def _env_value(var: str, raw: str) -> str:

@@ -1,21 +1,22 @@
-"""The resource attributes of this process: what the SDK's detectors would say, then ours.
+"""The resource attributes of a training process: what the SDK's detectors say, then ours.
 
-Computed at `init()` on the training thread, so without importing the SDK (which costs
-~0.1-0.2 s there): the same keys the SDK's `OTELResourceDetector`, `ProcessResourceDetector`
-and host detector produce (`telemetry.sdk.*`, `process.*`, `host.*`, OTEL_RESOURCE_ATTRIBUTES),
-then `service.name` and the `ml.*` attributes of `RunInfo`. The command line's arguments are
-never included (`process.command_args`, `process.command_line`): an argument may carry a token
+Two halves. `process_attributes()` runs at `init()` on the training thread, so without importing
+the SDK (which costs ~0.1-0.2 s there): the keys the SDK's `ProcessResourceDetector` and host
+detector produce (`telemetry.sdk.*`, `process.*`, `host.*`) for the training process. `build()`
+runs where the pipeline is built (the exporter process, which inherits the trainer's
+environment, or the worker thread), where the SDK is imported anyway: the SDK's own
+`OTELResourceDetector` reads OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME, then come
+`service.name` and the `ml.*` attributes of `RunInfo`. The command line's arguments are never
+included (`process.command_args`, `process.command_line`): an argument may carry a token
 (docs/security.md); `process.command` is only the script or program (argv[0]).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import platform
 import socket
 import sys
-import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,7 +24,6 @@ from otel_train import semconv
 from otel_train._config import Config
 from otel_train._distributed import RunInfo
 
-_log = logging.getLogger("otel_train")
 
 
 def _owner() -> str | None:
@@ -61,29 +61,19 @@ def process_attributes() -> dict[str, Any]:
     return {k: v for k, v in attrs.items() if v not in (None, "")}
 
 
-def from_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """OTEL_RESOURCE_ATTRIBUTES: `key=value,...`, values percent-decoded (the specification's format)."""
-    environ = os.environ if environ is None else environ
-    raw = environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
-    out: dict[str, str] = {}
-    for index, item in enumerate(raw.split(",") if raw.strip() else (), 1):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            _log.warning("otel_train: OTEL_RESOURCE_ATTRIBUTES item %d is not key=value; it is ignored.", index)
-            continue
-        out[key.strip()] = urllib.parse.unquote(value.strip())
-    return out
+def build(cfg: Config, run: RunInfo, process: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The resource: the training process's `process` attributes (this process's by default),
+    then OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME as the SDK's `OTELResourceDetector`
+    reads them, then `service.name`, then the run's `ml.*` attributes."""
+    from opentelemetry.sdk.resources import OTELResourceDetector
 
-
-def build(cfg: Config, run: RunInfo, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """This process's resource attributes."""
-    environ = os.environ if environ is None else environ
-    attrs = process_attributes()
-    attrs.update(from_environment(environ))
-    # OTEL_SERVICE_NAME (or init(service_name=...)) beats a service.name in OTEL_RESOURCE_ATTRIBUTES,
+    attrs = dict(process_attributes() if process is None else process)
+    detected = dict(OTELResourceDetector().detect().attributes)
+    attrs.update(detected)
+    # init(service_name=...) or OTEL_SERVICE_NAME beats a service.name in OTEL_RESOURCE_ATTRIBUTES,
     # which beats our default.
-    if cfg.service_name != semconv.DEFAULT_SERVICE_NAME or environ.get("OTEL_SERVICE_NAME") or \
-            semconv.SERVICE_NAME not in attrs:
+    if cfg.service_name != semconv.DEFAULT_SERVICE_NAME or os.environ.get("OTEL_SERVICE_NAME") or \
+            semconv.SERVICE_NAME not in detected:
         attrs[semconv.SERVICE_NAME] = cfg.service_name
     attrs.update(run.resource_attributes())
     return attrs

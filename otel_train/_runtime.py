@@ -25,7 +25,7 @@ from otel_train.export.sinks import ENV_CHILD, LocalSink, ProcessSink
 from otel_train.export.worker import Worker
 from otel_train.record import recorder as _recorder
 from otel_train.record import span
-from otel_train.record.clock import Clock, ShiftedClock, SystemClock, planted_shift_ns
+from otel_train.record.clock import Clock, SystemClock
 from otel_train.wire.ids import new_salt
 from otel_train.wire.schema import Truncated
 
@@ -91,12 +91,11 @@ def _init(span_processors: Sequence[Any], metric_readers: Sequence[Any], clock: 
         _disable(cfg)
         return None
     run = detect_run_info(cfg.run_id, cfg.role)
-    shift = planted_shift_ns(run.rank) if clock is None else 0  # test-only (`record.clock`)
-    recorder = _recorder.Recorder(cfg.buffer_size, ShiftedClock(shift) if shift else clock)
+    recorder = _recorder.Recorder(cfg.buffer_size, clock)
     salt = new_salt()
     # Light on purpose: the training thread pays for this (often inside its first step), so
     # nothing here imports the SDK, gRPC or the pipeline unless this process exports itself.
-    setup = make_setup(cfg, run, _resource.build(cfg, run), salt, init_ns, shift)
+    setup = make_setup(cfg, run, _resource.process_attributes(), salt, init_ns)
 
     def local() -> LocalSink:
         from otel_train.export.pipeline import ExportPipeline
@@ -138,8 +137,8 @@ def _init(span_processors: Sequence[Any], metric_readers: Sequence[Any], clock: 
 def _in_dataloader_worker() -> bool:
     """A torch DataLoader worker (fork, forkserver or spawn) is never a trainer: it records
     nothing (the trainer's `train.data` spans show its batches), and says so once, from worker 0."""
-    worker = sys.modules.get("torch.utils.data._utils.worker")
-    info = getattr(worker, "_worker_info", None) if worker is not None else None
+    data = sys.modules.get("torch.utils.data")  # never imported here: a worker has it already
+    info = data.get_worker_info() if data is not None else None
     if info is None:
         return False
     if getattr(info, "id", None) == 0 and _first_worker_of_run():

@@ -39,6 +39,13 @@ the moment it does. In a `multiprocessing` child (a spawned DataLoader worker re
 script) the runtime starts only at the first training activity, and never in a DataLoader
 worker, so workers are not reported as trainers.
 
+`tracer_provider=` and `meter_provider=` (which contrib instrumentors take) are not used, and
+`instrument()` says so once: otel_train does not make spans through a tracer on the training
+thread (that is the cost it exists to avoid); it records regions into its own buffer and builds
+the spans later, in its exporter process, with its own clocks and ids. To receive them in this
+process, call `otel_train.init(span_processors=[...], metric_readers=[...])` before
+`instrument()`: your processors and readers get every span and metric.
+
 Limits: forward spans need a `torch.nn.Module` call (a model compiled with `module.compile()`
 runs its hooks inside the compiled code, so only `torch.compile(module)` shows `train.forward`);
 batches are seen when they come from a `torch.utils.data.DataLoader`; DDP's gradient
@@ -56,12 +63,12 @@ from typing import Any
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
-from otel_train import _children, _imports, _runtime
+from otel_train import _children, _compat, _imports, _runtime
 
 _log = logging.getLogger("otel_train")
 
 #: The instrumented library (an extra of this package, never a hard dependency).
-_instruments = ("torch >= 2.2",)
+_instruments = ("torch >= 2.11",)  # the oldest tested (docs/compatibility.md); pyproject's extra
 
 _LIGHTNING = "lightning.pytorch"
 _TRANSFORMERS = "transformers.trainer"
@@ -74,6 +81,12 @@ class TorchTrainingInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
+        given = [name for name in ("tracer_provider", "meter_provider") if kwargs.get(name) is not None]
+        if given:
+            _log.warning("otel_train: TorchTrainingInstrumentor does not use %s: its spans are built in its "
+                         "exporter process, not by a tracer on the training thread. To receive them in this "
+                         "process, call otel_train.init(span_processors=[...], metric_readers=[...]) before "
+                         "instrument().", " or ".join(given))
         if _runtime.sdk_disabled():
             _log.debug("otel_train: OTEL_SDK_DISABLED is set; nothing is instrumented")
             return
@@ -112,7 +125,7 @@ def _in_multiprocessing_child() -> bool:
     # While a spawned child re-imports the main script, `parent_process()` is not set yet:
     # the process is still `_inheriting` its preparation data (and already has its own name).
     current = multiprocessing.current_process()
-    return (multiprocessing.parent_process() is not None or getattr(current, "_inheriting", False)
+    return (multiprocessing.parent_process() is not None or _compat.multiprocessing_inheriting(current)
             or current.name != "MainProcess")
 
 

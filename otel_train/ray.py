@@ -45,12 +45,9 @@ from otel_train import inference, semconv
 __all__ = ["Traced", "ActorMixin", "runtime_env", "generate", "traced", "get", "wait", "consume", "flush"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
-#: Settings an actor takes from the driver (field -> environment variable it is passed in).
-_PASSED = {"run_id": semconv.ENV_RUN_ID, "output_dir": semconv.ENV_OUTPUT_DIR, "service_name": "OTEL_SERVICE_NAME",
-           "traces_exporter": "OTEL_TRACES_EXPORTER", "metrics_exporter": "OTEL_METRICS_EXPORTER",
-           "endpoint": "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "metrics_endpoint": "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-           "protocol": "OTEL_EXPORTER_OTLP_PROTOCOL", "headers": "OTEL_EXPORTER_OTLP_HEADERS",
-           "disabled": "OTEL_SDK_DISABLED"}
+#: Settings an actor takes from the driver, passed in their variables (`Config.as_environment`).
+_PASSED = ("run_id", "output_dir", "service_name", "traces_exporter", "metrics_exporter", "endpoint",
+           "metrics_endpoint", "protocol", "headers", "disabled")
 
 
 @dataclass
@@ -72,13 +69,8 @@ def runtime_env(base: Mapping[str, Any] | None = None) -> dict[str, Any]:
     from otel_train import _runtime
     st = _runtime.state()
     if st is not None:
-        for name, var in _PASSED.items():
-            value = getattr(st.cfg, name)
-            if value is None:
-                continue
-            if name == "output_dir":
-                value = os.path.abspath(value)
-            env_vars[var] = str(value).lower() if isinstance(value, bool) else str(value)
+        env_vars.update(st.cfg.as_environment(_PASSED))
+        env_vars[semconv.ENV_OUTPUT_DIR] = os.path.abspath(st.cfg.output_dir)  # the actor's cwd is not ours
     if run is not None:
         env_vars[semconv.ENV_RUN_ID] = run.run_id
     env_vars[semconv.ENV_ROLE] = semconv.ROLE_INFERENCE

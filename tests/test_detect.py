@@ -28,7 +28,7 @@ import otel_train  # noqa: E402
 from otel_train import _imports, _runtime, semconv  # noqa: E402
 from otel_train import detect as _detect  # noqa: E402
 from otel_train.detect import compile, data, forward, gc_pauses, roots, state  # noqa: E402
-from otel_train.testing import paused_detection  # noqa: E402
+from otel_train.bench.switches import paused_detection  # noqa: E402
 
 
 def test_plain_loop_one_step_per_update_with_exact_boundaries(run: Run) -> None:

@@ -216,7 +216,7 @@ def test_notes_in_python_runs_the_python_entry_points_inside_and_puts_back_the_c
     functions and the replay is Python's; after, the entry points are as installed, and the
     steps either way are the same steps."""
     from otel_train.detect import forward
-    from otel_train.testing import notes_in_python
+    from benchmarks.switches import notes_in_python
 
     clock = run.clock
     model = Net(clock)
@@ -243,7 +243,7 @@ def test_bench_parts_note_without_replaying_and_stub_without_noting(run: Run, fo
     nothing is noted and no body runs, and the model still trains; after each, the entry points
     and the replay are as installed and the steps go on being recorded."""
     from otel_train.detect import backward, data, forward, optimizer
-    from otel_train.testing import entry_points_stubbed, notes_dropped
+    from benchmarks.switches import entry_points_stubbed, notes_dropped
 
     clock = run.clock
     model = Net(clock)
@@ -294,7 +294,7 @@ def test_bench_parts_note_without_replaying_and_stub_without_noting(run: Run, fo
 def test_a_timed_bench_block_runs_the_calls_it_left_waiting_in_its_time(run: Run) -> None:
     """`bench auto-cost` times a block of fewer steps than a batch of notes: its replay must fall
     inside the block's time, not the untimed flush after the round."""
-    from otel_train.bench.auto_cost import _timed
+    from benchmarks.auto_cost import _timed
 
     clock = run.clock
     model = Net(clock)

@@ -29,7 +29,8 @@ import otel_train  # noqa: E402
 from otel_train import semconv  # noqa: E402
 from otel_train.detect import backward, batch, data, entry  # noqa: E402
 from otel_train.detect.state import s  # noqa: E402
-from otel_train.testing import calls_at_once, paused_detection  # noqa: E402
+from benchmarks.switches import calls_at_once  # noqa: E402
+from otel_train.bench.switches import paused_detection  # noqa: E402
 
 pytestmark = pytest.mark.skipif(entry._entry is None, reason="the entry objects are a C extension")
 
@@ -315,7 +316,7 @@ def test_dynamo_traces_the_update_s_patched_functions_as_it_traces_torch_s(tmp_p
         import otel_train
         from otel_train import detect
         from otel_train.detect import data, entry
-        from otel_train.testing import paused_detection
+        from otel_train.bench.switches import paused_detection
 
         data._accelerator_present = lambda: True  # as if a device were there: `Tensor.to` patched
         otel_train.init(run_id="twins", output_dir={str(tmp_path)!r})

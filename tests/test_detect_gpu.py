@@ -24,7 +24,7 @@ from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, Tensor
 import otel_train  # noqa: E402
 from otel_train import detect as _detect  # noqa: E402
 from otel_train import semconv  # noqa: E402
-from otel_train.testing import SyncCounter  # noqa: E402
+from otel_train.bench.switches import SyncCounter  # noqa: E402
 from support.cuda import event_calls, started  # noqa: E402,F401 - event_calls: the fixture
 
 PHASES = (semconv.SPAN_FORWARD, semconv.SPAN_BACKWARD, semconv.SPAN_OPTIMIZER)

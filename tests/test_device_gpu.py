@@ -2,7 +2,7 @@
 
 Skipped as a whole without a GPU. Synchronising calls are counted by wrapping
 `torch.cuda.synchronize`, `torch.cuda.Event.synchronize`, `torch.cuda.Stream.synchronize` and
-`torch.Tensor.item` (`otel_train.testing.SyncCounter`); event calls are logged per thread by wrapping
+`torch.Tensor.item` (`otel_train.bench.switches.SyncCounter`); event calls are logged per thread by wrapping
 `torch.cuda.Event.query` / `elapsed_time` (and `torch.Event`'s, which device timing records on CUDA
 from torch 2.4: `support.cuda.event_calls`).
 """
@@ -23,7 +23,7 @@ import otel_train  # noqa: E402
 from otel_train import _runtime, semconv  # noqa: E402
 from otel_train.bench.device import train_instrumented  # noqa: E402
 from otel_train.record import device as _device  # noqa: E402
-from otel_train.testing import SyncCounter  # noqa: E402
+from otel_train.bench.switches import SyncCounter  # noqa: E402
 from support.cuda import event_calls, started  # noqa: E402,F401 - event_calls: the fixture
 
 PHASES = (semconv.SPAN_FORWARD, semconv.SPAN_BACKWARD, semconv.SPAN_OPTIMIZER)

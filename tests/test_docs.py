@@ -18,7 +18,8 @@ DOCS = ROOT / "docs"
 
 
 def _markdown_files() -> list[Path]:
-    return [ROOT / "README.md", ROOT / "collector" / "README.md", *sorted(DOCS.rglob("*.md"))]
+    return [ROOT / "README.md", ROOT / "collector" / "README.md", ROOT / "benchmarks" / "README.md",
+            *sorted(DOCS.rglob("*.md"))]
 
 
 def _config_rows() -> dict[str, list[str]]:
@@ -127,7 +128,7 @@ def test_code_cites_only_docs_that_exist() -> None:
 
 def test_benchmark_results_are_dated_and_indexed_newest_first() -> None:
     bench = DOCS / "benchmarks"
-    results = sorted((p.name for p in bench.glob("*.md") if p.name != "README.md"))
+    results = sorted((p.name for p in bench.glob("*.md") if p.name not in ("README.md", "history.md")))
     assert results and all(re.match(r"\d{4}-\d{2}-\d{2}-[a-z0-9-]+\.md$", name) for name in results), results
     index = (bench / "README.md").read_text()
     listed = re.findall(r"^\| \d{4}-\d{2}-\d{2} \| \[([\w.-]+)\]", index, re.MULTILINE)

@@ -57,3 +57,26 @@ def test_importing_the_integration_before_its_framework_still_attaches_its_callb
     assert result == {"callbacks": result["callbacks"], "installed": True}
     assert result["callbacks"].count(callback) == 1, result
     assert "otel_train" not in proc.stderr.replace("otel_train: 0 spans", ""), proc.stderr
+
+
+def test_a_tracer_or_meter_provider_is_named_as_unused_once_and_instrumenting_goes_on(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """`instrument(tracer_provider=...)` as contrib instrumentors take it: otel_train builds its
+    spans in its exporter process, so it says in one warning that the provider is not used and
+    what to pass instead, and instruments as usual."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+
+    import otel_train
+    from otel_train.instrumentation import TorchTrainingInstrumentor
+
+    otel_train.init(traces_exporter="none", metrics_exporter="none", export_mode="thread")
+    instrumentor = TorchTrainingInstrumentor()
+    instrumentor.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider())
+    try:
+        warnings = [r.getMessage() for r in caplog.records if "does not use" in r.getMessage()]
+        assert len(warnings) == 1 and "tracer_provider or meter_provider" in warnings[0]
+        assert "otel_train.init(span_processors=" in warnings[0]
+        assert instrumentor.is_instrumented_by_opentelemetry
+    finally:
+        instrumentor.uninstrument()

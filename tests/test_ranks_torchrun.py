@@ -4,9 +4,9 @@ skew planted on two ranks and recovered by `diagnose`.
 
 Four launches, each shared by the tests that read it (module-scoped): the job alone (the
 collective count without instrumentation); instrumented with every rank's phases and the
-clock of ranks 1 and 3 shifted (`OTEL_TRAIN_TEST_CLOCK_OFFSET_NS`); `OTEL_TRAIN_RANKS=0`;
+clock of ranks 1 and 3 shifted (`TESTS_CLOCK_OFFSET_NS`); `OTEL_TRAIN_RANKS=0`;
 `OTEL_TRAIN_RANKS=sample:2`. Collectives are counted under the script, at `ProcessGroup`'s
-methods, from interpreter start (`support/count_collectives/sitecustomize.py`).
+methods, from interpreter start, where the clocks are shifted too (`support/count_collectives/sitecustomize.py`).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def plain(tmp_path_factory: pytest.TempPathFactory) -> Launch:
 def every_rank(tmp_path_factory: pytest.TempPathFactory, otlp_receiver: OTLPReceiver) -> Launch:
     shifts = ",".join(f"{rank}={ns}" for rank, ns in PLANTED_NS.items())
     return _launch(tmp_path_factory.mktemp("all"), otlp_receiver, "ranks-all", OTEL_TRAIN_RANKS="all",
-                   OTEL_TRAIN_TEST_CLOCK_OFFSET_NS=shifts)
+                   TESTS_CLOCK_OFFSET_NS=shifts)
 
 
 @pytest.fixture(scope="module")

@@ -103,7 +103,7 @@ def bench_steps(work: Workload, rounds: int, block_steps: int, sdk_tracer: Any |
     from otel_train import _runtime
     from otel_train.instrumentation import TorchTrainingInstrumentor
     from otel_train.record import recorder as _recorder
-    from otel_train.testing import held
+    from otel_train.bench.switches import held
 
     worker = _runtime.state().worker  # type: ignore[union-attr]
     exporter_cpu = getattr(worker.sink, "cpu_ns", lambda: 0)

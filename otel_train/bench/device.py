@@ -35,7 +35,7 @@ from typing import Any
 
 from otel_train import semconv
 from otel_train.bench.harness import as_script
-from otel_train.testing import SyncCounter
+from otel_train.bench.switches import SyncCounter
 
 _PHASES = (semconv.SPAN_FORWARD, semconv.SPAN_BACKWARD, semconv.SPAN_OPTIMIZER)
 

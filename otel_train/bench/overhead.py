@@ -14,22 +14,18 @@ worker and the exporter run during them, and what they have left at the end of a
 caught up while plain steps run, whose slowdown is the block's (`blocks.catch_up`). The small step
 also runs instrumented blocks with the worker held off (`*_hot_path`): the training thread's
 own share; where the C hot path is built (`hot_path_in_c: 1`), its pure-Python fallback is
-timed beside it (`*_python`). Also the export pipeline's CPU per span stage by stage, measured alone
-(`export_*_us_per_span*`), fast path against general path. Overheads are the median over
+timed beside it (`*_python`). Overheads are the median over
 rounds of each round's own ratio (its blocks ran back to back, in alternating order), with a
 distribution-free 95 % confidence interval for that median (`*_ci95_lo`, `*_ci95_hi`): a
 target is shown met only when the interval's upper end is within it. `--targets-only` runs just
 the blocks the step targets are judged on (more rounds in the same time). `step_noise_pct*` is
-the baseline's spread between rounds (IQR / median), the machine's noise. `--design groups`
-measures the step targets alone another way, precise enough for this host
-(`grouped`): plain and instrumented steps alternate one by one, the records wait in the
-buffer, and each group of ~200 steps is caught up and exported as one. Output: one
-`name: value` line per figure.
+the baseline's spread between rounds (IQR / median), the machine's noise. Output: one
+`name: value` line per figure. (The project's other designs and stage-by-stage figures, not
+installed: `python -m benchmarks.grouped`, `python -m benchmarks.export_cpu`.)
 
 Where each part is: the steps timed (`workload`), region costs (`regions`), the block design
-(`blocks`), the grouped design (`grouped`), the export pipeline alone (`export_cpu`), the
-paired statistics (`stats`), the live receiver and the output (`harness`); this module runs
-them in order (`run_overhead`).
+(`blocks`), the paired statistics (`stats`), the live receiver and the output (`harness`);
+this module runs them in order (`run_overhead`).
 """
 
 from __future__ import annotations
@@ -37,8 +33,6 @@ from __future__ import annotations
 import os
 
 from otel_train.bench.blocks import bench_spare_core, bench_steps
-from otel_train.bench.export_cpu import bench_export_cpu
-from otel_train.bench.grouped import run_grouped
 from otel_train.bench.harness import Receiver, init_mode, print_figure, print_steps, sdk_tracer
 from otel_train.bench.regions import bench_cold_regions, bench_regions
 from otel_train.bench.workload import Workload
@@ -46,18 +40,14 @@ from otel_train.bench.workload import Workload
 
 def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thread"), rounds: int = 15,
                  steps: tuple[str, ...] = ("large", "small"), targets_only: bool = False,
-                 block_steps: int | None = None, design: str = "blocks") -> int:
+                 block_steps: int | None = None) -> int:
     """Every figure (module docstring), or with `targets_only` only the step overheads the
     targets are judged on: plain against instrumented and automatic blocks, nothing else
-    between them, so more rounds fit in a run. With `design` "groups", the step overheads
-    alone, by `bench_steps_grouped` (`rounds` groups each)."""
-    if design == "groups":
-        return run_grouped(modes, 2 if quick else rounds, steps)
+    between them, so more rounds fit in a run."""
     import torch
 
     import otel_train
     from otel_train import _runtime
-    from otel_train.export import fast_path, otlp_json
     from otel_train.record import recorder as _recorder
 
     # Blocks of about two and a half seconds (large step) and two (small), at the default drain
@@ -71,8 +61,6 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
     try:
         print_figure("torch_threads", torch.get_num_threads())
         print_figure("hot_path_in_c", int(_recorder.Region is not _recorder._PyRegion))  # else the Python fallback
-        print_figure("export_fast_path_in_c", int(fast_path._encode is not None))  # else its Python loop
-        print_figure("export_json_line_in_c", int(otlp_json._otlp_json is not None))  # else Python's
         print_figure("load_avg_1m", os.getloadavg()[0])
         print_figure("block_steps", block)
         print_figure("block_steps_small", block * 6)
@@ -85,7 +73,6 @@ def run_overhead(quick: bool = False, modes: tuple[str, ...] = ("process", "thre
                 print_figure("export_delay_ms", cfg.export_delay_ms)
                 figures = bench_regions(tracer, provider.force_flush, region_n, region_rounds)
                 figures.update(bench_cold_regions(tracer, 20 if quick else 300))
-                figures.update(bench_export_cpu(100 if quick else 2000, 2 if quick else 5))
                 for name, value in figures.items():
                     print_figure(name, value)
             # (Automatic instrumentation: first mode only; SDK and hot-path figures: first mode

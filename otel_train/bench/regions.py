@@ -47,7 +47,7 @@ def _region_factories(sdk_tracer: Any) -> dict[str, tuple[Callable[..., Any], Ca
     and the mode it runs in (a context manager factory)."""
     import otel_train
     from otel_train.record import recorder as _recorder
-    from otel_train.testing import spans_disabled
+    from otel_train.bench.switches import spans_disabled
 
     plain = contextlib.nullcontext
     factories = {"otel_train": (otel_train.span, plain), "otel_sdk": (sdk_tracer.start_as_current_span, plain),

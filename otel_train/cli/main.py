@@ -2,11 +2,8 @@
 
     otel-train run train.py [args...]      run a script instrumented (like opentelemetry-instrument)
     otel-train bench overhead [--quick] [--rounds N] [--step large|small|both] [--mode M]
-                              [--targets-only] [--block-steps N] [--design blocks|groups]
+                              [--targets-only] [--block-steps N]
                                            what instrumentation costs, against a baseline in the same run
-    otel-train bench auto-cost [--rounds N] [--block-steps N]
-                               [--callgrind N | --floor | --per-call | --parts | --batch-calls N | --root-hooks]
-                                           automatic mode's own cost a step
     otel-train bench device [--steps N]    device timing: synchronisations added, device vs profiler time
     otel-train bench latency MODULE:FUNCTION [--seq-len N | --input-shape ... | --example F] [--warmup N --iters N]
                                            forward and forward+backward latency on synthetic batches

@@ -453,7 +453,7 @@ def install() -> None:
 
 def point(in_c: bool) -> None:
     """The hooks' entry points at the noting ones, those `_batch.c` has in C where `in_c` (it
-    was built and bound), and the replay with them (`otel_train.testing.notes_in_python`)."""
+    was built and bound), and the replay with them (`benchmarks.switches.notes_in_python`)."""
     if not b.real:
         return  # not installed
     b.c = in_c and _batch is not None

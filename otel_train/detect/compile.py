@@ -20,13 +20,13 @@ import logging
 import sys
 import warnings
 from collections.abc import Callable
-from types import CodeType, FunctionType, ModuleType, SimpleNamespace
+from types import CodeType, FunctionType, ModuleType
 from typing import Any
 
 import torch
 from torch.compiler import is_compiling
 
-from otel_train import _imports
+from otel_train import _compat, _imports
 from otel_train.detect import state
 from otel_train.detect.patches import Patches
 
@@ -42,11 +42,7 @@ _COMPILE_HOOK_WARNING = r"Using `torch.compile\(module\)` when there are global 
 # run every step ask the same with one: Dynamo folds `is_dynamo_compiling()` to True while it
 # traces (so it neither reads the flag nor guards on it), and the flag is torch.export's tracing.
 #: Use as `compiled.seen and dynamo_compiling() or tc._is_compiling_flag` (module docstring).
-if hasattr(torch.compiler, "is_dynamo_compiling") and hasattr(torch.compiler, "_is_compiling_flag"):
-    dynamo_compiling: Callable[[], bool] = torch.compiler.is_dynamo_compiling
-    tc: Any = torch.compiler
-else:  # another torch: the public check alone
-    dynamo_compiling, tc = is_compiling, SimpleNamespace(_is_compiling_flag=False)
+dynamo_compiling, tc = _compat.compile_checks()  # another torch: the public check alone
 
 #: Modules whose code Dynamo skips: detection and the hot path it drives, not the integrations
 #: (framework callbacks, never called from compiled code) or the clocks.
@@ -100,8 +96,7 @@ def compiled_anything() -> bool:
 
 
 def _frames_compiled() -> bool:
-    dynamo_utils = sys.modules.get("torch._dynamo.utils")
-    return dynamo_utils is not None and dynamo_utils.counters["frames"].get("total", 0) > 0
+    return _compat.dynamo_frames_compiled()
 
 
 def _on_compile_start(*_: Any) -> None:
@@ -174,9 +169,8 @@ def _skip_dynamo_frames(module: ModuleType) -> None:
     if not state.installed:
         return
     try:
-        from torch._dynamo.types import FrameAction, FrameExecStrategy
         for code in our_code():
-            module.set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.DEFAULT))
+            _compat.dynamo_set_code_skipped(module, code, True)
             _skipped_code.append(code)
     except Exception:  # noqa: BLE001 - an older or newer Dynamo: only the frame counters differ
         _log.debug("otel_train: cannot mark hooks as skipped for torch.compile", exc_info=True)
@@ -187,9 +181,8 @@ def _unskip_dynamo_frames() -> None:
         return
     try:
         from torch._dynamo import eval_frame
-        from torch._dynamo.types import FrameAction, FrameExecStrategy
         for code in _skipped_code:
-            eval_frame.set_code_exec_strategy(code, FrameExecStrategy(FrameAction.DEFAULT, FrameAction.DEFAULT))
+            _compat.dynamo_set_code_skipped(eval_frame, code, False)
     except Exception:  # noqa: BLE001
         _log.debug("otel_train: cannot restore Dynamo's frame strategy for our hooks", exc_info=True)
     _skipped_code.clear()
@@ -211,5 +204,5 @@ def uninstall() -> None:
     _patches.undo()
     warnings.filters[:] = [f for f in warnings.filters if not (
         f[0] == "ignore" and getattr(f[1], "pattern", None) == _COMPILE_HOOK_WARNING)]
-    getattr(warnings, "_filters_mutated", lambda: None)()
+    _compat.warnings_filters_changed()
     _unskip_dynamo_frames()

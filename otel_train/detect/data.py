@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from otel_train import _compat
 from otel_train.detect import entry, phase
 from otel_train.detect.batch_size import size_of
 from otel_train.detect.compile import compiled as _c
@@ -175,9 +176,8 @@ fetch = _loops.fetch if _loops is not None else fetch_python
 
 
 def install() -> None:
-    import torch.utils.data.dataloader as dataloader
     copy_edge.needed = None
-    patches.replace(dataloader._BaseDataLoaderIter, "__next__", next_patch)
+    patches.replace(_compat.dataloader_iter_class(), "__next__", next_patch)
 
 
 def uninstall() -> None:

@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from otel_train import _compat
 from otel_train.detect.compile import compiled
 from otel_train.detect.patches import Patches
 
@@ -56,7 +57,7 @@ except ImportError:
 FLOOR = -(1 << 40)
 _keys = itertools.count(FLOOR, -1)
 #: The tables a module's forward hooks live in (what `__reduce_ex__` filters).
-_MODULE_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_forward_hooks_always_called")
+_MODULE_TABLES = _compat.MODULE_HOOK_TABLES
 
 patches = Patches()
 
@@ -93,8 +94,8 @@ def module_forward(module: torch.nn.Module, pre: Callable[..., Any], post: Calla
 
 #: torch's `Module.__call__`, which calls a module's `_compiled_call_impl` where one is set
 #: (`slot`); None where this torch has no such attribute.
-_MODULE_CALL = torch.nn.Module.__call__ if hasattr(torch.nn.Module, "_compiled_call_impl") else None
-_SLOT = "_compiled_call_impl"
+_MODULE_CALL = _compat.module_call_with_slot()
+_SLOT = _compat.FORWARD_SLOT
 
 
 class SlotEntry:
@@ -133,7 +134,7 @@ def slot(module: torch.nn.Module, owner: dict[str, Any], begin: str, end: str) -
     return SlotEntry(vars(module), made)
 
 
-_CALL_IMPL = torch.nn.Module._call_impl.__code__
+_CALL_IMPL = _compat.call_impl_code()
 
 
 def calls_running() -> dict[int, Any]:
@@ -170,16 +171,14 @@ def end_once(module: torch.nn.Module, frame: Any, owner: dict[str, Any], end: st
 
 def global_forward(pre: Callable[..., Any], post: Callable[..., Any]) -> tuple[Entry, Entry]:
     """`register_module_forward_pre_hook(pre)` and `register_module_forward_hook(post, always_call=True)`."""
-    from torch.nn.modules import module as nn_module
-    return (put(nn_module._global_forward_pre_hooks, pre),
-            put(nn_module._global_forward_hooks, post, nn_module._global_forward_hooks_always_called))
+    pre_hooks, hooks, always_called = _compat.global_forward_hook_tables()
+    return put(pre_hooks, pre), put(hooks, post, always_called)
 
 
 def global_optimizer(pre: Callable[..., Any], post: Callable[..., Any]) -> tuple[Entry, Entry]:
     """`register_optimizer_step_pre_hook(pre)` and `register_optimizer_step_post_hook(post)`."""
-    from torch.optim import optimizer as optim_module
-    return (put(optim_module._global_optimizer_pre_hooks, pre),
-            put(optim_module._global_optimizer_post_hooks, post))
+    pre_hooks, post_hooks = _compat.global_optimizer_hook_tables()
+    return put(pre_hooks, pre), put(post_hooks, post)
 
 
 _object_reduce_ex = object.__reduce_ex__

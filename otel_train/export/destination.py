@@ -138,18 +138,17 @@ class ExportSetup:
     config: Config
     run: RunInfo
     resource: dict[str, Any]
+    """The training process's own attributes (`_resource.process_attributes`, taken there without
+    the SDK); the pipeline completes them (`_resource.build`)."""
     salt: int
     traces: Destination
     metrics: Destination
     init_ns: int
     """When `otel_train.init` ran (the recorder's wall clock): where the run's goodput window opens."""
-    wall_shift_ns: int = 0
-    """The test-only clock shift (`record.clock.ShiftedClock`), applied to metric timestamps as the
-    worker applies it to spans'."""
 
 
 def make_setup(cfg: Config, run: RunInfo, resource: dict[str, Any], salt: int,
-               init_ns: int | None = None, wall_shift_ns: int = 0) -> ExportSetup:
+               init_ns: int | None = None) -> ExportSetup:
     traces, metrics = resolve(cfg, run)
     return ExportSetup(cfg, run, dict(resource), salt, traces, metrics,
-                       time.time_ns() if init_ns is None else init_ns, wall_shift_ns)
+                       time.time_ns() if init_ns is None else init_ns)

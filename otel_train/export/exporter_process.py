@@ -133,8 +133,6 @@ def main(argv: list[str] | None = None) -> int:
     if first is None or first[0] != "setup":
         return 1
     setup = first[1]
-    from otel_train import testing
-    testing.exporter_start_delay()  # tests only: a node too busy to start us in time
     from otel_train.export.pipeline import ExportPipeline
 
     cfg = setup.config

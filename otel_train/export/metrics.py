@@ -32,7 +32,7 @@ from opentelemetry.sdk.metrics.export import (AggregationTemporality, Gauge, His
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_train import semconv
+from otel_train import _compat, semconv
 from otel_train.analyze.goodput import PRODUCTIVE
 from otel_train.analyze.slow import RULE_TEXT
 from otel_train.export.console import ConsoleSummary
@@ -272,7 +272,7 @@ class TrainMetrics:
             readers.append(_periodic_reader(exporter, interval_ms))
         self.readers = readers
         for index, reader in enumerate(readers):
-            reader._set_collect_callback(self._collector(index))
+            _compat.set_collect_callback(reader, self._collector(index))
 
     def observe_step(self, duration_s: float, attrs: Mapping[str, Any], step_n: int | None = None) -> None:
         """A step span's own time and attributes (`observe` for `train.step`); `step_n` where

@@ -23,7 +23,7 @@ from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor
 
-from otel_train import semconv
+from otel_train import _resource, semconv
 from otel_train.export import fast_path, restarts
 from otel_train.export.attributes import AttributeCleaner
 from otel_train.export.destination import ExportSetup
@@ -62,18 +62,16 @@ class ExportPipeline:
         self.cfg = cfg
         self.run = setup.run
         self.version, sdk_version = versions()
-        self.resource = _FixedResource({**setup.resource, "telemetry.sdk.version": sdk_version}
-                                       if sdk_version else setup.resource)
+        resource = _resource.build(cfg, self.run, setup.resource)
+        self.resource = _FixedResource({**resource, "telemetry.sdk.version": sdk_version} if sdk_version else resource)
         self.processors = list(span_processors)
         self.delivery = build_span_delivery(setup.traces, cfg.buffer_size)
         self.account = RunAccount(setup.init_ns, self.run.restart)
-        shift = setup.wall_shift_ns  # the test-only clock shift, on metric timestamps as on spans'
         self.metric_exporter = build_metric_exporter(setup.metrics)
         self.metrics = TrainMetrics(self.resource, self.metric_exporter, cfg.metric_interval_ms,
                                     metric_readers, self.version, account=self.account,
                                     mfu=Mfu(cfg.flops_per_step, cfg.peak_flops),
-                                    console_every=cfg.console_every if self.run.rank == 0 else 0,
-                                    **({"time_ns": lambda: time.time_ns() + shift} if shift else {}))
+                                    console_every=cfg.console_every if self.run.rank == 0 else 0)
         self.encoder = LeanEncoder(self.resource.attributes, semconv.SCOPE_NAME, self.version)
         self.assembler = SpanAssembler(self.run, setup.salt, self.resource,
                                        AttributeCleaner(cfg.attribute_value_limit), self._emit, cfg.step_sample,

@@ -82,7 +82,7 @@ class Worker:
         self._wake = threading.Event()
         self._anchor = Anchor()
         self._stop = False
-        #: Held while a drain runs (`otel_train.testing.held` holds it to keep drains off).
+        #: Held while a drain runs (`otel_train.bench.switches.held` holds it to keep drains off).
         self.busy = threading.Lock()
         self._overflow_said = False
         #: Packed chunks (count, slots, side) held for their side records' device events, in order.

@@ -11,19 +11,8 @@ Tests inject `FakeClock` instead of sleeping.
 
 from __future__ import annotations
 
-import logging
-import os
 import time
-from collections.abc import Mapping
 from typing import Protocol
-
-_log = logging.getLogger("otel_train")
-
-#: Test-only: shift this process's wall clock, as a host whose clock is off would be. "N" (ns,
-#: every rank) or "R=N,R=N" (per rank). Read once at init; the hot path never sees it (it reads
-#: the monotonic clock, which stays the real one), only the worker's perf-to-wall mapping and
-#: the exporter's metric timestamps do. For the clock-skew tests (docs/distributed.md).
-ENV_TEST_CLOCK_OFFSET = "OTEL_TRAIN_TEST_CLOCK_OFFSET_NS"
 
 
 class Clock(Protocol):
@@ -57,33 +46,6 @@ class FakeClock:
     def advance(self, ns: int) -> int:
         self.now_ns += ns
         return self.now_ns
-
-
-class ShiftedClock(SystemClock):
-    """The real clocks, with wall time moved by `shift_ns` (test-only: a skewed host). `perf_ns` is
-    `SystemClock`'s own function, so the C hot path still reads the monotonic clock directly."""
-
-    def __init__(self, shift_ns: int) -> None:
-        self.shift_ns = shift_ns
-
-    def wall_ns(self) -> int:
-        return time.time_ns() + self.shift_ns
-
-
-def planted_shift_ns(rank: int, environ: Mapping[str, str] | None = None) -> int:
-    """This rank's `OTEL_TRAIN_TEST_CLOCK_OFFSET_NS` (0 when unset or not for this rank)."""
-    raw = (os.environ if environ is None else environ).get(ENV_TEST_CLOCK_OFFSET, "").strip()
-    if not raw:
-        return 0
-    try:
-        if "=" not in raw:
-            return int(raw)
-        shifts = dict(part.split("=", 1) for part in raw.split(","))
-        return int(shifts.get(str(rank), "0"))
-    except ValueError:
-        _log.warning("otel_train: %s=%r is not valid: expected N or R=N,R=N (ns); no shift.",
-                     ENV_TEST_CLOCK_OFFSET, raw)
-        return 0
 
 
 def wall_offset(clock: Clock) -> int:

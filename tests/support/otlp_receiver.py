@@ -134,6 +134,7 @@ class Fault:
     http_status: int | None = None
     retry_after_s: float | None = None  # gRPC RetryInfo / HTTP Retry-After, when given
     delay_s: float = 0.0  # before answering (a slow collector), refused or not
+    gate: threading.Event | None = None  # answered only once set (60 s at most), before delay_s
     count: int | None = 1
 
     def refuses(self) -> bool:
@@ -678,6 +679,8 @@ class OTLPReceiver:
                     self._faults.pop(0)
         if fault is None:
             return None
+        if fault.gate is not None:
+            fault.gate.wait(60)
         if fault.delay_s:
             import time
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+_SLOW_EXPORTER_START = Path(__file__).resolve().parent / "slow_exporter_start"
 
 
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -18,6 +19,13 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra or {})
     return env
+
+
+def slow_exporter_start(seconds: float) -> dict[str, str]:
+    """Environment in which otel_train's exporter process takes `seconds` to start, as on a loaded
+    node (`slow_exporter_start/sitecustomize.py`); for `clean_env`'s `extra`."""
+    return {"PYTHONPATH": os.pathsep.join([str(_SLOW_EXPORTER_START), str(REPO), os.environ.get("PYTHONPATH", "")]),
+            "TESTS_EXPORTER_START_DELAY_S": str(seconds)}
 
 
 def run_python(code: str | None = None, *, script: str | os.PathLike[str] | None = None,

@@ -1,5 +1,12 @@
-"""Counts every collective a torchrun rank issues through torch.distributed, from interpreter
-start (before otel_train or the script run) to exit. Put this directory on PYTHONPATH.
+"""What the torchrun tests do to each rank from interpreter start. Put this directory on PYTHONPATH.
+
+`TESTS_CLOCK_OFFSET_NS` ("R=N,R=N", ns by rank): the rank's wall clock (`time.time_ns`,
+`time.time`) is shifted, as on a host whose clock is off, in its exporter process too (which
+inherits the environment); the monotonic clock stays the real one. Test-side on purpose: the
+package reads no test-only variable.
+
+Counts every collective a torchrun rank issues through torch.distributed, from interpreter
+start (before otel_train or the script run) to exit.
 
 The count is taken at the lowest layer Python reaches, `ProcessGroup`'s methods, so calls from
 the script, from DDP's Python comm hook and from any library (otel_train included) are all
@@ -10,7 +17,16 @@ calls. Only in processes torchrun started (RANK set); never in otel_train's expo
 import atexit
 import json
 import os
+import time
 from collections import Counter
+
+_SHIFTS = os.environ.get("TESTS_CLOCK_OFFSET_NS")
+if os.environ.get("RANK") is not None and _SHIFTS:
+    _shift_ns = int(dict(part.split("=", 1) for part in _SHIFTS.split(",")).get(os.environ["RANK"], "0"))
+    if _shift_ns:
+        _real_time_ns, _real_time = time.time_ns, time.time
+        time.time_ns = lambda: _real_time_ns() + _shift_ns
+        time.time = lambda: _real_time() + _shift_ns / 1e9
 
 if os.environ.get("RANK") is not None and os.environ.get("COUNT_COLLECTIVES_DIR") \
         and os.environ.get("OTEL_TRAIN_EXPORTER_CHILD") != "1":

@@ -3,7 +3,7 @@
 The loop of issue 31: a plain CPU MLP fed by a `DataLoader`, gradient accumulation 2, AdamW,
 one intra-op thread (~1.8 ms a step on the shared 2-core VM). Automatic instrumentation is
 installed once; plain steps run with every hook and patch removed
-(`otel_train.testing.paused_detection()`, untimed), alternating block by block with automatic
+(`otel_train.bench.switches.paused_detection()`, untimed), alternating block by block with automatic
 steps in one process, the worker held (the records wait in the buffer; they are written out
 between rounds, untimed). So the figure is the training thread's own cost, not export.
 
@@ -42,7 +42,7 @@ Figures (`name: value` lines):
   runs is cold every step, and each line it touches (and each line of torch's it displaces)
   costs a trip past L2. The misses, with L2 simulated as the last level, are the
   load-independent figure closest to the wall-clock cost
-  (`docs/benchmarks/2026-11-26-auto-path-l2.md`), but not for instruction fetches: cutting
+  (`docs/benchmarks/history.md`, 2026-11-26-auto-path-l2), but not for instruction fetches: cutting
   ~680 of those a step left the wall clock where it was, the prefetcher serving them
   (`docs/benchmarks/2026-11-27-optimizer-current-and-size.md`).
 - with `--callgrind`, also where the added cost lies: `instructions_`, `ll_misses_` and
@@ -51,8 +51,8 @@ Figures (`name: value` lines):
   with MKL, `other`). Misses added in `torch` are torch's own lines that automatic mode
   displaced from L2.
 - with `--per-call`: plain, automatic, automatic with batched detection's notes made and
-  replayed in Python (`otel_train.testing.notes_in_python`: as before `detect/_batch.c`) and
-  automatic with each of detection's calls run at once (`otel_train.testing.calls_at_once`: as
+  replayed in Python (`benchmarks.switches.notes_in_python`: as before `detect/_batch.c`) and
+  automatic with each of detection's calls run at once (`benchmarks.switches.calls_at_once`: as
   before `detect/batch.py`) in the same rounds, each round's four blocks in an order drawn at
   random: `auto_`, `python_notes_`, `per_call_`, `python_notes_minus_auto_` and
   `per_call_minus_auto_us_per_step`, and `records_per_step_auto` / `_per_call`: the spans each
@@ -71,14 +71,14 @@ Every timed or counted block ends with the detection calls it left waiting run
 fewer than a batch, left the replay of most of them to the untimed flush after the round, and
 the batched figures left it out.
 - with `--root-hooks`: plain, automatic, and automatic with the roots' forwards timed by hooks
-  in their tables (`otel_train.testing.root_hooks`, as once torch.compile may trace) rather than
+  in their tables (`benchmarks.switches.root_hooks`, as once torch.compile may trace) rather than
   from their slots, in the same rounds: `auto_`, `root_hooks_` and
   `root_hooks_minus_auto_us_per_step` (what the slot saves: torch's dispatch for a module with
   hooks, `detect/torch_hooks.py`).
 - with `--parts`: where automatic mode's cost lies, four variants in the same rounds as
   `--per-call` times its four: plain; `hooks`, automatic mode's hooks and patched functions
-  calling stubs that only run the user's function (`otel_train.testing.entry_points_stubbed`);
-  `notes`, the calls noted as usual but never replayed (`otel_train.testing.notes_dropped`:
+  calling stubs that only run the user's function (`benchmarks.switches.entry_points_stubbed`);
+  `notes`, the calls noted as usual but never replayed (`benchmarks.switches.notes_dropped`:
   nothing recorded); and automatic. `hooks_`, `notes_`, `auto_us_per_step` against plain, and
   `notes_minus_hooks_` (making the notes) and `auto_minus_notes_us_per_step` (their replay and
   the records it makes).
@@ -105,7 +105,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from otel_train import semconv
-from otel_train.bench import callgrind
+from benchmarks import callgrind
 from otel_train.bench.harness import as_script, print_ci, print_figure
 from otel_train.bench.stats import ci95_of
 
@@ -327,7 +327,7 @@ def run_auto_cost(rounds: int = 20, block_steps: int = 32, callgrind_steps: int 
     import otel_train
     from otel_train import _runtime
     from otel_train.instrumentation import TorchTrainingInstrumentor
-    from otel_train.testing import held, paused_detection
+    from otel_train.bench.switches import held, paused_detection
 
     out_dir = tempfile.mkdtemp(prefix="otel-train-auto-cost-")
     otel_train.init(run_id=f"auto-cost-{os.getpid()}", output_dir=out_dir, metric_interval_ms=60000)
@@ -428,7 +428,7 @@ def _measure_per_call(loop: AutoCostLoop, rounds: int, block_steps: int, plain: 
     far, by name). An epoch's count holds the step before it and not its own last, which the
     next step closes: one step record each way."""
     from otel_train.record import recorder
-    from otel_train.testing import calls_at_once, notes_in_python
+    from benchmarks.switches import calls_at_once, notes_in_python
 
     epoch = loop.steps_per_epoch
     made: dict[str, collections.Counter[str]] = {}
@@ -455,7 +455,7 @@ def _measure_parts(loop: AutoCostLoop, rounds: int, block_steps: int, plain: Cal
                    between: Callable[[], Any], after: Callable[[], None]) -> None:
     """`--parts`: plain, the hooks alone, the notes alone and automatic blocks, each round's four
     in an order drawn at random (seeded), as `_measure` times its two."""
-    from otel_train.testing import entry_points_stubbed, notes_dropped
+    from benchmarks.switches import entry_points_stubbed, notes_dropped
 
     variants = {"plain": plain, "hooks": entry_points_stubbed, "notes": notes_dropped,
                 "auto": contextlib.nullcontext}
@@ -494,7 +494,7 @@ def _measure_root_hooks(loop: AutoCostLoop, rounds: int, block_steps: int, plain
                         between: Callable[[], Any], after: Callable[[], None]) -> None:
     """`--root-hooks`: plain, automatic and automatic with the roots timed by hooks, each round's
     three blocks in an order drawn at random (seeded), as `_measure` times its two."""
-    from otel_train.testing import root_hooks
+    from benchmarks.switches import root_hooks
 
     variants = {"plain": plain, "auto": contextlib.nullcontext, "root_hooks": root_hooks}
     _print_variants(_timed_rounds(loop, variants, rounds, block_steps, between, after), rounds, block_steps,
@@ -516,3 +516,55 @@ def _print_variants(timed: dict[str, list[tuple[int, int]]], rounds: int, block_
         label = name if base == "plain" else f"{name}_minus_{base}"
         print_figure(f"{label}_us_per_step", statistics.median(values))
         print_ci(f"{label}_us_per_step", ci95_of(values))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m benchmarks.auto_cost [--rounds N] [--block-steps N] [one variant flag]`."""
+    import argparse
+
+    auto = argparse.ArgumentParser(prog="python -m benchmarks.auto_cost",
+                                   description="automatic instrumentation's own cost a step on a small CPU loop: "
+                                               "µs (plain vs automatic, interleaved), Python calls, instructions")
+    auto.add_argument("--rounds", type=int, default=40, help="rounds of a plain and an automatic block (default 40)")
+    auto.add_argument("--block-steps", type=int, default=32,
+                      help="steps per timed block (default 32: an epoch, about one batch of detection's notes)")
+    auto.add_argument("--callgrind", type=int, default=0, metavar="N",
+                      help="under valgrind --tool=callgrind: count instructions (and, with its --cache-sim "
+                           "and --branch-sim, misses) over N plain and N automatic steps instead of timing")
+    auto.add_argument("--floor", action="store_true",
+                      help="no-op hooks at the places automatic mode hooks in (no otel_train) against plain "
+                           "steps: what hooking in costs before anything is done there")
+    auto.add_argument("--per-call", action="store_true",
+                      help="also time automatic mode with batched detection's notes in Python, and with each "
+                           "of detection's calls run at once (no batching), in the same rounds")
+    auto.add_argument("--parts", action="store_true",
+                      help="where automatic mode's cost lies: its hooks alone (stub entry points), its calls "
+                           "noted but not replayed, and all of it, against plain steps in the same rounds")
+    auto.add_argument("--batch-calls", type=int, default=0, metavar="N",
+                      help="also time automatic mode with batches of N detection notes (the shipped size: "
+                           "detect.batch.BATCH_CALLS) in the same rounds")
+    auto.add_argument("--root-hooks", action="store_true",
+                      help="also time automatic mode with the root modules' forwards timed by hooks (as once "
+                           "torch.compile may trace) rather than from their slots, in the same rounds")
+    args = auto.parse_args(argv)
+    if args.rounds < 3 or args.block_steps < 1 or args.callgrind < 0:
+        auto.error("--rounds must be >= 3, --block-steps >= 1 and --callgrind >= 0")
+    if args.batch_calls:
+        from otel_train.detect.batch import SMALL_BATCH  # imports torch, which the bench runs anyway
+
+        if args.batch_calls < SMALL_BATCH:
+            auto.error(f"--batch-calls must be at least {SMALL_BATCH}: smaller batches turn batching off "
+                       "for the rest of the run (detect.batch.SMALL_BATCH)")
+    given = [flag for flag, on in (("--per-call", args.per_call), ("--parts", args.parts),
+                                   ("--batch-calls", args.batch_calls), ("--root-hooks", args.root_hooks),
+                                   ("--callgrind", args.callgrind), ("--floor", args.floor)) if on]
+    if len(given) > 1 and (args.per_call or args.parts or args.batch_calls or args.root_hooks):
+        auto.error(f"{' with '.join(given)}: --per-call, --parts, --batch-calls and --root-hooks each time "
+                   "their own variants, alone (not with --callgrind, --floor or each other)")
+    return run_auto_cost(rounds=args.rounds, block_steps=args.block_steps, callgrind_steps=args.callgrind,
+                         floor=args.floor, per_call=args.per_call, parts=args.parts,
+                         batch_calls=args.batch_calls, root_hooks=args.root_hooks)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

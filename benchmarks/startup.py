@@ -118,3 +118,24 @@ def run_startup(steps: int, step_ms: float, rounds: int) -> dict[str, float]:
                                                 / figures[f"plain.first{steps}_thread_cpu_ms"])
     figures["rounds"] = rounds
     return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m benchmarks.startup [--steps N] [--step-ms MS] [--rounds N]`."""
+    import argparse
+
+    startup = argparse.ArgumentParser(prog="python -m benchmarks.startup",
+                                      description="the first steps' time with and without otel_train's start")
+    startup.add_argument("--steps", type=int, default=10, help="steps timed from the start (default 10)")
+    startup.add_argument("--step-ms", type=float, default=25.0, help="CPU work per step, ms (default 25)")
+    startup.add_argument("--rounds", type=int, default=5, help="fresh process pairs, alternating (default 5)")
+    args = startup.parse_args(argv)
+    if args.steps < 1 or args.rounds < 1 or args.step_ms <= 0:
+        startup.error("--steps and --rounds must be positive integers, --step-ms a positive number")
+    for name, value in run_startup(args.steps, args.step_ms, args.rounds).items():
+        print(f"{name}: {value:.3f}" if isinstance(value, float) else f"{name}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

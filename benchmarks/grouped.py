@@ -32,7 +32,7 @@ def bench_steps_grouped(work: Workload, groups: int, block_steps: int, group_ste
     every other group, of a plain and an automatic block. An automatic group installs
     automatic instrumentation once and begins with `AUTO_WARM_UP` untimed steps (their share
     of the group's records is taken off its catch-up's cost); its plain blocks run with every
-    hook and patch removed (`otel_train.testing.paused_detection()`, untimed), so the automatic steps run as in a
+    hook and patch removed (`otel_train.bench.switches.paused_detection()`, untimed), so the automatic steps run as in a
     run: on the roots discovery found, each closing the step before it. Rounds run in alternating order, with the
     worker held off: the records wait in the buffer. At the group's end they are drained,
     assembled, encoded and exported (`Worker.flush`, one export call) on a helper thread while
@@ -47,7 +47,7 @@ def bench_steps_grouped(work: Workload, groups: int, block_steps: int, group_ste
     plain block against the next."""
     from otel_train import _runtime
     from otel_train.instrumentation import TorchTrainingInstrumentor
-    from otel_train.testing import held, paused_detection
+    from otel_train.bench.switches import held, paused_detection
 
     worker = _runtime.state().worker  # type: ignore[union-attr]
     exporter_cpu = getattr(worker.sink, "cpu_ns", lambda: 0)
@@ -175,3 +175,29 @@ def run_grouped(modes: tuple[str, ...], groups: int, steps: tuple[str, ...]) -> 
         receiver.close()
         _runtime.shutdown()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m benchmarks.grouped [--quick] [--rounds N] [--mode M] [--step S]`."""
+    import argparse
+
+    grouped = argparse.ArgumentParser(prog="python -m benchmarks.grouped",
+                                      description="the step overheads alone, plain steps alternating one by one "
+                                                  "with instrumented ones (or, every other group, automatic "
+                                                  "ones), judged by group of 200 steps")
+    grouped.add_argument("--quick", action="store_true", help="two groups (a smoke run, not a measurement)")
+    grouped.add_argument("--rounds", type=int, default=15, help="groups per step benchmark (default 15)")
+    grouped.add_argument("--mode", choices=("process", "idle", "thread", "all"), default="all",
+                         help="export mode(s), as `otel-train bench overhead --mode`")
+    grouped.add_argument("--step", choices=("large", "small", "both"), default="both",
+                         help="which step benchmarks to run, as `otel-train bench overhead --step`")
+    args = grouped.parse_args(argv)
+    if args.rounds < 3:
+        grouped.error("--rounds must be an integer >= 3")
+    modes = ("process", "idle", "thread") if args.mode == "all" else (args.mode,)
+    steps = ("large", "small") if args.step == "both" else (args.step,)
+    return run_grouped(modes, 2 if args.quick else args.rounds, steps)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

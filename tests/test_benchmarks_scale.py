@@ -1,4 +1,4 @@
-"""`otel-train bench scale` on a small setting (32 simulated ranks), sent to the suite's receiver:
+"""`python -m benchmarks.scale` on a small setting (32 simulated ranks), sent to the suite's receiver:
 what it reports is what arrived, one trace per setting, with the sampled set of ranks."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from support.otlp_receiver import OTLPReceiver
 from support.procs import clean_env
 
+from benchmarks.scale import Shape, main, run_id
+
 from otel_train import semconv
-from otel_train.bench.scale import Shape, run_id
-from otel_train.cli import main
 from otel_train.wire.sampling import sampled_ranks
 
 WORLD = 32
@@ -23,7 +23,7 @@ SETTINGS = ("all", "0", "first-per-node", "sample:4", "sample:4/sampled")
 
 def test_every_setting_reports_what_the_receiver_got(fresh_receiver: OTLPReceiver,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "scale", "--ranks", str(WORLD), "--settings", ",".join(SETTINGS), "--micro-batches", "1",
+    assert main(["--ranks", str(WORLD), "--settings", ",".join(SETTINGS), "--micro-batches", "1",
                  "--collectives", "3", "--endpoint", fresh_receiver.grpc_endpoint, "--json"]) == 0
     reports = {r["setting"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
     assert list(reports) == list(SETTINGS)
@@ -53,7 +53,7 @@ def test_every_setting_reports_what_the_receiver_got(fresh_receiver: OTLPReceive
 
 
 def test_with_its_own_receiver_the_counts_agree() -> None:
-    proc = subprocess.run([sys.executable, "-m", "otel_train.cli", "bench", "scale", "--ranks", "16", "--settings",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.scale", "--ranks", "16", "--settings",
                            "all,sample:2", "--json"], capture_output=True, text=True, timeout=120, env=clean_env())
     assert proc.returncode == 0, proc.stderr
     reports = [json.loads(line) for line in proc.stdout.splitlines()]
@@ -66,7 +66,7 @@ def test_with_its_own_receiver_the_counts_agree() -> None:
                                   ["--settings", "sample:4/half"]])
 def test_bad_arguments_get_one_clear_message(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
-        main(["bench", "scale", *argv])
+        main(argv)
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "--ranks" in err and "--settings" in err or "--ranks must be positive" in err

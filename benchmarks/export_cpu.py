@@ -121,3 +121,28 @@ def _export_cpu(records: list[Any], offset: int, rounds: int) -> dict[str, float
                 convert(batch.payload)
             keep(f"export_json_line_us_per_span{label}", cpu() - t0, len(records))
     return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m benchmarks.export_cpu [--steps N] [--rounds N]`: one `name: value` line a figure."""
+    import argparse
+
+    from otel_train.bench.harness import print_figure
+    from otel_train.export import fast_path, otlp_json
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.export_cpu",
+                                     description="the export pipeline's CPU per span, stage by stage, measured alone")
+    parser.add_argument("--steps", type=int, default=2000, help="small-benchmark steps of records (default 2000)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds, the best of which is kept (default 5)")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.rounds < 1:
+        parser.error("--steps and --rounds must be positive integers")
+    print_figure("export_fast_path_in_c", int(fast_path._encode is not None))  # else its Python loop
+    print_figure("export_json_line_in_c", int(otlp_json._otlp_json is not None))  # else Python's
+    for name, value in bench_export_cpu(args.steps, args.rounds).items():
+        print_figure(name, value)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,11 +1,12 @@
-"""`otel-train bench startup` and `bench soak`, as smoke runs: they run, print their figures,
+"""`python -m benchmarks.startup` and `benchmarks.soak`, as smoke runs: they run, print their figures,
 and the soak's short run delivers every span it made (the figures are the commands' to give)."""
 
 from __future__ import annotations
 
 from support.procs import run_python
 
-CLI = "from otel_train.cli import main; raise SystemExit(main())"
+STARTUP = "from benchmarks.startup import main; raise SystemExit(main())"
+SOAK = "from benchmarks.soak import main; raise SystemExit(main())"
 
 
 def _figures(stdout: str) -> dict[str, str]:
@@ -13,7 +14,7 @@ def _figures(stdout: str) -> dict[str, str]:
 
 
 def test_bench_startup_times_the_first_steps_both_ways(tmp_path) -> None:
-    proc = run_python(CLI, args=["bench", "startup", "--rounds", "1", "--steps", "3", "--step-ms", "2"],
+    proc = run_python(STARTUP, args=["--rounds", "1", "--steps", "3", "--step-ms", "2"],
                       cwd=tmp_path, timeout=240)
     figures = _figures(proc.stdout)
     for name in ("plain.step0_ms", "instrumented.step2_ms", "plain.first3_total_ms",
@@ -22,7 +23,7 @@ def test_bench_startup_times_the_first_steps_both_ways(tmp_path) -> None:
 
 
 def test_bench_soak_delivers_every_span_and_samples_both_processes(tmp_path) -> None:
-    proc = run_python(CLI, args=["bench", "soak", "--minutes", "0.05", "--sample-s", "0.5"], cwd=tmp_path,
+    proc = run_python(SOAK, args=["--minutes", "0.05", "--sample-s", "0.5"], cwd=tmp_path,
                       timeout=240)
     figures = _figures(proc.stdout)
     assert int(figures["steps"]) > 0 and figures["spans_delivered"] == figures["spans_made"], proc.stdout

@@ -104,3 +104,25 @@ def run_soak(minutes: float, step_ms: float, sample_s: float) -> dict[str, objec
             result[f"{name}.{field}.max"] = max(getattr(s, field) for s in series)
         result[f"{name}.settled_at_s"] = round(settled.t_s, 1)
     return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m benchmarks.soak [--minutes M] [--step-ms MS] [--sample-s S]`; exit 1 when a span was lost."""
+    import argparse
+
+    soak = argparse.ArgumentParser(prog="python -m benchmarks.soak",
+                                   description="a long run to a live receiver: RSS, threads, fds; every step delivered")
+    soak.add_argument("--minutes", type=float, default=20.0, help="how long the run lasts (default 20)")
+    soak.add_argument("--step-ms", type=float, default=2.0, help="sleep per step, ms (default 2)")
+    soak.add_argument("--sample-s", type=float, default=5.0, help="seconds between samples (default 5)")
+    args = soak.parse_args(argv)
+    if args.minutes <= 0 or args.step_ms < 0 or args.sample_s <= 0:
+        soak.error("--minutes and --sample-s must be positive numbers, --step-ms >= 0")
+    result = run_soak(args.minutes, args.step_ms, args.sample_s)
+    for name, value in result.items():
+        print(f"{name}: {value:.3f}" if isinstance(value, float) else f"{name}: {value}")
+    return 0 if result["spans_delivered"] == result["spans_made"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -192,3 +192,44 @@ def run_scale(ranks: Sequence[int], settings: Sequence[str], shape: Shape, endpo
 
 def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB" if n >= 100_000 else f"{n / 1e3:.1f} kB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m benchmarks.scale [--ranks N,N] [--settings S,S] [--json]`."""
+    import argparse
+
+    from otel_train.wire.sampling import STEP_SPANS, parse_ranks
+
+    scale = argparse.ArgumentParser(prog="python -m benchmarks.scale",
+                                    description="one step's spans at 1k and 10k simulated ranks, with rank sampling")
+    scale.add_argument("--ranks", default="1024,10240",
+                       help="comma-separated simulated world sizes (default 1024,10240)")
+    scale.add_argument("--settings", default="all,first-per-node,sample:16,sample:64,sample:64/all",
+                       help="comma-separated settings to compare, each OTEL_TRAIN_RANKS or "
+                            "OTEL_TRAIN_RANKS/OTEL_TRAIN_STEP_SPANS (default all,first-per-node,sample:16,"
+                            "sample:64,sample:64/all; first-per-node assumes 8 ranks a node)")
+    scale.add_argument("--micro-batches", type=int, default=2, help="micro-batches a step (default 2)")
+    scale.add_argument("--collectives", type=int, default=8, help="collectives a step (default 8)")
+    scale.add_argument("--endpoint", default=None,
+                       help="an OTLP/gRPC receiver to send to (default: a local one this command starts)")
+    scale.add_argument("--json", action="store_true", help="one JSON object per line")
+    args = scale.parse_args(argv)
+    try:
+        ranks = [int(x) for x in args.ranks.split(",")]
+        settings = []
+        for item in args.settings.split(","):
+            choice, slash, spans = item.partition("/")
+            if slash and spans not in STEP_SPANS:
+                raise ValueError(f"OTEL_TRAIN_STEP_SPANS is one of {', '.join(STEP_SPANS)}")
+            settings.append(parse_ranks(choice) + slash + spans)
+    except ValueError as err:
+        scale.error(f"--ranks takes positive integers, --settings OTEL_TRAIN_RANKS[/OTEL_TRAIN_STEP_SPANS] "
+                    f"values ({err})")
+    if min(ranks) < 1 or args.micro_batches < 0 or args.collectives < 0:
+        scale.error("--ranks must be positive, --micro-batches and --collectives at least 0")
+    run_scale(ranks, settings, Shape(args.micro_batches, args.collectives), args.endpoint, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
