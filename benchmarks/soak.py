@@ -118,9 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     args = soak.parse_args(argv)
     if args.minutes <= 0 or args.step_ms < 0 or args.sample_s <= 0:
         soak.error("--minutes and --sample-s must be positive numbers, --step-ms >= 0")
+    from otel_train.bench.harness import print_figure
+
     result = run_soak(args.minutes, args.step_ms, args.sample_s)
     for name, value in result.items():
-        print(f"{name}: {value:.3f}" if isinstance(value, float) else f"{name}: {value}")
+        print_figure(name, value)  # type: ignore[arg-type]
     return 0 if result["spans_delivered"] == result["spans_made"] else 1
 
 

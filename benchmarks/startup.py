@@ -132,8 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     args = startup.parse_args(argv)
     if args.steps < 1 or args.rounds < 1 or args.step_ms <= 0:
         startup.error("--steps and --rounds must be positive integers, --step-ms a positive number")
+    from otel_train.bench.harness import print_figure
+
     for name, value in run_startup(args.steps, args.step_ms, args.rounds).items():
-        print(f"{name}: {value:.3f}" if isinstance(value, float) else f"{name}: {value}")
+        print_figure(name, value)
     return 0
 
 
