@@ -1,4 +1,4 @@
-"""`otel-train bench auto-cost`: what automatic instrumentation costs the training thread a step.
+"""`python -m benchmarks.auto_cost`: what automatic instrumentation costs the training thread a step.
 
 The loop of issue 31: a plain CPU MLP fed by a `DataLoader`, gradient accumulation 2, AdamW,
 one intra-op thread (~1.8 ms a step on the shared 2-core VM). Automatic instrumentation is
@@ -237,7 +237,7 @@ def _callgrind(loop: AutoCostLoop, steps: int, rounds: int, plain: Callable[[], 
     with tempfile.TemporaryDirectory() as tmp:
         marker = _marker_lib(tmp)
         if not marker.otel_train_bench_on_valgrind():
-            raise SystemExit("otel-train bench auto-cost --callgrind: run it under valgrind --tool=callgrind "
+            raise SystemExit("python -m benchmarks.auto_cost --callgrind: run it under valgrind --tool=callgrind "
                              "(the interpreter itself, not a shim script: valgrind does not follow children)")
         dumps: list[tuple[str, str]] = []
         for r in range(-1, rounds):  # round -1: thrown away

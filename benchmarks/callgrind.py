@@ -1,4 +1,4 @@
-"""Callgrind dumps read for `otel-train bench auto-cost --callgrind`: the figures it prints.
+"""Callgrind dumps read for `python -m benchmarks.auto_cost --callgrind`: the figures it prints.
 
 A dump (`callgrind.out.PID.K`, valgrind 3.19's format) names its events on an `events:` line
 and totals them on a `summary:` line. Its body lists each function's own cost, line by line,

@@ -1,5 +1,5 @@
 """The grouped design: plain steps alternate one by one with instrumented (or automatic) ones,
-judged by group (`otel-train bench overhead --design groups`)."""
+judged by group (`python -m benchmarks.grouped`)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from typing import Any
 @contextlib.contextmanager
 def calls_at_once() -> Iterator[None]:
     """Detection's calls each run at their call inside the block, none batched
-    (`otel_train.detect.batch`): what automatic mode did before batching, for `bench auto-cost
+    (`otel_train.detect.batch`): what automatic mode did before batching, for `python -m benchmarks.auto_cost
     --per-call` and for tests that compare the two. Calls waiting run first."""
     from otel_train.detect import batch
 
@@ -36,7 +36,7 @@ def calls_at_once() -> Iterator[None]:
 @contextlib.contextmanager
 def notes_in_python() -> Iterator[None]:
     """Batched detection's notes made and replayed by its Python functions inside the block
-    (`otel_train.detect.batch`), not by `_batch.c`: for `bench auto-cost --per-call`, which
+    (`otel_train.detect.batch`), not by `_batch.c`: for `python -m benchmarks.auto_cost --per-call`, which
     times both. Calls waiting run first, and at the end."""
     from otel_train.detect import batch
 
@@ -76,7 +76,7 @@ def root_hooks() -> Iterator[None]:
 def notes_dropped() -> Iterator[None]:
     """Batched detection's calls noted inside the block as usual, but never replayed: each batch
     is dropped where it would run, so nothing is recorded and detection's state stands still.
-    For `bench auto-cost --parts`, which times the notes apart from their replay; a block of
+    For `python -m benchmarks.auto_cost --parts`, which times the notes apart from their replay; a block of
     whole steps leaves the state as it found it. Calls waiting run first."""
     from otel_train.detect import batch
 
@@ -101,7 +101,7 @@ class _DroppingReplay:
 def entry_points_stubbed() -> Iterator[None]:
     """Automatic mode's hooks and patched functions as installed, but the entry points they call
     (`forward_begin`, `backward_run`, `fetch`, ...) replaced by stubs that only run the user's
-    function: the hooks' own cost, with nothing noted or recorded. For `bench auto-cost
+    function: the hooks' own cost, with nothing noted or recorded. For `python -m benchmarks.auto_cost
     --parts`. Calls waiting run first."""
     import operator
 

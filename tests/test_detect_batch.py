@@ -238,7 +238,7 @@ def test_notes_in_python_runs_the_python_entry_points_inside_and_puts_back_the_c
 
 def test_bench_parts_note_without_replaying_and_stub_without_noting(run: Run, form: str,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """`testing.notes_dropped` and `entry_points_stubbed` (`bench auto-cost --parts`): inside the
+    """`benchmarks.switches.notes_dropped` and `entry_points_stubbed` (`benchmarks.auto_cost --parts`): inside the
     first, the forwards are noted and no batch runs them through their body; inside the second,
     nothing is noted and no body runs, and the model still trains; after each, the entry points
     and the replay are as installed and the steps go on being recorded."""
@@ -292,7 +292,7 @@ def test_bench_parts_note_without_replaying_and_stub_without_noting(run: Run, fo
 
 
 def test_a_timed_bench_block_runs_the_calls_it_left_waiting_in_its_time(run: Run) -> None:
-    """`bench auto-cost` times a block of fewer steps than a batch of notes: its replay must fall
+    """`benchmarks.auto_cost` times a block of fewer steps than a batch of notes: its replay must fall
     inside the block's time, not the untimed flush after the round."""
     from benchmarks.auto_cost import _timed
 
