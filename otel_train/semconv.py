@@ -77,6 +77,7 @@ EVENT_LATE_S: Final = "otel_train.event.late_s"
 #: the host clock by the anchor, `record.device_resolver`). Every key starting with "_" is stripped.
 WIRE_DEV_START_NS: Final = "_dev.start_ns"
 WIRE_DEV_END_NS: Final = "_dev.end_ns"
+WIRE_DEV_LATE: Final = "_dev.late"  # a step's end event recorded well after its end (closed late)
 #: Private keys of a worker reading (`wire.schema.sample_wire`), never attributes: the device's
 #: name (its peak FLOP/s) and the detected model's trainable parameters (6·N·tokens), for `train.mfu`.
 WIRE_SAMPLE_DEVICE_NAME: Final = "_device.name"

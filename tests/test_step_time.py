@@ -303,3 +303,14 @@ def test_a_step_closed_after_its_end_is_bounded_by_its_own_device_work(loop: Loo
     # A step runs from the previous one's device end to its own: the idle device before its work
     # is its time (20 ms), the idle after it the next step's; the last step ends with its work.
     assert reported == pytest.approx([truth[0]] + [t + 20 for t in truth[1:]], rel=1e-4)
+
+
+def test_a_step_closed_at_its_end_keeps_its_device_work_after_its_last_phase(loop: Loop) -> None:
+    """An EMA update launched after the optimizer, outside every phase, is its step's work: the
+    cap for steps closed late does not apply to a step closed at its end."""
+    loop.depth = 20
+    for i in range(10):
+        work = ALTERNATING[i % 2]
+        loop.step(work, inside=lambda: loop.fake.launch(7 * MS), truth_ms=sum(work) + 7)
+    reported, truth, _ = loop.finish()
+    assert reported == pytest.approx(truth, rel=1e-4)

@@ -260,7 +260,8 @@ class SpanAssembler:
         dev = wire[W_DEV]
         end = t1
         if dev and semconv.WIRE_DEV_END_NS in dev:
-            end = self.timeline.device_end(wire[W_SEQ], t1, t1 + dev[semconv.WIRE_DEV_END_NS])
+            end = self.timeline.device_end(wire[W_SEQ], t1, t1 + dev[semconv.WIRE_DEV_END_NS],
+                                           bool(dev.get(semconv.WIRE_DEV_LATE)))
         self._hold(wire, end, None, out)
 
     def _hold(self, wire: tuple[Any, ...], end: int, lean: bytes | None, out: list[Any]) -> None:

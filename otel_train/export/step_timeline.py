@@ -98,14 +98,16 @@ class StepTimeline:
         if len(ends) > _MAX_ORPHANS:  # steps whose record never came
             ends.pop(next(iter(ends)))
 
-    def device_end(self, step_seq: int, t1: int, event_end: int) -> int:
-        """Step `step_seq`'s boundary: when its end event completed (`event_end`), but no later
-        than the end of its own device work (its last device-timed region) or its host end `t1`,
-        whichever is later. A step closed after it ended (automatic detection closes one with
-        `t1`, its last phase's end, at the next step's start or at shutdown) records its end
-        event then: with the device idle since, the event would add the idle time to it."""
+    def device_end(self, step_seq: int, t1: int, event_end: int, late: bool) -> int:
+        """Step `step_seq`'s boundary: when its end event completed (`event_end`); for a step
+        closed after it ended (`late`: automatic detection closes one with `t1`, its last phase's
+        end, at the next step's start or at shutdown, and its end event is recorded then), no
+        later than the end of its own device work (its last device-timed region) or `t1`,
+        whichever is later: the event would add the idle device since, or the next step's work
+        launched meanwhile (its batch's copy). A step closed at its end keeps the device work
+        launched after its last region (an EMA update, a metric) as its own."""
         work = self.work_ends.pop(step_seq, None)
-        if work is None:
+        if work is None or not late:
             return event_end
         return min(event_end, max(work, t1))
 

@@ -82,6 +82,38 @@ dev_take(void)
     return event;
 }
 
+/* A step closed this much after its end (`t1`) had its end event recorded late: automatic
+ * detection closes a step at the next one's start, with its last phase's end as `t1`. */
+#define DEV_LATE_NS 100000
+
+/* The step's end event (a new reference, or None), as `(event, recorded at)` when it was
+ * recorded more than DEV_LATE_NS after `t1`: its boundary is then no later than the step's own
+ * device work (`export/step_timeline.py`), the device having idled or run the next step's work
+ * since. Never fails. */
+static PyObject *
+dev_step_end(RecorderObject *rec, PyObject *t1)
+{
+    PyObject *event = dev_take();
+    int64_t end, now;
+    if (event == Py_None || !int64_of(t1, &end))
+        return event;
+    if (rec_now_ns(rec, &now) < 0) {
+        PyErr_Clear();
+        return event;
+    }
+    if (now - end <= DEV_LATE_NS)
+        return event;
+    PyObject *at = PyLong_FromLongLong(now);
+    PyObject *pair = at != NULL ? PyTuple_Pack(2, event, at) : NULL;
+    Py_XDECREF(at);
+    if (pair == NULL) {
+        PyErr_Clear();
+        return event;
+    }
+    Py_DECREF(event);
+    return pair;
+}
+
 /* Whether `self` asks for device time: its `device_time=` when given, else whether its name is
  * timed by default. */
 static int

@@ -73,7 +73,7 @@ close_step(RecorderObject *rec, StepObject *step, PyObject *t1, PyObject *exc_ty
     /* The end must be in place before the record is appended: the worker may drain it at once. */
     Py_XSETREF(step->t1, Py_NewRef(t1));
     if (g_dev_free != NULL)
-        Py_XSETREF(step->dev, dev_take());  /* the step's end event: its device boundary */
+        Py_XSETREF(step->dev, dev_step_end(rec, t1));  /* the step's end event: its device boundary */
     else if (rec->step_end != NULL && rec->step_end != Py_None) {
         PyObject *res = PyObject_CallOneArg(rec->step_end, (PyObject *)step);  /* device timing's end event */
         if (res == NULL)

@@ -165,15 +165,20 @@ class DeviceResolver:
             return True
         pool = self.timing.pool
         if isinstance(record, Step):
-            if not dev.query():
+            late = type(dev) is tuple  # (event, host time it was recorded at), recorded late
+            event = dev[0] if late else dev
+            if not event.query():
                 return False
             seen = self.now()
-            d_end = self._since_ref(dev, record.t1, pool)
+            d_end = self._since_ref(event, record.t1, pool)
             # Bounds: recorded after t1 was read; complete by the time the worker saw it.
-            self._bound(record.t1 - d_end, seen - d_end)
+            self._bound((dev[1] if late else record.t1) - d_end, seen - d_end)
             end_host = self._ref_host + d_end
             record.dev = {semconv.DEVICE_TYPE: self.timing.device_type,
                           semconv.WIRE_DEV_END_NS: end_host - record.t1}
+            if late:
+                record.dev[semconv.WIRE_DEV_LATE] = True
+            dev = event
             self._done(dev, end_host, pool)
             return True
         end = getattr(record, "ev1", None)
@@ -227,6 +232,8 @@ class DeviceResolver:
         pool = self.timing.pool
         for name in ("dev", "ev1"):
             event = getattr(record, name, None)
+            if type(event) is tuple:  # a step's late end event (`_hotpath_device.c`)
+                event = event[0]
             if event is not None and type(event) is not dict:
                 if pool is not None and event is not self._ref:
                     self.limbo.append((pool, event))
