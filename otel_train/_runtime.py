@@ -337,6 +337,15 @@ def _truncate_open(recorder: _recorder.Recorder, reason: str | None = None) -> N
         recorder.append(record)
 
 
+def _unconfirmed(stats: dict[str, Any], failed: int) -> str:
+    """The closing line's note on failed spans that were sent and never answered, if any."""
+    unconfirmed = min(failed, stats.get("unconfirmed", 0))
+    if not unconfirmed:
+        return ""
+    return (f", {unconfirmed} of them unconfirmed (sent, but no answer came before the bound: the collector "
+            "may have them)")
+
+
 _KILLED = ("; the exporter process had not finished at the bound (stopped, or starved of CPU) and was killed: "
            "what it had not confirmed is counted as failed")
 
@@ -350,9 +359,10 @@ def _report(st: _State, recorder: _recorder.Recorder, stats: dict[str, Any] | No
         # The sink is still busy: what it confirmed so far counts as exported, the rest as lost.
         partial = getattr(st.worker.sink, "partial_stats", lambda: {})()
         buffer_full += partial.get("overflow", 0)
+        failed = partial.get("failed", 0) + st.worker.pending()
         msg = (f"{who} {partial.get('exported', 0)} spans exported to {st.destination} when the shutdown bound "
                f"of {bound:g} s was reached; dropped: {buffer_full} (buffer full), "
-               f"{partial.get('failed', 0) + st.worker.pending()} (export failed or cut off at shutdown)")
+               f"{failed} (export failed or cut off at shutdown)") + _unconfirmed(partial, failed)
         if getattr(st.worker.sink, "killed", False):
             msg += _KILLED
     else:
@@ -363,10 +373,7 @@ def _report(st: _State, recorder: _recorder.Recorder, stats: dict[str, Any] | No
             msg = f"{who} {stats.get('exported', 0)} spans exported to {st.destination}"
         if buffer_full or failed:
             msg += f"; dropped: {buffer_full} (buffer full), {failed} (export failed or cut off at shutdown)"
-            unconfirmed = min(failed, stats.get("unconfirmed", 0))
-            if unconfirmed:
-                msg += (f", {unconfirmed} of them unconfirmed (sent, but no answer came before the bound: the "
-                        "collector may have them)")
+            msg += _unconfirmed(stats, failed)
         else:
             msg += "; none dropped"
         if stats.get("killed"):

@@ -84,7 +84,7 @@ def test_a_retryable_failure_keeps_the_request_until_the_collector_takes_it() ->
         _advance(delivery, clock, 10.0)  # past any backoff
     assert delivery.wait_idle(10.0)
     assert transport.sent == ["a", "a", "a", "a", "b"]  # in order, the failed one first
-    assert delivery.stats() == {"exported": 12, "failed": 0, "overflow": 0, "queued": 0, "unconfirmed": 0, "duplicated": 0}
+    assert delivery.stats() == {"exported": 12, "failed": 0, "overflow": 0, "queued": 0, "unconfirmed": 0, "duplicated": 0, "sending": 0}
     delivery.close(clock() + 1.0)
 
 
@@ -116,7 +116,7 @@ def test_a_refusal_is_dropped_counted_and_said_once(caplog: pytest.LogCaptureFix
             delivery.add(payload, 10)
         assert delivery.wait_idle(10.0)
     assert transport.sent == ["a", "b", "c", "d"]  # never tried again
-    assert delivery.stats() == {"exported": 10, "failed": 30, "overflow": 0, "queued": 0, "unconfirmed": 0, "duplicated": 0}
+    assert delivery.stats() == {"exported": 10, "failed": 30, "overflow": 0, "queued": 0, "unconfirmed": 0, "duplicated": 0, "sending": 0}
     (message,) = [r.getMessage() for r in caplog.records]
     assert "UNAUTHENTICATED" in message and "OTEL_EXPORTER_OTLP_HEADERS" in message
     delivery.close(clock() + 1.0)
@@ -182,7 +182,7 @@ def test_close_sends_on_the_closing_thread_where_no_thread_could_start(monkeypat
     assert transport.sent == []  # no thread: nothing is sent before the close
     delivery.close(clock() + 1.0)
     assert transport.sent == ["a", "b", "c"] and transport.closed
-    assert delivery.stats() == {"exported": 9, "failed": 3, "overflow": 0, "queued": 0, "unconfirmed": 0, "duplicated": 0}
+    assert delivery.stats() == {"exported": 9, "failed": 3, "overflow": 0, "queued": 0, "unconfirmed": 0, "duplicated": 0, "sending": 0}
 
 
 def test_a_threadless_close_past_its_deadline_sends_nothing_and_counts_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -191,7 +191,7 @@ def test_a_threadless_close_past_its_deadline_sends_nothing_and_counts_it(monkey
     delivery = _threadless(monkeypatch, transport, clock)
     delivery.add("a", 3)
     delivery.close(clock() - 0.1)
-    assert transport.sent == [] and delivery.stats() == {"exported": 0, "failed": 3, "overflow": 0, "queued": 0, "unconfirmed": 0, "duplicated": 0}
+    assert transport.sent == [] and delivery.stats() == {"exported": 0, "failed": 3, "overflow": 0, "queued": 0, "unconfirmed": 0, "duplicated": 0, "sending": 0}
 
 
 def test_an_outage_of_hours_keeps_backing_off_at_the_cap() -> None:
@@ -219,5 +219,5 @@ def test_partial_success_counts_the_rejected_items() -> None:
     delivery = Delivery(transport, capacity=1000, timeout_s=10.0, where=_where(), clock=clock)
     delivery.add("a", 10)
     assert delivery.wait_idle(10.0)
-    assert delivery.stats() == {"exported": 7, "failed": 3, "overflow": 0, "queued": 0, "unconfirmed": 0, "duplicated": 0}
+    assert delivery.stats() == {"exported": 7, "failed": 3, "overflow": 0, "queued": 0, "unconfirmed": 0, "duplicated": 0, "sending": 0}
     delivery.close(clock() + 1.0)

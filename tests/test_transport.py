@@ -65,6 +65,8 @@ def _send(receiver: OTLPReceiver, protocol: str, fault: Fault | None, timeout_s:
 def test_grpc_retryable_codes(receiver: OTLPReceiver, code: grpc.StatusCode) -> None:
     outcome = _send(receiver, "grpc", Fault(grpc_code=code))
     assert not outcome.ok and outcome.retry and outcome.reason == code.name and outcome.delay_s is None
+    # Issue 53: the words say what the code means; only UNAVAILABLE is "not reachable".
+    assert ("not reachable" in outcome.hint) == (code == S.UNAVAILABLE), outcome.hint
 
 
 @pytest.mark.parametrize("code", GRPC_FINAL, ids=lambda c: c.name)
@@ -78,17 +80,25 @@ def test_grpc_codes_never_retried(receiver: OTLPReceiver, code: grpc.StatusCode)
 def test_grpc_resource_exhausted_with_retry_info_is_retried_after_its_delay(receiver: OTLPReceiver) -> None:
     outcome = _send(receiver, "grpc", Fault(grpc_code=S.RESOURCE_EXHAUSTED, retry_after_s=2.5))
     assert outcome.retry and outcome.delay_s == pytest.approx(2.5)
+    assert "over a limit" in outcome.hint and "not reachable" not in outcome.hint
 
 
 def test_grpc_an_answer_past_the_timeout_is_deadline_exceeded_and_retryable(receiver: OTLPReceiver) -> None:
     outcome = _send(receiver, "grpc", Fault(delay_s=1.0), timeout_s=0.2)
     assert outcome.retry and outcome.reason == "DEADLINE_EXCEEDED"
+    assert outcome.unanswered and "OTEL_EXPORTER_OTLP_TIMEOUT" in outcome.hint  # it may have arrived
+
+
+def test_http_an_answer_past_the_timeout_is_unanswered_and_retryable(receiver: OTLPReceiver) -> None:
+    outcome = _send(receiver, "http/protobuf", Fault(delay_s=1.0), timeout_s=0.2)
+    assert outcome.retry and outcome.unanswered and "OTEL_EXPORTER_OTLP_TIMEOUT" in outcome.hint
 
 
 @pytest.mark.parametrize("status", HTTP_RETRYABLE)
 def test_http_retryable_statuses_honour_retry_after(receiver: OTLPReceiver, status: int) -> None:
     outcome = _send(receiver, "http/protobuf", Fault(http_status=status, retry_after_s=3))
     assert not outcome.ok and outcome.retry and outcome.delay_s == 3.0 and outcome.reason == f"HTTP {status}"
+    assert ("proxy" in outcome.hint) == (status in (502, 504)), outcome.hint
 
 
 @pytest.mark.parametrize("status", HTTP_FINAL)

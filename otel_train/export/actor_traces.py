@@ -83,8 +83,10 @@ class ActorTraces:
         under that ancestor's trace: the one it gets if it still arrives as a top-level span."""
         top = next(iter(self.waiting))
         parent_of = {child: parent for parent, group in self.waiting.items() for child, _ in group}
-        while top in parent_of:
+        seen = {top}  # regions exited out of order can name each other as parents: stop at a cycle
+        while top in parent_of and parent_of[top] not in seen:
             top = parent_of[top]
+            seen.add(top)
         trace = actor_trace_id(self.run_id, self.salt, top)
         self._remember(top, trace)
         self._descendants(top, trace, out)

@@ -152,7 +152,7 @@ class Delivery:
         with self._cond:
             return {"exported": self.exported, "failed": self.failed + self.rejected, "overflow": self.dropped,
                     "queued": self._queued + self._in_flight, "unconfirmed": self.unconfirmed,
-                    "duplicated": self.duplicated}
+                    "duplicated": self.duplicated, "sending": self._in_flight}
 
     # -- the thread -----------------------------------------------------------------------
     def _trim(self) -> None:

@@ -193,6 +193,7 @@ class ExportPipeline:
                 "failed": self.cut_off + delivered["failed"] + (len(self._pending) if self._closed else 0)
                 + getattr(self.encoder, "unencodable", 0),
                 "unconfirmed": delivered.get("unconfirmed", 0), "duplicated": delivered.get("duplicated", 0),
+                "sending": delivered.get("sending", 0),
                 "overflow": delivered["overflow"], "queued": delivered["queued"] + len(self._pending),
                 "held": len(self.assembler.timeline.held)}
 

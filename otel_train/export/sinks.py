@@ -80,7 +80,8 @@ class LocalSink:
         """At a shutdown cut short: what is confirmed exported, the rest of what was built as failed."""
         stats = self.pipeline.stats()
         return {"exported": stats["exported"], "overflow": stats["overflow"],
-                "failed": max(0, stats["built"] - stats["exported"] - stats["overflow"])}
+                "failed": max(0, stats["built"] - stats["exported"] - stats["overflow"]),
+                "unconfirmed": stats.get("unconfirmed", 0) + stats.get("sending", 0)}
 
     def abort(self) -> bool:
         return False  # work on this thread cannot be interrupted (delivery's own calls are bounded)
@@ -263,6 +264,8 @@ class ProcessSink:
         else:  # killed at the bound: whatever it had not exported is lost, and said so
             stats["failed"] = stats.get("failed", 0) + self._lost_in_process(stats) + self.lost
             stats["killed"] = 1
+            # A request it was sending when killed may have reached the collector.
+            stats["unconfirmed"] = stats.get("unconfirmed", 0) + stats.get("sending", 0)
         stats["failed"] += self._waiting_records  # never written: it was not ready in time
         stats["overflow"] = stats.get("overflow", 0) + self.overflowed
         return stats
@@ -317,7 +320,8 @@ class ProcessSink:
             local = self._fallback.partial_stats()
             exported += local["exported"]
             overflow += local["overflow"]
-        return {"exported": exported, "overflow": overflow, "failed": max(0, self.given - exported - overflow)}
+        return {"exported": exported, "overflow": overflow, "failed": max(0, self.given - exported - overflow),
+                "unconfirmed": progress.get("unconfirmed", 0) + progress.get("sending", 0)}
 
     def abort(self) -> bool:
         self._aborted = True
