@@ -10,6 +10,11 @@ median time over the rounds, plain and instrumented, the first steps' total, the
 thread's own CPU time over them (what it did itself, which a loaded machine does not blur) and
 when the exporter process said it was ready (seconds after `init()` returned).
 
+`--loop auto` (and `auto-manual`) times an unmodified torch loop instead (a small MLP, 64
+samples, with an optimizer; `auto-manual`: updating its weights by hand, as pytorch/examples
+regression does), plain and under `import otel_train.auto`: what detection itself does inside
+the first steps (root discovery, the first decisions) shows beside the start's own cost.
+
 Wall-clock figures: run it on a quiet machine (issue 26 item 6 measured 190-946 ms first steps
 against 25 ms when the exporter started on the training thread's time).
 """
@@ -66,6 +71,38 @@ CHILD = textwrap.dedent("""
 """)
 
 
+#: An unmodified torch loop (`--loop auto` / `auto-manual`); argv: mode, steps, manual (0/1).
+AUTO_CHILD = textwrap.dedent("""
+    import json, sys, time
+    mode, steps, manual = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+    t0 = time.perf_counter()
+    if mode == "instrumented":
+        import otel_train.auto
+    import torch
+    from torch import nn
+    init_s = time.perf_counter() - t0
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 1))
+    opt = None if manual else torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 32), torch.randn(64, 1)
+    times, cpu = [], []
+    for n in range(steps):
+        begin, begin_cpu = time.perf_counter(), time.thread_time()
+        (opt or model).zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        if opt is not None:
+            opt.step()
+        else:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(-0.01 * p.grad)
+        times.append(time.perf_counter() - begin)
+        cpu.append(time.thread_time() - begin_cpu)
+    print("RESULT " + json.dumps({"init_s": init_s, "steps": times, "cpu": cpu, "ready_s": None}))
+""")
+
+
 def _calibrate(step_ms: float) -> int:
     """Loop iterations that take about `step_ms` here (the best of a few tries)."""
     work = 100_000
@@ -81,25 +118,26 @@ def _time_work(work: int) -> float:
     return time.perf_counter() - begin
 
 
-def _child(mode: str, steps: int, work: int, out_dir: str) -> dict:
+def _child(mode: str, steps: int, work: int, out_dir: str, loop: str = "explicit") -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env["OTEL_TRAIN_OUTPUT_DIR"] = out_dir
-    proc = subprocess.run([sys.executable, "-c", CHILD, mode, str(steps), str(work)], env=env,
+    code, arg = (CHILD, str(work)) if loop == "explicit" else (AUTO_CHILD, "1" if loop == "auto-manual" else "0")
+    proc = subprocess.run([sys.executable, "-c", code, mode, str(steps), arg], env=env,
                           capture_output=True, text=True, timeout=300, check=True)
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
     return json.loads(line[7:])
 
 
-def run_startup(steps: int, step_ms: float, rounds: int) -> dict[str, float]:
+def run_startup(steps: int, step_ms: float, rounds: int, loop: str = "explicit") -> dict[str, float]:
     import tempfile
 
-    work = _calibrate(step_ms)
+    work = _calibrate(step_ms) if loop == "explicit" else 0
     runs: dict[str, list[dict]] = {"plain": [], "instrumented": []}
     with tempfile.TemporaryDirectory() as out_dir:
         for r in range(rounds):
             order = ("plain", "instrumented") if r % 2 == 0 else ("instrumented", "plain")
             for mode in order:
-                runs[mode].append(_child(mode, steps, work, out_dir))
+                runs[mode].append(_child(mode, steps, work, out_dir, loop))
     figures: dict[str, float] = {}
     for mode, results in runs.items():
         per_step = [statistics.median(r["steps"][n] for r in results) for n in range(steps)]
@@ -117,11 +155,12 @@ def run_startup(steps: int, step_ms: float, rounds: int) -> dict[str, float]:
     figures[f"ratio.first{steps}_thread_cpu"] = (figures[f"instrumented.first{steps}_thread_cpu_ms"]
                                                 / figures[f"plain.first{steps}_thread_cpu_ms"])
     figures["rounds"] = rounds
+    figures["loop"] = loop  # type: ignore[assignment]
     return figures
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m benchmarks.startup [--steps N] [--step-ms MS] [--rounds N]`."""
+    """`python -m benchmarks.startup [--steps N] [--step-ms MS] [--rounds N] [--loop auto]`."""
     import argparse
 
     startup = argparse.ArgumentParser(prog="python -m benchmarks.startup",
@@ -129,12 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     startup.add_argument("--steps", type=int, default=10, help="steps timed from the start (default 10)")
     startup.add_argument("--step-ms", type=float, default=25.0, help="CPU work per step, ms (default 25)")
     startup.add_argument("--rounds", type=int, default=5, help="fresh process pairs, alternating (default 5)")
+    startup.add_argument("--loop", choices=("explicit", "auto", "auto-manual"), default="explicit",
+                         help="explicit spans on fixed work (default), or an unmodified torch loop under "
+                              "import otel_train.auto (auto-manual: weights updated by hand)")
     args = startup.parse_args(argv)
     if args.steps < 1 or args.rounds < 1 or args.step_ms <= 0:
         startup.error("--steps and --rounds must be positive integers, --step-ms a positive number")
     from otel_train.bench.harness import print_figure
 
-    for name, value in run_startup(args.steps, args.step_ms, args.rounds).items():
+    for name, value in run_startup(args.steps, args.step_ms, args.rounds, args.loop).items():
         print_figure(name, value)
     return 0
 
