@@ -474,3 +474,21 @@ def test_short_parallel_runs_against_a_slow_collector_count_what_it_got(receiver
         low, high = _bounds(result)
         assert low <= got <= high, (low, got, high, result.stderr)
         assert result.exported + result.dropped == 400 * SPANS_PER_STEP, result.stderr
+
+
+def test_an_exporter_starved_at_start_loses_only_the_counted_overflow(receiver: OTLPReceiver) -> None:
+    """Row 3. Before: an exporter process starved of CPU for its first 5 s (default buffer) died
+    of the records that had waited for it (25 lines of "exporting 2048 records failed", 63,640
+    spans lost beyond the counted overflow). Now what waited past the buffer is the only loss,
+    counted, and every other span arrives."""
+    run = TrainingRun({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.grpc_endpoint, "OTEL_TRAIN_BUFFER_SIZE": "2048",
+                       "OTEL_TRAIN_TESTING_EXPORTER_START_DELAY_S": "3", "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S": "30"},
+                      2000, 0.002)
+    result = run.finish()
+    spans = settle(receiver, run.run_id)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert "records failed" not in result.stderr and "exporter failed" not in result.stderr, result.stderr
+    assert result.exported == len(spans) > 0, result.stderr
+    assert result.exported + result.dropped == 2000 * SPANS_PER_STEP, result.stderr
+    report("exporter process starved for its first 3 s, OTEL_TRAIN_BUFFER_SIZE=2048",
+           f"{len(spans)} of 10000 spans", f"{result.dropped} (buffer full), counted", result, None)

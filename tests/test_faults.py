@@ -216,7 +216,10 @@ def test_a_rank_that_dies_delivers_every_completed_step_and_shows_where(receiver
     every completed step; the open step and span end with status ERROR and an `exception`
     event. The process exits as it would have without us (the signal, or the exception's 1)."""
     base = _baseline(receiver, 20)
-    run = TrainingRun(_otlp(receiver.grpc_endpoint), 20, 0.01, mode="raise" if how == "exception" else "hold")
+    # A bound a loaded machine's exporter starts in (it ends as soon as all is sent): with 2 s,
+    # an exporter not ready 1.2 s after the signal left the trainer too little to take over.
+    run = TrainingRun(_otlp(receiver.grpc_endpoint, OTEL_TRAIN_SHUTDOWN_TIMEOUT_S="10"), 20, 0.01,
+                      mode="raise" if how == "exception" else "hold")
     if how != "exception":
         run.wait_for("HOLDING")
         sent = time.monotonic()
