@@ -492,3 +492,17 @@ def test_an_exporter_starved_at_start_loses_only_the_counted_overflow(receiver: 
     assert result.exported + result.dropped == 2000 * SPANS_PER_STEP, result.stderr
     report("exporter process starved for its first 3 s, OTEL_TRAIN_BUFFER_SIZE=2048",
            f"{len(spans)} of 10000 spans", f"{result.dropped} (buffer full), counted", result, None)
+
+
+def test_grpc_log_lines_stay_silent_where_the_trainer_exports_itself(tls: TlsMaterial) -> None:
+    """Row 7. Before: gRPC's C core printed its own lines ("I1128 ... Handshake failed ...
+    CERTIFICATE_VERIFY_FAILED") beside our one message wherever the training process exported
+    itself (thread mode, or taking over from an exporter that never started). Now the first
+    import of gRPC there is silenced, unless the user set GRPC_VERBOSITY or imported gRPC."""
+    with OTLPReceiver(tls=tls) as receiver:
+        run = TrainingRun({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.grpc_endpoint, "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S": "3",
+                           "OTEL_EXPORTER_OTLP_CERTIFICATE": tls.other_ca_file, "OTEL_TRAIN_EXPORT_MODE": "thread"}, 30)
+        result = run.finish()
+    assert result.returncode == 0 and result.exported == 0 and result.dropped == 30 * SPANS_PER_STEP, result.stderr
+    assert len([line for line in result.stderr.splitlines() if "TLS handshake failed" in line]) == 1, result.stderr
+    assert not re.search(r"^[EWIF]\d{4} ", result.stderr, re.M), result.stderr

@@ -21,7 +21,9 @@ from __future__ import annotations
 import email.utils
 import gzip
 import http.client
+import os
 import ssl
+import sys
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -102,6 +104,12 @@ class GrpcTransport:
     """Unary OTLP/gRPC `Export` calls on one channel, request bytes passed through as they are."""
 
     def __init__(self, dest: Destination) -> None:
+        if "grpc" not in sys.modules and "GRPC_VERBOSITY" not in os.environ:
+            # First to import gRPC here (the training process exporting itself: thread mode,
+            # or taking over from an exporter that never started): its C core's own log lines
+            # ("Handshake failed ...") would repeat what our one message says. Read once, at
+            # import; a user who imports gRPC first, or sets it, keeps theirs.
+            os.environ["GRPC_VERBOSITY"] = "NONE"
         import grpc
 
         self._grpc = grpc
