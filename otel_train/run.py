@@ -44,16 +44,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"otel_train.run: cannot open {script!r}: no such file", file=sys.stderr)
             return 2
 
+    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    # The script's argv already while we start: the resource's `process.command` is the script.
+    sys.argv = [module, *rest] if module is not None else [script, *rest]  # as typed, as python leaves it
     import otel_train.auto  # noqa: F401 - configure and instrument before the script runs
 
-    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
     try:
         if module is not None:
-            sys.argv = [module, *rest]
             _set_path0(os.getcwd())  # `python -m` puts the working directory first
             runpy.run_module(module, run_name="__main__", alter_sys=True)
         else:
-            sys.argv = [script, *rest]  # as typed, as `python script.py` leaves it
             _set_path0(_script_dir(script))
             _run_script(script)
     except SystemExit as exit_:

@@ -76,3 +76,26 @@ def test_traceparent_roundtrip_and_rejects() -> None:
     for bad in (None, {}, {"traceparent": 5}, "00-xyz-abc-01", "00-" + "0" * 32 + "-" + "1" * 16 + "-01",
                 "00-" + "g" * 32 + "-" + "1" * 16 + "-01"):
         assert parse_traceparent(bad) is None
+
+
+def test_a_rank_the_process_group_contradicts_is_said_once(tmp_path) -> None:
+    """Issue 54 #1: a process started as rank 1 of 2 by its environment whose
+    `init_process_group(rank=0, world_size=1)` says otherwise is told once, naming both."""
+    import socket
+
+    from support.procs import run_python
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    code = f"""
+        import otel_train.auto
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        dist.destroy_process_group()
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port + 0}", rank=0, world_size=1)
+        dist.destroy_process_group()
+    """
+    proc = run_python(code, env={"RANK": "1", "WORLD_SIZE": "2", "OTEL_TRACES_EXPORTER": "none",
+                                 "OTEL_METRICS_EXPORTER": "none"}, cwd=tmp_path)
+    said = [line for line in proc.stderr.splitlines() if "torch.distributed says this process is rank 0 of 1" in line]
+    assert len(said) == 1 and "as rank 1 of 2" in said[0], proc.stderr

@@ -111,3 +111,19 @@ def test_file_argv0_and_path0_are_as_python_sets_them(tmp_path: Path) -> None:
                                   capture_output=True, text=True, timeout=120)
             assert proc.returncode == 0, proc.stderr
             assert proc.stdout == plain.stdout, (typed, launcher, proc.stdout, plain.stdout)
+
+
+
+def test_the_resource_names_the_script_not_the_launcher(tmp_path: Path) -> None:
+    """`process.command` in the resource the runtime builds at start, before the script runs, is
+    the script (argv[0] as typed), not otel_train/run.py."""
+    import json
+    (tmp_path / "train.py").write_text("import otel_train\nwith otel_train.span('train.forward'):\n    pass\n")
+    proc = subprocess.run([sys.executable, "-m", "otel_train.run", "train.py"],
+                          env=clean_env({"OTEL_METRICS_EXPORTER": "none"}), cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    [traces] = tmp_path.glob("otel-train/*/traces-rank0.jsonl")
+    resource = json.loads(traces.read_text().splitlines()[0])["resourceSpans"][0]["resource"]["attributes"]
+    command = next(a["value"]["stringValue"] for a in resource if a["key"] == "process.command")
+    assert command == "train.py"

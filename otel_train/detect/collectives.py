@@ -2,11 +2,14 @@
 
 Each call is a `train.collective` span with `comm.op`, `comm.bytes` and `comm.group_size`. One
 right after the optimizer update (a logged loss's all-reduce) extends the update: the step ends
-after it.
+after it. `init_process_group` is watched too: a process whose runtime started before it, with
+ranks from the environment that its group contradicts (a launcher that passes `rank=` and sets
+no RANK), is told once that its traces carry the environment's rank.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +23,7 @@ from otel_train.detect.state import s as _s
 from otel_train.record import recorder
 
 patches = Patches()
+_log = logging.getLogger("otel_train")
 
 #: Collective -> the parameter holding its payload (None: it has none).
 _COLLECTIVES: dict[str, str | None] = {
@@ -71,6 +75,36 @@ def collective_wrapper(op: str, payload_at: int | None, payload_name: str | None
     return wrapper
 
 
+def _after_init_process_group(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+    out = wrapped(*args, **kwargs)
+    try:
+        _check_rank()
+    except Exception:  # noqa: BLE001 - a check, never into the user's init_process_group
+        _log.debug("otel_train: checking the rank after init_process_group failed", exc_info=True)
+    return out
+
+
+def _check_rank() -> None:
+    """Once: the rank and world size the process group says against those the runtime started
+    with (a runtime that waited, in a `multiprocessing` child, reads the group's)."""
+    global _rank_checked
+    from otel_train import _distributed, _runtime
+    st = _runtime.state()
+    if _rank_checked or st is None or st.closed or st.run is None:
+        return
+    group = _distributed._torch_distributed()
+    if group is None or group == (st.run.rank, st.run.world_size):
+        return
+    _rank_checked = True
+    _log.warning("otel_train: torch.distributed says this process is rank %d of %d, but otel_train started "
+                 "before init_process_group as rank %d of %d (RANK / WORLD_SIZE); its spans and files carry "
+                 "rank %d. Launch with torchrun, or set RANK and WORLD_SIZE for each process.",
+                 group[0], group[1], st.run.rank, st.run.world_size, st.run.rank)
+
+
+_rank_checked = False
+
+
 def install() -> None:
     if not torch.distributed.is_available():
         return
@@ -78,6 +112,10 @@ def install() -> None:
 
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
+    init = getattr(c10d, "init_process_group", None)
+    for owner in (dist, c10d):
+        if init is not None and getattr(owner, "init_process_group", None) is init:
+            patches.wrap(owner, "init_process_group", _after_init_process_group)
     for op, payload_name in _COLLECTIVES.items():
         fn = getattr(c10d, op, None)
         if fn is None:
