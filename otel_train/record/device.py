@@ -7,7 +7,8 @@ With device timing on (`OTEL_TRAIN_DEVICE_TIMING=auto`, the default), a timed re
 `train.eval`, any `otel_train.span(..., device_time=True)`) records one device event on the
 current stream when it is entered and one when it is left, and every `train.step` records one
 event when it ends. Recording is all the training thread does: `event.record()`, which only
-enqueues a marker behind the work already queued. The worker thread polls the events with
+enqueues a marker behind the work already queued, called by the C region and step themselves
+(`_hotpath_device.c`, from this module's pool; `_DeviceRegion` where C was not built). The worker thread polls the events with
 `query()` and reads `elapsed_time` only once both have completed; until then the record is
 parked (and everything recorded after it, so a step never overtakes its phases). Then the span
 gets `device.duration_s` (device time between its two events), `device.lag_s` (how long after
