@@ -27,9 +27,25 @@ from support.otlp_receiver import OTLPReceiver  # noqa: E402
 #: multiprocessing, Ray, a browser. A test is `slow` when its body, a fixture it uses or a function
 #: of its module that either calls (followed by name) says one of these: marked at collection, so
 #: a new test is put in its tier by what it does, not by a list to keep.
-_STARTS_PROCESSES = re.compile(
-    r"\b(run_python|pytest_without|launch_torchrun|torchrun|subprocess|Popen|TrainingRun|chromium|"
-    r"multiprocessing|mp\.spawn|ray\.init|import ray)\b")
+_PROCESS_WORDS = r"torchrun|subprocess|Popen|chromium|multiprocessing|mp\.spawn|ray\.init|import ray"
+
+
+def _support_helpers_that_start_processes() -> list[str]:
+    """The names `tests/support` defines whose code says one of `_PROCESS_WORDS` (`run_python`,
+    `TrainingRun`, `run_script`, ...): a test calling one starts a process."""
+    import ast
+
+    names = []
+    for path in Path(__file__).resolve().parent.joinpath("support").glob("*.py"):
+        source = path.read_text()
+        for node in ast.parse(source).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and \
+                    re.search(_PROCESS_WORDS, ast.get_source_segment(source, node) or ""):
+                names.append(node.name)
+    return names
+
+
+_STARTS_PROCESSES = re.compile(r"\b(" + "|".join([_PROCESS_WORDS, *_support_helpers_that_start_processes()]) + r")\b")
 
 #: In-process tests that take over 5 s even so (measured 2026-11-28 on the 2-core machine at load
 #: 9: 11-23 s each), in the full tier too.
