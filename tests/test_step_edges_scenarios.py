@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 from support.procs import clean_env  # noqa: E402
 
 SCENARIOS = Path(__file__).resolve().parent / "support" / "scenarios"
-CASES = ("gan_samples", "rl_episodes", "forward_forward")
+CASES = ("gan_samples", "rl_episodes", "forward_forward", "lightning_samples")
 
 
 def _attrs(span: dict[str, Any]) -> dict[str, Any]:
@@ -77,10 +77,14 @@ def _inside_and_disjoint(ran: Ran) -> None:
             end = c1
 
 
-def test_gan_sample_forward_stays_in_the_step_it_runs_in(runs: dict[str, Future[Ran]]) -> None:
-    """dcgan's `netG(fixed_noise)` after the generator's update: never a micro-batch outside an
-    ended step, never also a `train.other` of the next one; one step per iteration."""
-    ran = runs["gan_samples"].result()
+@pytest.mark.parametrize("name", ["gan_samples", "lightning_samples"])
+def test_gan_sample_forward_stays_in_the_step_it_runs_in(runs: dict[str, Future[Ran]], name: str) -> None:
+    """dcgan's `netG(fixed_noise)` after the generator's update, and Lightning's sample in
+    `on_train_epoch_end`: never a micro-batch outside an ended step, never also a `train.other`
+    of the next one; one step per iteration."""
+    if name == "lightning_samples":
+        pytest.importorskip("lightning")
+    ran = runs[name].result()
     steps = ran.steps()
     assert len(steps) == ran.counted["steps"]
     _inside_and_disjoint(ran)
