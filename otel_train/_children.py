@@ -19,8 +19,9 @@ size come from `torch.distributed` whichever way they were given (`_distributed.
 a child with no distributed rank is named by its `multiprocessing` identity (`rank0-p1`). A
 fork or forkserver child leaves through `os._exit`, past `atexit`: a `multiprocessing` finalizer
 runs our shutdown there. The parent gives its children its run id (`OTEL_TRAIN_RUN_ID`) and, if
-it has recorded nothing yet (the launcher of `mp.spawn`), stands down: it stops without a closing
-line, its rank's files are the child's, and it starts again if it trains later.
+it has recorded nothing yet and starts a function of the user's (the launcher of `mp.spawn`),
+stands down: it stops without a closing line, its rank's files are the child's, and it starts
+again if it trains later (a `Manager`'s or a pool's start leaves it running).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def _start(self: Any) -> None:
     if _original_start is None or not _follows(self):
         return (_original_start or type(self).start)(self)
     try:
-        _before_child()
+        _before_child(_runs_users_code(self))
     except Exception:  # noqa: BLE001 - never into the user's start(): the child is still started
         _log.debug("otel_train: preparing to follow a child failed", exc_info=True)
     _following = True
@@ -117,6 +118,13 @@ def _follows(process: Any) -> bool:
     return getattr(target, "__module__", None) != "torch.utils.data._utils.worker"
 
 
+def _runs_users_code(process: Any) -> bool:
+    """The process runs a function of the user's (or `mp.spawn`'s wrapper of one), not the
+    standard library's own machinery (a `Manager`'s server, a pool's worker loop)."""
+    module = getattr(getattr(process, "_target", None), "__module__", None) or ""
+    return not module.startswith(("multiprocessing.", "concurrent.futures."))
+
+
 def _preparation_data(name: str) -> dict[str, Any]:
     data = _original_prep(name)
     if _following:
@@ -124,8 +132,10 @@ def _preparation_data(name: str) -> dict[str, Any]:
     return data
 
 
-def _before_child() -> None:
-    """In the parent: the child shares the run id; a parent that recorded nothing stands down."""
+def _before_child(may_stand_down: bool) -> None:
+    """In the parent: the child shares the run id. A parent that recorded nothing and starts a
+    function of the user's (the `mp.spawn` launcher: its child may be rank 0) stands down; one
+    that starts a `Manager` or a pool keeps its runtime (their children are named apart)."""
     from otel_train import _runtime
     st = _runtime.state()
     if st is None or st.closed or st.run is None:
@@ -133,7 +143,7 @@ def _before_child() -> None:
     os.environ.setdefault(semconv.ENV_RUN_ID, st.run.run_id)
     from otel_train.record import recorder
     r = recorder._rec
-    if r is not None and r.next_step == 0 and r.step is None and r.pending() == 0 and _idle_detection():
+    if may_stand_down and r is not None and r.next_step == 0 and r.step is None and r.pending() == 0 and _idle_detection():
         _runtime.stand_down()
         _wait_for_training()
 

@@ -117,5 +117,10 @@ def test_process_pool_traces_the_worker_that_trains_only(runs: dict[str, Future[
     """A `ProcessPoolExecutor` whose idle workers only compute: they write nothing and print
     nothing; the one that ran the training task has its file and closing line."""
     ran = runs["pool_spawn"].result()
-    assert len(ran.files) == 1 and len(ran.closing) == 1, (ran.files, ran.proc.stderr)
+    assert len(ran.files) == 1, (ran.files, ran.proc.stderr)
+    # the parent, which started a pool (not a function of its own), keeps its runtime: it says
+    # it exported nothing, to rank 0's file, which no child writes
+    parent = [path for n, path in ran.closing if Path(path).name == "traces-rank0.jsonl"]
+    assert len(parent) == 1 and ("0", parent[0]) in ran.closing, ran.proc.stderr
+    ran.closing = [(n, path) for n, path in ran.closing if path not in parent]
     _check_children(ran, set(ran.files))
