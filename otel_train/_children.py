@@ -31,7 +31,7 @@ import os
 import sys
 from typing import Any
 
-from otel_train import semconv
+from otel_train import _compat, semconv
 
 _log = logging.getLogger("otel_train")
 
@@ -114,14 +114,14 @@ def _start(self: Any) -> None:
 
 
 def _follows(process: Any) -> bool:
-    target = getattr(process, "_target", None)
+    target = _compat.process_target(process)
     return getattr(target, "__module__", None) != "torch.utils.data._utils.worker"
 
 
 def _runs_users_code(process: Any) -> bool:
     """The process runs a function of the user's (or `mp.spawn`'s wrapper of one), not the
     standard library's own machinery (a `Manager`'s server, a pool's worker loop)."""
-    module = getattr(getattr(process, "_target", None), "__module__", None) or ""
+    module = getattr(_compat.process_target(process), "__module__", None) or ""
     return not module.startswith(("multiprocessing.", "concurrent.futures."))
 
 

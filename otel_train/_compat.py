@@ -37,6 +37,25 @@ def multiprocessing_inheriting(process: Any) -> bool:
     return bool(getattr(process, "_inheriting", False))
 
 
+def multiprocessing_identity(process: Any) -> tuple[int, ...]:
+    """`BaseProcess._identity`: (1,), (2,), (1, 3)... for the children `multiprocessing` started,
+    () for a main process (what its default names, `Process-1:3`, are made of; no public
+    accessor). CPython 3.10-3.13."""
+    return tuple(getattr(process, "_identity", ()) or ())
+
+
+def process_target(process: Any) -> Any:
+    """`BaseProcess._target`: the function a `multiprocessing.Process` runs (no public accessor;
+    `run()` calls it). CPython 3.10-3.13."""
+    return getattr(process, "_target", None)
+
+
+def module_initializing(module: Any) -> bool:
+    """Whether `module` is still being imported: `module.__spec__._initializing`, which
+    `importlib._bootstrap` sets around a module's execution (no public flag). CPython 3.10-3.13."""
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
 def warnings_filters_changed() -> None:
     """Tell `warnings` its filter list was edited in place (`warnings._filters_mutated()`), as
     `warnings.filterwarnings` does, so cached "already warned" registries are dropped. There is
@@ -54,7 +73,28 @@ def set_collect_callback(reader: Any, callback: Callable[..., Any]) -> None:
     reader._set_collect_callback(callback)
 
 
+def reader_temporalities(reader: Any) -> dict[type, Any]:
+    """A `MetricReader`'s temporality by instrument class, `_instrument_class_temporality` (set
+    from its `preferred_temporality`; no public getter). opentelemetry-sdk 1.30-1.45; empty
+    where it is gone (the caller then exports cumulative, the SDK's default)."""
+    return dict(getattr(reader, "_instrument_class_temporality", {}) or {})
+
+
 # --- torch -------------------------------------------------------------------------------------------
+
+
+def cuda_capturing_check(torch: Any) -> Callable[[], bool]:
+    """The current CUDA stream's capture check in C, `torch._C._cuda_isCurrentStreamCapturing`
+    (the public `torch.cuda.is_current_stream_capturing` is a Python function around it), or the
+    public one where this torch lacks it. torch 2.11, 2.13."""
+    return getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
+
+
+def xpu_compiled(xpu: Any) -> bool:
+    """Whether this torch was built with XPU support: `torch.xpu._is_compiled()` (a compile-time
+    fact; the public `is_available()` also asks the driver). True where it is missing (the caller
+    then probes). torch 2.11, 2.13."""
+    return bool(getattr(xpu, "_is_compiled", lambda: True)())
 
 
 def compile_checks() -> tuple[Callable[[], bool], Any]:

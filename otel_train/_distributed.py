@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_train import semconv
+from otel_train import _compat, semconv
 from otel_train._config import safe_run_id
 
 _log = logging.getLogger("otel_train")
@@ -110,9 +110,9 @@ def _torch_distributed() -> tuple[int, int] | None:
 def _multiprocessing_identity() -> str:
     """`1`, `2`... for the children `multiprocessing` started; `` for a main process."""
     mp = sys.modules.get("multiprocessing")
-    if mp is None or mp.parent_process() is None and not getattr(mp.current_process(), "_inheriting", False):
+    if mp is None or mp.parent_process() is None and not _compat.multiprocessing_inheriting(mp.current_process()):
         return ""
-    return ":".join(map(str, getattr(mp.current_process(), "_identity", ()) or ()))
+    return ":".join(map(str, _compat.multiprocessing_identity(mp.current_process())))
 
 
 def launch_id(environ: Mapping[str, str], world: int) -> str:

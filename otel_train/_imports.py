@@ -21,6 +21,8 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
 
+from otel_train import _compat
+
 _log = logging.getLogger("otel_train")
 _lock = threading.RLock()
 _waiting: dict[str, list[Callable[[ModuleType], None]]] = {}
@@ -148,5 +150,4 @@ def waiting() -> dict[str, int]:
 
 
 def _initializing(module: Any) -> bool:
-    spec = getattr(module, "__spec__", None)
-    return bool(getattr(spec, "_initializing", False))
+    return _compat.module_initializing(module)

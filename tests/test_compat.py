@@ -188,3 +188,37 @@ def test_the_instrumented_librarys_floor_is_the_extras() -> None:
     (extra,) = project["optional-dependencies"]["torch"]
     assert extra.replace(" ", "") == _instruments[0].replace(" ", "")
     assert project["requires-python"] == ">=3.11"  # the C extensions' frame API (docs/compatibility.md)
+
+
+def test_a_process_has_its_identity_and_its_target() -> None:
+    process = multiprocessing.Process(target=print)
+    assert _compat.process_target(process) is print, "multiprocessing's BaseProcess._target is gone"
+    assert len(_compat.multiprocessing_identity(process)) == 1, "multiprocessing's BaseProcess._identity changed"
+    assert _compat.multiprocessing_identity(multiprocessing.current_process()) == ()
+
+
+def test_a_module_is_initializing_while_it_runs(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "compat_probe.py").write_text(
+        "import sys\nfrom otel_train import _compat\nDURING = _compat.module_initializing(sys.modules[__name__])\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import compat_probe  # type: ignore[import-not-found]
+
+    assert compat_probe.DURING is True, "ModuleSpec._initializing is no longer set while a module runs"
+    assert _compat.module_initializing(compat_probe) is False
+
+
+def test_a_readers_temporality_preferences_are_where_the_sdk_keeps_them() -> None:
+    from opentelemetry.sdk.metrics import Histogram
+    from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
+
+    reader = InMemoryMetricReader(preferred_temporality={Histogram: AggregationTemporality.DELTA})
+    by_name = {cls.__name__.lstrip("_"): t for cls, t in _compat.reader_temporalities(reader).items()}
+    assert Histogram.__name__ == "Histogram" and by_name.get("Histogram") is AggregationTemporality.DELTA, \
+        "MetricReader._instrument_class_temporality changed"  # keyed by the SDK's private _Histogram
+
+
+def test_the_cuda_capture_check_and_the_xpu_build_flag(torch: Any) -> None:
+    assert _compat.cuda_capturing_check(torch) is torch._C._cuda_isCurrentStreamCapturing, \
+        "torch._C._cuda_isCurrentStreamCapturing is gone"
+    assert callable(getattr(torch.xpu, "_is_compiled", None)), "torch.xpu._is_compiled is gone"
+    assert _compat.xpu_compiled(torch.xpu) is torch.xpu._is_compiled()

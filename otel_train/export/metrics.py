@@ -184,7 +184,7 @@ class _Counter:
 
 def _temporality(reader: MetricReader, kind: str) -> AggregationTemporality:
     """The reader's preference for an instrument kind (`Histogram`, `Counter`), as the SDK keeps it."""
-    preferences = getattr(reader, "_instrument_class_temporality", {}) or {}
+    preferences = _compat.reader_temporalities(reader)
     for cls, temporality in preferences.items():
         if cls.__name__.lstrip("_") == kind:
             return temporality

@@ -47,7 +47,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from otel_train import semconv
+from otel_train import _compat, semconv
 from otel_train.record import recorder as _recorder
 from otel_train.record import span
 from otel_train.record.device_resolver import MAX_PARKED, MAX_WAIT_NS, DeviceResolver
@@ -85,7 +85,7 @@ def torch_events(device_type: str, index: int | None = None) -> tuple[EventFacto
         # Python function around it), and `torch.Event` (C: `record()` reads the current stream
         # in C) where it can time CUDA (torch 2.4 on): `torch.cuda.Event.record` calls
         # `torch.cuda.current_stream()`, which builds a `Stream` object in Python at every call.
-        capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
+        capturing = _compat.cuda_capturing_check(torch)
         if _torch_at_least(torch, 2, 4) and hasattr(torch, "Event"):
             generic, cuda = torch.Event, torch.device("cuda")
             return (lambda: generic(device=cuda, enable_timing=True)), capturing
@@ -272,7 +272,7 @@ def _accelerator_built(torch: Any) -> bool:
     """Whether this torch build has any accelerator `probe` looks for (compile-time facts)."""
     xpu = getattr(torch, "xpu", None)
     return bool(torch.backends.cuda.is_built() or torch.backends.mps.is_built()
-                or (xpu is not None and getattr(xpu, "_is_compiled", lambda: True)()))
+                or (xpu is not None and _compat.xpu_compiled(xpu)))
 
 
 def _device_of(where: Any) -> tuple[str | None, int | None]:
