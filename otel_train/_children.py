@@ -46,6 +46,7 @@ _forked_trainer = False
 #: Run in the child while it unpickles its preparation data, before it re-imports the script.
 #: The parent's `sys.path` is there for the import only: `prepare()` sets the child's own next.
 _BOOT = """
+import os
 import sys
 _saved = sys.path[:]
 sys.path[:0] = [p for p in path if p not in sys.path]
@@ -53,7 +54,8 @@ try:
     from otel_train import _children
     _children.boot()
 except Exception as err:
-    sys.stderr.write("otel_train: this process (%s) is not traced: %r\\n" % (sys.argv[0] if sys.argv else "?", err))
+    sys.stderr.write("otel_train: %s (pid %d) is not traced: importing otel_train there failed (%r)\\n"
+                     % (name, os.getpid(), err))
 finally:
     sys.path[:] = _saved
 """
@@ -63,11 +65,12 @@ class _Boot:
     """The entry a followed child's preparation data carries: unpickled, it runs `_BOOT`. Only
     builtins are named in the pickle, so a child that cannot import otel_train still starts."""
 
-    def __init__(self, path: list[str]) -> None:
+    def __init__(self, path: list[str], name: str) -> None:
         self.path = path
+        self.name = name  # the process's, which the child has not taken yet while this runs
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return exec, (_BOOT, {"path": self.path})
+        return exec, (_BOOT, {"path": self.path, "name": self.name})
 
 
 def install() -> None:
@@ -128,7 +131,7 @@ def _runs_users_code(process: Any) -> bool:
 def _preparation_data(name: str) -> dict[str, Any]:
     data = _original_prep(name)
     if _following:
-        data["otel_train"] = _Boot(list(sys.path))
+        data["otel_train"] = _Boot(list(sys.path), name)
     return data
 
 

@@ -124,3 +124,38 @@ def test_process_pool_traces_the_worker_that_trains_only(runs: dict[str, Future[
     assert len(parent) == 1 and ("0", parent[0]) in ran.closing, ran.proc.stderr
     ran.closing = [(n, path) for n, path in ran.closing if path not in parent]
     _check_children(ran, set(ran.files))
+
+
+SHADOWED = """
+import multiprocessing as mp
+import os
+import sys
+
+
+def child() -> None:
+    print("CHILD RAN", flush=True)
+
+
+if __name__ == "__main__":
+    os.chdir(sys.argv[1])  # where a package named otel_train shadows ours for the child
+    p = mp.get_context("spawn").Process(target=child)
+    p.start()
+    p.join()
+    sys.exit(p.exitcode)
+"""
+
+
+def test_a_child_that_cannot_be_followed_says_so_once_and_runs(tmp_path: Path) -> None:
+    """A spawned child that cannot import otel_train (here a package of that name in its working
+    directory shadows ours) runs untraced, and says so in one line."""
+    shadow = tmp_path / "shadow"
+    (shadow / "otel_train").mkdir(parents=True)
+    (shadow / "otel_train" / "__init__.py").write_text("raise ImportError('not the real one')\n")
+    script = tmp_path / "launch.py"
+    script.write_text(SHADOWED)
+    proc = subprocess.run([sys.executable, "-m", "otel_train.run", str(script), str(shadow)],
+                          env=clean_env({"OTEL_METRICS_EXPORTER": "none"}), cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and "CHILD RAN" in proc.stdout, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "is not traced" in line]
+    assert len(said) == 1 and "not the real one" in said[0], proc.stderr
