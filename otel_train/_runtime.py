@@ -342,8 +342,8 @@ def _unconfirmed(stats: dict[str, Any], failed: int) -> str:
     unconfirmed = min(failed, stats.get("unconfirmed", 0))
     if not unconfirmed:
         return ""
-    return (f", {unconfirmed} of them unconfirmed (sent, but no answer came before the bound: the collector "
-            "may have them)")
+    return (f", {unconfirmed} of them unconfirmed (they may have been sent, and no answer came before the "
+            "bound: the collector may have them)")
 
 
 _KILLED = ("; the exporter process had not finished at the bound (stopped, or starved of CPU) and was killed: "

@@ -264,8 +264,10 @@ class ProcessSink:
         else:  # killed at the bound: whatever it had not exported is lost, and said so
             stats["failed"] = stats.get("failed", 0) + self._lost_in_process(stats) + self.lost
             stats["killed"] = 1
-            # A request it was sending when killed may have reached the collector.
-            stats["unconfirmed"] = stats.get("unconfirmed", 0) + stats.get("sending", 0)
+            # Whatever it held past its last report it may have sent meanwhile: the collector
+            # may have any of it (a bound, not a guess: the receiver holds at most exported +
+            # unconfirmed).
+            stats["unconfirmed"] = stats.get("unconfirmed", 0) + self._lost_in_process(stats)
         stats["failed"] += self._waiting_records  # never written: it was not ready in time
         stats["overflow"] = stats.get("overflow", 0) + self.overflowed
         return stats
@@ -320,8 +322,11 @@ class ProcessSink:
             local = self._fallback.partial_stats()
             exported += local["exported"]
             overflow += local["overflow"]
-        return {"exported": exported, "overflow": overflow, "failed": max(0, self.given - exported - overflow),
-                "unconfirmed": progress.get("unconfirmed", 0) + progress.get("sending", 0)}
+        failed = max(0, self.given - exported - overflow)
+        # What the process held past its last report it may have sent meanwhile (see `close`).
+        held = max(0, failed - self._waiting_records - self.lost)
+        return {"exported": exported, "overflow": overflow, "failed": failed,
+                "unconfirmed": progress.get("unconfirmed", 0) + (held if self._fallback is None else 0)}
 
     def abort(self) -> bool:
         self._aborted = True
