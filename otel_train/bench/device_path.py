@@ -40,6 +40,7 @@ replace them here when it has.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import random
@@ -203,12 +204,17 @@ def _count_calls(step: Any, steps: int) -> tuple[int, int]:
         if event in counts and frame.f_code.co_filename != _PROXY_FILE:
             counts[event] += 1
 
+    # A garbage collection inside the window would add our `gc.callbacks` pause hooks (and any
+    # finalizers) to one variant's count and not the other's: collect first, then count without.
+    gc.collect()
+    gc.disable()
     sys.setprofile(profile)
     try:
         for _ in range(steps):
             step()
     finally:
         sys.setprofile(None)
+        gc.enable()
     return counts["call"], counts["c_call"]
 
 
