@@ -151,10 +151,7 @@ def _first_worker_of_run() -> bool:
     """Whether no DataLoader worker of this trainer said the notice yet. Workers are new
     processes each epoch (unless `persistent_workers`), so a flag in memory would say it every
     epoch: the first one creates a marker named by the trainer's pid, atomically."""
-    import tempfile
-
-    marker = os.path.join(tempfile.gettempdir(), f"otel_train-{os.getuid() if hasattr(os, 'getuid') else 0}-"
-                                                 f"{os.getppid()}-dataloader-notice")
+    marker = _worker_notice_marker(os.getppid())
     try:
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
     except FileExistsError:
@@ -162,6 +159,15 @@ def _first_worker_of_run() -> bool:
     except OSError:
         return True  # no marker possible: say it (once per epoch) rather than never
     return True
+
+
+def _worker_notice_marker(trainer_pid: int) -> str:
+    """The marker of `_first_worker_of_run`, named by the trainer's pid; the trainer removes it
+    at shutdown, so no run leaves a file behind in the temporary folder."""
+    import tempfile
+
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return os.path.join(tempfile.gettempdir(), f"otel_train-{uid}-{trainer_pid}-dataloader-notice")
 
 
 def _exporter_unpacks() -> bool:
@@ -223,6 +229,10 @@ def shutdown(timeout_s: float | None = None, reason: str | None = None) -> None:
         except Exception as err:  # noqa: BLE001 - shutdown runs at exit and in signal handlers
             _log.warning("otel_train: shutdown failed: %r", err)
         finally:
+            try:
+                os.unlink(_worker_notice_marker(os.getpid()))
+            except OSError:
+                pass
             held.release(raise_again=not _exiting)
 
 

@@ -426,10 +426,14 @@ DATALOADER = """
 def test_the_dataloader_worker_notice_is_said_once_per_run(tmp_path: Path) -> None:
     """Row 7. Before: "not recorded in DataLoader workers" was said by worker 0 of every epoch
     (new worker processes each epoch). Now once per trainer; the steps are all kept."""
-    result = run_script(DATALOADER, {}, cwd=tmp_path, timeout=180)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    result = run_script(DATALOADER, {"TMPDIR": str(temp)}, cwd=tmp_path, timeout=180)
     assert result.returncode == 0 and "LOOP DONE" in result.stdout, result.stderr
     assert result.stderr.count("DataLoader worker processes are not recorded") == 1, result.stderr
     assert result.exported == 12 and result.dropped == 0, result.stderr
+    # the once-a-run marker is the trainer's to remove at shutdown: no run leaves one behind
+    assert not list(temp.glob("otel_train-*-dataloader-notice")), list(temp.iterdir())
 
 
 # --- row 1's audit: every walk up the parents stops at a cycle -----------------------------------------
