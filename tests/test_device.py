@@ -487,6 +487,26 @@ def test_abandoned_region_gives_its_event_back(bare: Any) -> None:
     assert not resolver.limbo and len(sink.records) == 2
 
 
+def test_a_reentered_region_takes_no_extra_event(bare: Any) -> None:
+    """`with sp: with sp:` on a device-timed region (issue 53, row 1): the re-entry and its exit
+    are ignored, and so is a second exit; every event taken goes back to the pool."""
+    clock, recorder, resolver, worker, sink, fake = bare
+    with _recorder.Step(None, None):
+        region = _device._DeviceRegion(semconv.SPAN_FORWARD)
+        with region:
+            with region:
+                fake.launch(MS)
+                clock.advance(MS)
+        region.__exit__(None, None, None)  # a second exit: ignored, said once
+    fake.drain()
+    worker.drain()
+    worker.drain()
+    held = 1 if resolver._ref is not None else 0
+    assert fake.created == 3  # the forward's two events and the step's end
+    assert len(resolver.timing.pool.free) + held == fake.created
+    assert len(sink.records) == 2  # the step and its forward, once each
+
+
 def test_naming_an_unavailable_accelerator_keeps_host_time(harness: Harness) -> None:
     pytest.importorskip("torch")
     import torch

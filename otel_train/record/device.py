@@ -322,7 +322,12 @@ class _DeviceRegion(_PyRegion):
                 timing.dropped.append(event)  # the worker returns it once complete
 
     def __enter__(self) -> _DeviceRegion:
+        # Open already (`with sp: with sp:`): `_PyRegion` ignores it, and no event is taken
+        # for it either (it would never go back to the pool).
+        reentry = getattr(self, "rec", None) is not None and not hasattr(self, "t1")
         _PyRegion.__enter__(self)  # reads t0 before the event is recorded (the anchor relies on it)
+        if reentry:
+            return self
         if self.timed and self.rec is not None:
             pool = _pool
             if pool is None:
@@ -335,7 +340,9 @@ class _DeviceRegion(_PyRegion):
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if self.timed and self.rec is not None and self.dev is not None:
+        # Only the exit that ends the region takes its end event: not a re-entry's, not a second one.
+        if (self.timed and self.rec is not None and self.dev is not None and not getattr(self, "reentered", 0)
+                and not hasattr(self, "t1")):
             pool = _pool
             # Recorded before the record is appended: the worker must never see half of it.
             self.ev1 = pool.take() if pool is not None else None
