@@ -668,11 +668,15 @@ def test_only_our_own_code_is_hidden_from_dynamo() -> None:
     import contextlib
     import os
 
+    from otel_train import _compat
     from otel_train.record import recorder
 
     codes = compile.our_code()
-    ours = {os.path.dirname(_detect.__file__), os.path.dirname(recorder.__file__)}  # detect/ and record/
-    assert codes and {os.path.dirname(code.co_filename) for code in codes} == ours
+    # detect/, record/ and the compat accessors they call
+    ours = {os.path.dirname(_detect.__file__), os.path.dirname(recorder.__file__), _compat.__file__}
+    assert codes and {code.co_filename if code.co_filename == _compat.__file__ else os.path.dirname(code.co_filename)
+                      for code in codes} == ours
+    assert _compat.xpu_compiled.__code__ in codes
     helper = contextlib.contextmanager(lambda: iter(())).__code__
     assert helper not in codes
     assert forward.forward_pre_hook.__code__ in codes
