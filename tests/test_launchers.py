@@ -33,13 +33,15 @@ CASES = {
     "pool_spawn": ("process_pool.py", "spawn"),
 }
 CLOSING = re.compile(r"otel_train: (?:rank \d+: )?(\d+) spans exported to (\S+);")
+SCENARIO_LINE = re.compile(r"SCENARIO (\{[^{}]*\})")
 
 
 class Ran:
     def __init__(self, proc: subprocess.CompletedProcess[str], cwd: Path) -> None:
         self.proc = proc
-        self.counted = [json.loads(line.split("SCENARIO ", 1)[1]) for line in proc.stdout.splitlines()
-                        if line.startswith("SCENARIO ")]
+        # Children share the parent's stdout: two lines may come out run together (mp.spawn's
+        # ranks printing at once), so each flat `SCENARIO {...}` is found wherever it is.
+        self.counted = [json.loads(found) for found in SCENARIO_LINE.findall(proc.stdout)]
         self.closing = CLOSING.findall(proc.stderr)
         self.files = {p.name: p for p in cwd.glob("otel-train/*/*.jsonl")}
 
