@@ -40,7 +40,7 @@ def bench_export_cpu(steps: int, rounds: int) -> dict[str, float]:
     loop in C where `_encode` was built, and then its Python fallback too: `*_fast_python`)
     and on the general path (what a record with an exception, an event or device time takes,
     and what every record took before the fast path); then the embedded default's JSON line
-    (`export_json_line_us_per_span`: C, and `_python` beside it where C was built). Inside a
+    (`export_json_line_us_per_span`, protobuf's `json_format`). Inside a
     real run the exporter shares cores with training and pays about twice this
     (`exporter_cpu_us_per_step*`)."""
     import gc
@@ -71,8 +71,7 @@ def _export_cpu(records: list[Any], offset: int, rounds: int) -> dict[str, float
     from otel_train.export.otlp import LeanEncoder
     from otel_train.export.pipe import dumps, loads
     from otel_train.export.spans import SpanAssembler
-    from otel_train.export import otlp_json
-    from otel_train.export.otlp_json import trace_request_json_python, trace_request_line
+    from otel_train.export.otlp_json import trace_request_line
     from otel_train.export.worker import _SLICE
 
     resource = {"service.name": "bench", "ml.run.id": "bench", "ml.rank": 0}
@@ -111,15 +110,11 @@ def _export_cpu(records: list[Any], offset: int, rounds: int) -> dict[str, float
             keep(f"export_assemble_us_per_span_{label}", t2 - t1, len(records))
             keep(f"export_encode_us_per_span_{label}", t3 - t2, len(records))
             keep(f"export_total_us_per_span_{label}", t3 - t0, len(records))
-        # The embedded default's extra stage: the encoded requests as OTLP JSON lines
-        # (`otlp_json.trace_request_line`: C where `_otlp_json` was built, and Python beside it).
-        converters = [("", trace_request_line)] + ([("_python", trace_request_json_python)]
-                                                  if otlp_json._otlp_json is not None else [])
-        for label, convert in converters:
-            t0 = cpu()
-            for batch in batches:
-                convert(batch.payload)
-            keep(f"export_json_line_us_per_span{label}", cpu() - t0, len(records))
+        # The embedded default's extra stage: the encoded requests as OTLP JSON lines.
+        t0 = cpu()
+        for batch in batches:
+            trace_request_line(batch.payload)
+        keep("export_json_line_us_per_span", cpu() - t0, len(records))
     return best
 
 
@@ -128,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     from otel_train.bench.harness import print_figure
-    from otel_train.export import fast_path, otlp_json
+    from otel_train.export import fast_path
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.export_cpu",
                                      description="the export pipeline's CPU per span, stage by stage, measured alone")
@@ -138,7 +133,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 1 or args.rounds < 1:
         parser.error("--steps and --rounds must be positive integers")
     print_figure("export_fast_path_in_c", int(fast_path._encode is not None))  # else its Python loop
-    print_figure("export_json_line_in_c", int(otlp_json._otlp_json is not None))  # else Python's
     for name, value in bench_export_cpu(args.steps, args.rounds).items():
         print_figure(name, value)
     return 0

@@ -13,9 +13,6 @@ from support.procs import run_python
 #: Where the exporter's fast path is C (`_encode`), its Python loop beside it.
 EXPORT_PYTHON_FALLBACK = ["export_assemble_us_per_span_fast_python", "export_total_us_per_span_fast_python"]
 
-#: Where the JSON line is C (`_otlp_json`), Python's beside it.
-JSON_LINE_PYTHON_FALLBACK = ["export_json_line_us_per_span_python"]
-
 
 def test_export_cpu_prints_each_stage_per_span_fast_and_general() -> None:
     proc = run_python("from benchmarks.export_cpu import main; raise SystemExit(main())",
@@ -26,8 +23,7 @@ def test_export_cpu_prints_each_stage_per_span_fast_and_general() -> None:
         assert match, f"not a `name: value` line: {line!r}"
         figures[match[1]] = float(match[2])
     required = (["export_total_us_per_span_fast", "export_total_us_per_span_general", "export_json_line_us_per_span"]
-                + (EXPORT_PYTHON_FALLBACK if figures["export_fast_path_in_c"] else [])
-                + (JSON_LINE_PYTHON_FALLBACK if figures["export_json_line_in_c"] else []))
+                + (EXPORT_PYTHON_FALLBACK if figures["export_fast_path_in_c"] else []))
     missing = [name for name in required if name not in figures]
     assert not missing, missing
     assert all(figures[name] > 0 for name in required)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import resource
 import signal
@@ -15,6 +16,7 @@ import textwrap
 
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 
 from otel_train.export.otlp import LeanEncoder
 from otel_train.export.otlp_json import FileTransport, read_spans, trace_request_line
@@ -46,12 +48,35 @@ def _hex_to_b64(node: object) -> object:
 def test_the_json_line_parses_into_the_request_it_was_made_from() -> None:
     payload = _payload()
     parsed = json_format.ParseDict(_hex_to_b64(json.loads(trace_request_line(payload))), ExportTraceServiceRequest())
-    original = ExportTraceServiceRequest.FromString(payload)
-    for span in [s for rs in original.resource_spans for ss in rs.scope_spans for s in ss.spans]:
-        span.ClearField("flags")  # the JSON line leaves out the W3C flag bits
-        for link in span.links:
-            link.ClearField("flags")
-    assert parsed == original
+    assert parsed == ExportTraceServiceRequest.FromString(payload)
+
+
+def test_any_request_reads_back_with_hex_ids_and_ascii_text() -> None:
+    """What OTLP JSON asks beyond protobuf's JSON mapping (ids as lowercase hex), and what a
+    line must survive: 64-bit integers, NaN and infinities, bytes, nested values, text outside
+    ASCII and JSON's escapes, an empty id left out."""
+    request = ExportTraceServiceRequest()
+    spans = request.resource_spans.add().scope_spans.add().spans
+    span = spans.add(trace_id=bytes(range(16)), span_id=b"\xab" * 8, parent_span_id=b"\x00" * 7 + b"\x01",
+                     name="é\u2028\"\n\U0001f600", kind=2, start_time_unix_nano=2**64 - 1, end_time_unix_nano=1)
+    span.links.add(trace_id=b"\xff" * 16, span_id=b"\x10" * 8, flags=0x301)
+    span.events.add(name="e", time_unix_nano=2**63)
+    values = [AnyValue(int_value=-(2**63)), AnyValue(double_value=math.nan), AnyValue(double_value=-math.inf),
+              AnyValue(bytes_value=b"\x00\xff"), AnyValue(bool_value=True)]
+    values.append(AnyValue(array_value=ArrayValue(values=values[:2])))
+    values.append(AnyValue(kvlist_value=KeyValueList(values=[KeyValue(key="k\t", value=values[0])])))
+    span.attributes.extend(KeyValue(key=f"a{i}", value=v) for i, v in enumerate(values))
+    spans.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="root")  # no parent id: none written
+    line = trace_request_line(request.SerializeToString())
+    assert line.isascii() and b"\n" not in line
+    doc = json.loads(line)
+    first, root = doc["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    assert (first["traceId"], first["spanId"], first["parentSpanId"]) == (bytes(range(16)).hex(), "ab" * 8,
+                                                                         "0000000000000001")
+    assert first["links"][0]["traceId"] == "ff" * 16 and first["startTimeUnixNano"] == str(2**64 - 1)
+    assert "parentSpanId" not in root
+    parsed = json_format.ParseDict(_hex_to_b64(doc), ExportTraceServiceRequest())
+    assert str(parsed) == str(request)  # NaN is not equal to itself: compare the text form
 
 
 def test_file_roundtrip(tmp_path) -> None:

@@ -3,15 +3,15 @@
 One export request per line (`ExportTraceServiceRequest` / `ExportMetricsServiceRequest` as
 OTLP/JSON: ids in hex, 64-bit integers as strings), the format of the OpenTelemetry
 Collector's file exporter. What is written is the same encoded request an OTLP exporter
-sends (`otlp.LeanEncoder`), turned into JSON here (`FileTransport`), so files and collectors
-get one encoding: read straight off the protobuf wire in C (`_otlp_json.c`), or where that was
-not built (or declines a request), parsed and dumped in Python (`trace_request_json_python`).
+sends (`otlp.LeanEncoder`), turned into JSON here (`FileTransport`) by protobuf's own JSON
+mapping, so files and collectors get one encoding.
 `read_spans` reads ours and the Collector's alike, and skips (and counts) a line cut short by a
 crash or a full disk instead of failing on it.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -20,12 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from otel_train.export.transport import OK, Outcome
+from google.protobuf.json_format import MessageToDict
 
-try:  # the trace requests' conversion in C; `trace_request_json_python` is the fallback
-    from otel_train.export import _otlp_json
-except ImportError:
-    _otlp_json = None  # type: ignore[assignment]
+from otel_train.export.transport import OK, Outcome
 
 _log = logging.getLogger("otel_train")
 
@@ -122,76 +119,38 @@ class FileTransport:
 
 
 # --- OTLP protobuf -> OTLP JSON ---------------------------------------------------------------
-def _json_value(value: Any) -> dict[str, Any]:
-    kind = value.WhichOneof("value")
-    if kind == "string_value":
-        return {"stringValue": value.string_value}
-    if kind == "int_value":
-        return {"intValue": str(value.int_value)}
-    if kind == "double_value":
-        return {"doubleValue": value.double_value}
-    if kind == "bool_value":
-        return {"boolValue": value.bool_value}
-    if kind == "array_value":
-        return {"arrayValue": {"values": [_json_value(v) for v in value.array_value.values]}}
-    if kind == "kvlist_value":
-        return {"kvlistValue": {"values": _json_kvs(value.kvlist_value.values)}}
-    if kind == "bytes_value":
-        import base64
-        return {"bytesValue": base64.b64encode(value.bytes_value).decode("ascii")}
-    return {}
+#: Where OTLP JSON departs from protobuf's JSON mapping: ids are hex, not base64
+#: (https://opentelemetry.io/docs/specs/otlp/#json-protobuf-encoding).
+_ID_KEYS = ("traceId", "spanId", "parentSpanId")
 
 
-def _json_kvs(items: Any) -> list[dict[str, Any]]:
-    return [{"key": kv.key, "value": _json_value(kv.value)} for kv in items]
-
-
-def _json_span(span: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"traceId": span.trace_id.hex(), "spanId": span.span_id.hex(), "name": span.name,
-                           "kind": span.kind, "startTimeUnixNano": str(span.start_time_unix_nano),
-                           "endTimeUnixNano": str(span.end_time_unix_nano), "attributes": _json_kvs(span.attributes)}
-    status = span.status
-    out["status"] = ({"code": status.code, **({"message": status.message} if status.message else {})}
-                     if status.code or status.message else {})
-    if span.parent_span_id:
-        out["parentSpanId"] = span.parent_span_id.hex()
-    if span.events:
-        out["events"] = [{"timeUnixNano": str(e.time_unix_nano), "name": e.name, "attributes": _json_kvs(e.attributes)}
-                         for e in span.events]
-    if span.links:
-        out["links"] = [{"traceId": link.trace_id.hex(), "spanId": link.span_id.hex(),
-                         "attributes": _json_kvs(link.attributes)} for link in span.links]
-    return out
+def _hex_ids(node: dict[str, Any]) -> None:
+    for key in _ID_KEYS:
+        value = node.get(key)
+        if value is not None:
+            node[key] = base64.b64decode(value).hex()
 
 
 def trace_request_line(payload: bytes) -> bytes:
-    """An encoded `ExportTraceServiceRequest` as one line of OTLP JSON (ids in hex, 64-bit
-    integers as strings, ASCII), the OpenTelemetry Collector file exporter's format."""
-    if _otlp_json is not None:
-        try:
-            return _otlp_json.trace_request(payload)
-        except ValueError:
-            pass  # a request the C reader does not render exactly: Python does
-    return trace_request_json_python(payload).encode("ascii")
-
-
-def trace_request_json_python(payload: bytes) -> str:
-    """`trace_request_line` in Python: parsed with protobuf, dumped with `json` (the C reader's
-    reference, and its fallback)."""
+    """An encoded `ExportTraceServiceRequest` as one line of OTLP JSON (the OpenTelemetry
+    Collector file exporter's format, ASCII): protobuf's JSON mapping (`json_format`; 64-bit
+    integers as strings, enums as integers, as OTLP asks) with the ids turned to hex. Costs the
+    exporter process ~27 µs of CPU a span, off the training thread
+    (docs/benchmarks/2026-11-28-json-format.md)."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    request = ExportTraceServiceRequest.FromString(payload)
-    doc = {"resourceSpans": [
-        {"resource": {"attributes": _json_kvs(rs.resource.attributes)},
-         "scopeSpans": [{"scope": {"name": ss.scope.name, "version": ss.scope.version},
-                         "spans": [_json_span(span) for span in ss.spans]} for ss in rs.scope_spans]}
-        for rs in request.resource_spans]}
-    return json.dumps(doc, separators=(",", ":"))
+    doc = MessageToDict(ExportTraceServiceRequest.FromString(payload), use_integers_for_enums=True)
+    for resource_spans in doc.get("resourceSpans", ()):
+        for scope_spans in resource_spans.get("scopeSpans", ()):
+            for span in scope_spans.get("spans", ()):
+                _hex_ids(span)
+                for link in span.get("links", ()):
+                    _hex_ids(link)
+    return json.dumps(doc, separators=(",", ":")).encode("ascii")
 
 
 def metrics_request_json(payload: bytes) -> str:
-    """An encoded `ExportMetricsServiceRequest` as one line of OTLP JSON."""
-    from google.protobuf.json_format import MessageToDict
+    """An encoded `ExportMetricsServiceRequest` as one line of OTLP JSON (no ids to fix up)."""
     from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
     doc = MessageToDict(ExportMetricsServiceRequest.FromString(payload), use_integers_for_enums=True)
