@@ -43,16 +43,17 @@ _at_fork_registered = False
 #: This process is a forked child that `_children` follows: its runtime may start again.
 _forked_trainer = False
 
-#: Run in the child while it unpickles its preparation data, before it re-imports the script.
-#: The parent's `sys.path` is there for the import only: `prepare()` sets the child's own next.
+#: Run in the child while it unpickles its preparation data, before it re-imports the script:
+#: the child's first line, as `import otel_train.auto` is the parent's (detection waits there for
+#: training, `install(lazy=True)`). The parent's `sys.path` is there for the import only:
+#: `prepare()` sets the child's own next.
 _BOOT = """
 import os
 import sys
 _saved = sys.path[:]
 sys.path[:0] = [p for p in path if p not in sys.path]
 try:
-    from otel_train import _children
-    _children.boot()
+    import otel_train.auto
 except Exception as err:
     sys.stderr.write("otel_train: %s (pid %d) is not traced: importing otel_train there failed (%r)\\n"
                      % (name, os.getpid(), err))
@@ -161,11 +162,6 @@ def _wait_for_training() -> None:
     state = sys.modules.get("otel_train.detect.state")
     if state is not None and state.installed:
         state.s.lazy = True
-
-
-def boot() -> None:
-    """In a spawned or forkserver child, before the script is re-imported."""
-    import otel_train.auto  # noqa: F401 - a multiprocessing child: detection waits for training
 
 
 def _after_fork_in_child() -> None:

@@ -19,7 +19,7 @@ from otel_train.detect.compile import compiled as _c, dynamo_compiling, tc
 from otel_train.detect.eval import eval_forward
 from otel_train.detect.machine import train_activity
 from otel_train.detect.optimizer import closure_evaluation
-from otel_train.detect.roots import roots
+from otel_train.detect.roots import roots, use_forward_hooks
 from otel_train.detect.state import (FORWARD, FWD_AUX, FWD_EVAL, FWD_TRAIN, MB_ATTRS, PH_FWD, active, mb_attrs,
                                      region)
 from otel_train.detect.state import s as _s
@@ -123,6 +123,7 @@ if _loops is not None:
                         forward_end_python, FWD_TRAIN, FWD_EVAL)
 forward_begin = _loops.forward_begin if _loops is not None else forward_begin_python
 forward_end = _loops.forward_end if _loops is not None else forward_end_python
+use_forward_hooks(globals())  # the roots carry this module's hooks (`roots` cannot import it back)
 
 
 def install() -> None:

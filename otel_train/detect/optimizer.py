@@ -358,7 +358,8 @@ def install() -> None:
         return clips[original]
     for owner in (torch.nn.utils.clip_grad, torch.nn.utils):
         patches.replace(owner, "clip_grad_norm_", one_clip)
-    patches.wrap(torch.amp.grad_scaler.GradScaler, "step", scaler_step_wrapper, lean=True)
+    patches.replace(torch.amp.grad_scaler.GradScaler, "step",
+                    lambda original: entry.lean(original, scaler_step_wrapper, method=True))
 
 
 def uninstall() -> None:

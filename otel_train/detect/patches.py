@@ -7,7 +7,6 @@ replaced. Each hook family keeps its own `Patches`, undone by its `uninstall()`.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -35,16 +34,11 @@ class Patches:
         self.made: list[Patch] = []
         Patches.everywhere.append(self)
 
-    def wrap(self, owner: Any, name: str, wrapper: Callable[..., Any], lean: bool = False) -> None:
+    def wrap(self, owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
         """Replace `owner.name` by a wrapt wrapper around it, whose call (C) calls `wrapper`
         through `Hidden` where built: an error raised inside the original shows no frame of
-        ours, as without us. `lean`, for what runs every step: by an `entry.Entry` (C) calling
-        `wrapper(original, args, kwargs)` (a method's `self` is `args[0]`) with our frames taken
-        out the same way, ~0.1 µs a call where wrapt's binding costs 0.6-1.3 µs and trips
-        torch.compile's guards when a compiled function calls it; Dynamo traces its Python twin."""
-        if lean:
-            self.replace(owner, name, lambda original: _lean(original, wrapper, isinstance(owner, type)))
-            return
+        ours, as without us. For what runs every step, `replace(owner, name, lambda original:
+        entry.lean(original, wrapper, ...))` is cheaper (`entry.lean`)."""
         hidden = wrapper if Hidden is None else Hidden(wrapper)
         self.replace(owner, name, lambda original: wrapt.FunctionWrapper(original, hidden))
 
@@ -62,15 +56,6 @@ class Patches:
     def undo(self) -> None:
         while self.made:
             unpatch(*self.made.pop())
-
-
-def _lean(original: Callable[..., Any], wrapper: Callable[..., Any], method: bool) -> Callable[..., Any]:
-    from otel_train.detect import entry  # it imports `compile`, which imports this module
-
-    @functools.wraps(original)
-    def patched(*args: Any, **kwargs: Any) -> Any:
-        return wrapper(original, args, kwargs)
-    return entry.make(original, None, {"run": wrapper}, "run", entry.CALL, twin=patched, method=method) or patched
 
 
 def unpatch(owner: Any, name: str, original: Any, own: bool, patched: Any) -> None:

@@ -25,19 +25,29 @@ from otel_train.detect import torch_hooks
 from otel_train.detect.compile import compiled_anything, when_seen
 
 
+#: The forward family's module namespace (`forward`, which imports this module, hands it over
+#: as it is imported: `use_forward_hooks`). Its functions are looked up there at each use, so the
+#: C bodies it binds after its definitions are the ones called.
+_forward: dict[str, Any] = {}
+
+
+def use_forward_hooks(namespace: dict[str, Any]) -> None:
+    """The hooks the roots carry: `forward_pre_hook`/`forward_hook`, and for a slot
+    `forward_begin`/`forward_end`, read from `namespace` (the forward module's `globals()`)."""
+    global _forward
+    _forward = namespace
+
+
 def _hooks() -> tuple[Any, Any]:
-    from otel_train.detect.forward import forward_hook, forward_pre_hook  # forward.py imports this module
-    return forward_pre_hook, forward_hook
+    return _forward["forward_pre_hook"], _forward["forward_hook"]
 
 
 def _slot(module: torch.nn.Module) -> torch_hooks.SlotEntry | None:
-    from otel_train.detect import forward
-    return torch_hooks.slot(module, vars(forward), "forward_begin", "forward_end")
+    return torch_hooks.slot(module, _forward, "forward_begin", "forward_end")
 
 
 def _end_once(module: torch.nn.Module, frame: Any) -> torch_hooks.Entry:
-    from otel_train.detect import forward
-    return torch_hooks.end_once(module, frame, vars(forward), "forward_end")
+    return torch_hooks.end_once(module, frame, _forward, "forward_end")
 
 
 class Roots:

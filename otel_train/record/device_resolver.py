@@ -34,14 +34,12 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from otel_train import semconv
 from otel_train.record.clock import Clock
+from otel_train.record.device_events import DeviceEvent, EventPool
 from otel_train.record.recorder import Step
-
-if TYPE_CHECKING:  # `device` imports this module
-    from otel_train.record.device import DeviceEvent, DeviceTiming, EventPool
 
 _log = logging.getLogger("otel_train")
 
@@ -49,6 +47,14 @@ MAX_PARKED = 16384  # records waiting for their events before the oldest goes wi
 MAX_WAIT_NS = 60_000_000_000  # a record waits this long (host time) for its device
 _REBASE_NS = 10_000_000_000  # keep the reference event this recent (float32 ms precision)
 _FLUSH_WAIT_S = 2.0  # at shutdown, how long the final drain waits for pending events
+
+
+class DeviceTiming(Protocol):
+    """What the resolver reads of the training thread's choice (`device.DeviceTiming`)."""
+
+    pool: EventPool | None  # where events come from and go back to; None until a device is chosen
+    device_type: str | None
+    dropped: deque[DeviceEvent]  # events of abandoned regions, for limbo
 
 
 def _ns(ms: float) -> int:
