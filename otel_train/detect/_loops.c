@@ -25,6 +25,7 @@
 #include "_member.h"
 #include "_update.h"
 #include "../record/_hotpath_api.h"
+#include "../wire/record.h"
 
 /* Interned attribute names (set at init). */
 static PyObject *s_after, *s_append, *s_attrs, *s_boundary, *s_bwd_depth, *s_copying, *s_cover, *s_data_driven,
@@ -262,7 +263,7 @@ gap_cmp_desc(const void *x, const void *y)
     return (p->b < q->b) - (p->b > q->b);
 }
 
-/* One `(kind, name, next(seq), parent, ref, t0, t1, attrs, None, None)` record, appended. */
+/* One region record (`wire/record.h`) numbered `next(seq)`, without exception or events, appended. */
 static int
 append_record(PyObject *append, PyObject *seq, PyObject *kind, PyObject *name, PyObject *parent, PyObject *ref,
               PyObject *t0, PyObject *t1, PyObject *attrs)
@@ -273,7 +274,7 @@ append_record(PyObject *append, PyObject *seq, PyObject *kind, PyObject *name, P
             PyErr_SetString(PyExc_RuntimeError, "the span numbers ran out");
         return -1;
     }
-    PyObject *record = PyTuple_Pack(10, kind, name, n, parent, ref, t0, t1, attrs, Py_None, Py_None);
+    PyObject *record = region_pack(kind, name, n, parent, ref, t0, t1, attrs, Py_None, Py_None);
     Py_DECREF(n);
     if (record == NULL)
         return -1;
@@ -1986,7 +1987,7 @@ phase_end_c(PyObject *r, PyObject *s)
             goto done;
         if (!v)
             Py_SETREF(events, Py_NewRef(Py_None));
-        if ((record = PyTuple_Pack(10, g_ph_kind, g_opt_name, seq, pseq, ref, t0, t1, attrs, Py_None, events)) == NULL)
+        if ((record = region_pack(g_ph_kind, g_opt_name, seq, pseq, ref, t0, t1, attrs, Py_None, events)) == NULL)
             goto done;
         res = PyObject_CallMethodOneArg(r, s_append, record);
     }

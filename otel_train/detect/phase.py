@@ -23,7 +23,7 @@ from otel_train import semconv
 from otel_train.detect.state import OPTIMIZER, State
 from otel_train.record import device, direct, recorder
 from otel_train.record.recorder import Recorder, Region
-from otel_train.wire.schema import KIND_SPAN, NO_STEP
+from otel_train.wire.schema import KIND_SPAN, NO_STEP, region_record
 
 try:  # the phase's functions in C (`_loops.c`); the `_python` ones are the fallback
     from otel_train.detect import _loops
@@ -91,8 +91,9 @@ def end_python(r: Recorder, s: State) -> None:
     if getattr(phase, "dev", None) is not None:
         direct.finish(r, phase, t1, attrs)
     else:  # `direct.finish`, written out: every update
-        r.append((KIND_SPAN, OPTIMIZER, phase.seq, parent.seq if parent is not None and parent.rec is r else None,
-                  step.ref if step is not None else NO_STEP, phase.t0, t1, attrs, None, phase.events or None))
+        r.append(region_record(OPTIMIZER, phase.seq, parent.seq if parent is not None and parent.rec is r else None,
+                               step.ref if step is not None else NO_STEP, phase.t0, t1, attrs, None,
+                               phase.events or None))
     if parent is None and s.step is not None and step is s.step:
         s.cover += (phase.t0, t1)  # `coverage.cover`, written out: every update
 

@@ -301,22 +301,22 @@ static int emit(Ctx *c, PyObject *name, PyObject *body, long long seq_n, int has
 
 /* One hot-path record: a usual region is encoded, anything else appended to `rest`. 0, or -1. */
 static int take_record(Ctx *c, PyObject *record) {
-    int is_region = PyTuple_CheckExact(record) && PyTuple_GET_SIZE(record) == 10;
-    if (is_region && PyTuple_GET_ITEM(record, 0) != g_kind_span) { /* KIND_SPAN: a small int, one object */
-        is_region = PyObject_RichCompareBool(PyTuple_GET_ITEM(record, 0), g_kind_span, Py_EQ);
+    int is_region = PyTuple_CheckExact(record) && PyTuple_GET_SIZE(record) == REC_FIELDS;
+    if (is_region && PyTuple_GET_ITEM(record, REC_KIND) != g_kind_span) { /* KIND_SPAN: a small int, one object */
+        is_region = PyObject_RichCompareBool(PyTuple_GET_ITEM(record, REC_KIND), g_kind_span, Py_EQ);
         if (is_region < 0) {
             return -1;
         }
     }
-    if (!is_region || PyTuple_GET_ITEM(record, 8) != Py_None || PyTuple_GET_ITEM(record, 9) != Py_None) {
+    if (!is_region || PyTuple_GET_ITEM(record, REC_EXC) != Py_None || PyTuple_GET_ITEM(record, REC_EVENTS) != Py_None) {
         return PyList_Append(c->rest, record); /* a step or a note, an exception, an event */
     }
-    PyObject *name = PyTuple_GET_ITEM(record, 1), *pair = PyTuple_GET_ITEM(record, 4);
-    PyObject *attrs = PyTuple_GET_ITEM(record, 7), *parent_seq = PyTuple_GET_ITEM(record, 3);
+    PyObject *name = PyTuple_GET_ITEM(record, REC_NAME), *pair = PyTuple_GET_ITEM(record, REC_STEP);
+    PyObject *attrs = PyTuple_GET_ITEM(record, REC_ATTRS), *parent_seq = PyTuple_GET_ITEM(record, REC_PARENT);
     long long seq_n, t0, t1, parent_n = 0;
     if (!PyUnicode_CheckExact(name) || !PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2
-        || !int_field(PyTuple_GET_ITEM(record, 2), &seq_n) || !int_field(PyTuple_GET_ITEM(record, 5), &t0)
-        || !int_field(PyTuple_GET_ITEM(record, 6), &t1)
+        || !int_field(PyTuple_GET_ITEM(record, REC_SEQ), &seq_n) || !int_field(PyTuple_GET_ITEM(record, REC_T0), &t0)
+        || !int_field(PyTuple_GET_ITEM(record, REC_T1), &t1)
         || (parent_seq != Py_None && !int_field(parent_seq, &parent_n))) {
         PyErr_Clear();
         return PyList_Append(c->rest, record); /* an unusual record: the general path decides */

@@ -26,7 +26,9 @@ from otel_train.export.otlp import (KIND_INTERNAL, REGION_HEAD, REGION_HEAD_PARE
 from otel_train.export.span_ids import SpanIds
 from otel_train.export.step_timeline import SIBLING_TAGS, HeldStep
 from otel_train.wire.ids import MASK64, REGION_ID_MULTIPLIER, wire_id
-from otel_train.wire.schema import KIND_SPAN, KIND_STEP, W_STEP, W_T0, W_T1, step_wire_attrs
+from otel_train.wire.schema import (KIND_SPAN, KIND_STEP, REC_ATTRS, REC_EVENTS, REC_EXC, REC_KIND, REC_NAME,
+                                    REC_PARENT, REC_SEQ, REC_STEP, REC_T0, REC_T1, W_STEP, W_T0, W_T1,
+                                    step_wire_attrs)
 
 #: Names the general path takes between steps only (no parent, no step seq): `train.other`
 #: there is parented by rank 0's step (`SpanAssembler._on_span`); inside a step (its usual
@@ -113,10 +115,12 @@ class FastPath:
         last_step: Any = _NO_STEP_YET
         trace_field, step_wire, step_kv, sampled = b"", None, b"", True
         for record in records:
-            if record[0] != KIND_SPAN or record[8] is not None or record[9] is not None:
+            if record[REC_KIND] != KIND_SPAN or record[REC_EXC] is not None or record[REC_EVENTS] is not None:
                 keep(record)  # a step or a note, an exception, an event
                 continue
-            _, name, seq, parent_seq, (step_n, step_seq), t0, t1, attrs, _, _ = record
+            name, seq, parent_seq, t0, t1, attrs = (record[REC_NAME], record[REC_SEQ], record[REC_PARENT],
+                                                    record[REC_T0], record[REC_T1], record[REC_ATTRS])
+            step_n, step_seq = record[REC_STEP]
             if parent_seq is None and step_seq is None and name in BETWEEN_GENERAL:
                 keep(record)  # parented by rank 0's step: the general path
                 continue

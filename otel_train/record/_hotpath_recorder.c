@@ -401,15 +401,17 @@ deque_append(RecorderObject *rec, PyObject *record)
 static int
 pack_record(RecorderObject *rec, PyObject *record)
 {
-    if (!PyTuple_CheckExact(record) || PyTuple_GET_SIZE(record) != 10 || PyTuple_GET_ITEM(record, 0) != g_kind_span)
+    if (!PyTuple_CheckExact(record) || PyTuple_GET_SIZE(record) != REC_FIELDS
+        || PyTuple_GET_ITEM(record, REC_KIND) != g_kind_span)
         return 0;
     PyObject **f = &PyTuple_GET_ITEM(record, 0);
     int64_t seq, parent, t0, t1;
-    if (!int64_of(f[2], &seq) || !int64_of(f[5], &t0) || !int64_of(f[6], &t1))
+    if (!int64_of(f[REC_SEQ], &seq) || !int64_of(f[REC_T0], &t0) || !int64_of(f[REC_T1], &t1))
         return 0;
-    if (f[3] != Py_None && !int64_of(f[3], &parent))
+    if (f[REC_PARENT] != Py_None && !int64_of(f[REC_PARENT], &parent))
         return 0;
-    return pack_region(rec, f[1], seq, f[3] != Py_None ? &parent : NULL, f[4], t0, t1, f[7], f[8], f[9]);
+    return pack_region(rec, f[REC_NAME], seq, f[REC_PARENT] != Py_None ? &parent : NULL, f[REC_STEP], t0, t1,
+                       f[REC_ATTRS], f[REC_EXC], f[REC_EVENTS]);
 }
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from otel_train.record import device, recorder
 from otel_train.record.recorder import Recorder, Region, Step, close_step
-from otel_train.wire.schema import KIND_SPAN, NO_STEP
+from otel_train.wire.schema import NO_STEP, region_record
 
 
 def begin_step(n: int | None = None, epoch: int | None = None, attrs: dict[str, Any] | None = None,
@@ -47,8 +47,8 @@ def record(r: Recorder, name: str, attrs: dict[str, Any] | None, t0: int, t1: in
     if ref is None:
         step = r.step
         ref = step.ref if step is not None else NO_STEP
-    r.append((KIND_SPAN, name, next(recorder.seq), parent.seq if parent is not None and parent.rec is r else None,
-              ref, t0, t1, attrs or None, None, None))
+    r.append(region_record(name, next(recorder.seq), parent.seq if parent is not None and parent.rec is r else None,
+                           ref, t0, t1, attrs or None))
 
 
 class Before:
@@ -112,9 +112,9 @@ def finish(r: Recorder, region: Region, t1: int, attrs: dict[str, Any] | None) -
         r.append(region)
         return
     parent, step = region.parent, region.step
-    r.append((KIND_SPAN, region.name, region.seq, parent.seq if parent is not None and parent.rec is r else None,
-              step.ref if step is not None else NO_STEP, region.t0, t1, attrs or None, None,
-              region.events or None))
+    r.append(region_record(region.name, region.seq, parent.seq if parent is not None and parent.rec is r else None,
+                           step.ref if step is not None else NO_STEP, region.t0, t1, attrs or None, None,
+                           region.events or None))
 
 
 def abandon(region: Region) -> None:

@@ -44,8 +44,8 @@ from typing import Any, TypeVar
 
 from otel_train.record.clock import Clock, SystemClock
 from otel_train.wire.ids import format_traceparent, parse_traceparent
-from otel_train.wire.schema import (KIND_EVENT, KIND_SPAN, KIND_STEP, KIND_TAG, NO_STEP, error_of, step_wire,
-                                    tuple_to_wire, wall_events)
+from otel_train.wire.schema import (KIND_EVENT, KIND_SPAN, KIND_STEP, KIND_TAG, NO_STEP, error_of, region_record,
+                                    step_wire, tuple_to_wire, wall_events)
 
 _log = logging.getLogger("otel_train")
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -258,9 +258,9 @@ class _PyRegion:
         if self.dev is None:
             # `_parent_seq` and `_step_ref` written out: two calls fewer on the hot path.
             parent, step = self.parent, self.step
-            buf.append((KIND_SPAN, self.name, self.seq, parent.seq if parent is not None and parent.rec is r
-                        else None, step.ref if step is not None else NO_STEP, self.t0, t1, self.attrs or None,
-                        exc_type, self.events))
+            buf.append(region_record(self.name, self.seq, parent.seq if parent is not None and parent.rec is r
+                                     else None, step.ref if step is not None else NO_STEP, self.t0, t1,
+                                     self.attrs or None, exc_type, self.events))
         else:
             self.exc = exc_type
             buf.append(self)

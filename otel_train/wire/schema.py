@@ -8,7 +8,7 @@ A record leaves the hot path in one of three forms:
 - a **hot-path tuple**, appended by a region's or step's exit (`record.recorder`, the C
   `_hotpath`). Plain values only, so the garbage collector never tracks a buffered record:
 
-      region: (KIND_SPAN, name, seq, parent_seq, (step_n, step_seq), t0, t1, attrs, exc, events)
+      region: `RegionRecord` (below), as a plain tuple
       step:   (KIND_STEP, seq, n, t0, t1, attrs, epoch, micro_batches, tags, events, links, exc)
       notes:  (KIND_TAG, (step_n, step_seq), tag)
               (KIND_EVENT, (step_n, step_seq), (name, t, attrs))
@@ -29,7 +29,7 @@ A record leaves the hot path in one of three forms:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from otel_train import semconv
 
@@ -42,6 +42,36 @@ KIND_SAMPLE = 4  # a reading the worker took (values in W_ATTRS), for metrics on
 
 #: The step reference of a region recorded before the first step.
 NO_STEP = (None, None)
+
+
+class RegionRecord(NamedTuple):
+    """A region's hot-path record: the one definition of its fields and their order, which
+    `wire/record.h` (`REC_*`) mirrors for the C (`tests/test_wire_record.py` holds the two
+    equal). Records are plain tuples in this order, never instances of this class: the packed
+    ring takes only exact tuples, and a plain one pickles smallest. Python builds one with
+    `region_record` and reads one by the `REC_*` indices below."""
+
+    kind: int  # KIND_SPAN: tells a region from a step or a note
+    name: str  # the span's name
+    seq: int  # the region's number in this process: its span id (`wire/ids.py`)
+    parent: int | None  # the enclosing region's number, or None: the step (or nothing) is the parent
+    step: tuple[int | None, int | None]  # (step_n, step_seq), the step it ran in: its trace; NO_STEP before the first
+    t0: int  # start, perf-counter ns
+    t1: int  # end, perf-counter ns
+    attrs: dict[str, Any] | None  # its attributes
+    exc: Any  # the exception class it ended with (its name, once pickled), `Truncated`, or None
+    events: list[tuple[str, int, Any]] | None  # its events, (name, t, attrs)
+
+
+REC_KIND, REC_NAME, REC_SEQ, REC_PARENT, REC_STEP, REC_T0, REC_T1, REC_ATTRS, REC_EXC, REC_EVENTS = (
+    RegionRecord._fields.index(field) for field in
+    ("kind", "name", "seq", "parent", "step", "t0", "t1", "attrs", "exc", "events"))
+
+
+def region_record(name: str, seq: int, parent: int | None, step: tuple[int | None, int | None], t0: int, t1: int,
+                  attrs: dict[str, Any] | None, exc: Any = None, events: Any = None) -> tuple[Any, ...]:
+    """A region's record (`RegionRecord`) as the plain tuple the hot path appends."""
+    return (KIND_SPAN, name, seq, parent, step, t0, t1, attrs, exc, events)
 
 
 class Truncated:
@@ -112,12 +142,14 @@ def sample_wire(values: Mapping[str, Any], wall_ns: int) -> tuple[Any, ...]:
 
 def tuple_to_wire(record: tuple[Any, ...], offset: int) -> tuple[Any, ...]:
     """One hot-path tuple as a wire tuple; `offset` maps perf ns to wall ns."""
-    kind = record[0]
+    kind = record[0]  # every form's first field
     if kind == KIND_SPAN:
-        _, name, seq, parent_seq, (step_n, step_seq), t0, t1, attrs, exc, events = record
+        exc = record[REC_EXC]
         error, truncated = error_of(exc) if exc is not None else (None, False)
-        return (KIND_SPAN, name, seq, parent_seq, step_n, step_seq, t0 + offset, t1 + offset, attrs or None,
-                wall_events(events, offset), None, error, truncated, None)
+        step_n, step_seq = record[REC_STEP]
+        return (KIND_SPAN, record[REC_NAME], record[REC_SEQ], record[REC_PARENT], step_n, step_seq,
+                record[REC_T0] + offset, record[REC_T1] + offset, record[REC_ATTRS] or None,
+                wall_events(record[REC_EVENTS], offset), None, error, truncated, None)
     if kind == KIND_STEP:
         return step_wire(*record[1:], None, offset)
     _, (step_n, step_seq), payload = record

@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "record.h"
+
 #define SLOT_SIDE 0
 #define SLOT_REGION 1
 #define F_PARENT 1
@@ -33,7 +35,7 @@ typedef struct {
     uint8_t flags;
 } LastStep;
 
-/* A region's record tuple (`wire/schema.py`'s KIND_SPAN layout) from its numbers, NULL for None
+/* A region's record (`record.h`) from its numbers, NULL for None
  * (`seq`, `parent_seq`, `t0`); the objects are borrowed. The C region's exit and `unpack_slot`
  * both make it. */
 static PyObject *
@@ -46,22 +48,22 @@ region_record(PyObject *kind_span, PyObject *name, const int64_t *seq, const int
         t0 != NULL ? PyLong_FromLongLong(*t0) : Py_NewRef(Py_None),
         PyLong_FromLongLong(t1),
     };
-    PyObject *record = numbers[0] && numbers[1] && numbers[2] && numbers[3] ? PyTuple_New(10) : NULL;
+    PyObject *record = numbers[0] && numbers[1] && numbers[2] && numbers[3] ? PyTuple_New(REC_FIELDS) : NULL;
     if (record == NULL) {
         for (int i = 0; i < 4; i++)
             Py_XDECREF(numbers[i]);
         return NULL;
     }
-    PyTuple_SET_ITEM(record, 0, Py_NewRef(kind_span));
-    PyTuple_SET_ITEM(record, 1, Py_NewRef(name));
-    PyTuple_SET_ITEM(record, 2, numbers[0]);
-    PyTuple_SET_ITEM(record, 3, numbers[1]);
-    PyTuple_SET_ITEM(record, 4, Py_NewRef(step_ref));
-    PyTuple_SET_ITEM(record, 5, numbers[2]);
-    PyTuple_SET_ITEM(record, 6, numbers[3]);
-    PyTuple_SET_ITEM(record, 7, Py_NewRef(attrs));
-    PyTuple_SET_ITEM(record, 8, Py_NewRef(exc));
-    PyTuple_SET_ITEM(record, 9, Py_NewRef(events));
+    PyTuple_SET_ITEM(record, REC_KIND, Py_NewRef(kind_span));
+    PyTuple_SET_ITEM(record, REC_NAME, Py_NewRef(name));
+    PyTuple_SET_ITEM(record, REC_SEQ, numbers[0]);
+    PyTuple_SET_ITEM(record, REC_PARENT, numbers[1]);
+    PyTuple_SET_ITEM(record, REC_STEP, Py_NewRef(step_ref));
+    PyTuple_SET_ITEM(record, REC_T0, numbers[2]);
+    PyTuple_SET_ITEM(record, REC_T1, numbers[3]);
+    PyTuple_SET_ITEM(record, REC_ATTRS, Py_NewRef(attrs));
+    PyTuple_SET_ITEM(record, REC_EXC, Py_NewRef(exc));
+    PyTuple_SET_ITEM(record, REC_EVENTS, Py_NewRef(events));
     return record;
 }
 
