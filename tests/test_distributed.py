@@ -68,6 +68,15 @@ def test_region_span_ids_are_unique_and_nonzero() -> None:
     assert len(ids) == 100_000 and 0 not in ids and max(ids) < 2**64
 
 
+def test_region_span_ids_are_pinned() -> None:
+    """`wire.ids.region_wire_id` is the one definition of a region's span id (the exporter's C
+    computes the same: `test_fast_path.py`). Its values must not change: `inject()` hands them
+    out before the exporter writes them, and files from an older version must still join."""
+    salt = 0xDEADBEEF12345678
+    assert [region_span_id(salt, seq) for seq in (1, 2, 2**40)] == [0x6D2A7E6D56C79A40, 0x52AEA0EC9D4DC3E2,
+                                                                     0x78563412EFABD194]
+
+
 def test_traceparent_roundtrip_and_rejects() -> None:
     header = format_traceparent(0xABC, 0xDEF)
     assert header == "00-00000000000000000000000000000abc-0000000000000def-01"

@@ -94,6 +94,23 @@ def test_an_all_zero_span_id_becomes_one() -> None:
     assert sum(b"\x12\x08" + (1).to_bytes(8, "little") in field for field in c_out) == 1
 
 
+def test_the_c_encoder_writes_the_one_definition_s_span_ids() -> None:
+    """The C computes a region's span id for speed; the ids it writes are `region_wire_id`'s."""
+    from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans
+
+    from otel_train.wire.ids import region_span_id
+
+    salt = 0x0123456789ABCDEF
+    batch = mixed_records()
+    out, rest, _ = _fast(batch, True, 0, 1, 0, salt)
+    written = [span for field in out for span in ScopeSpans.FromString(field).spans]
+    sent = [r for r in batch if r[0] == schema.KIND_SPAN and r not in rest]
+    assert written and len(written) == len(sent)
+    assert [s.span_id for s in written] == [region_span_id(salt, r[schema.REC_SEQ]).to_bytes(8, "big") for r in sent]
+    parented = [(s, r[schema.REC_PARENT]) for s, r in zip(written, sent) if r[schema.REC_PARENT] is not None]
+    assert parented and all(s.parent_span_id == region_span_id(salt, p).to_bytes(8, "big") for s, p in parented)
+
+
 def test_a_wall_time_out_of_range_raises_as_in_python() -> None:
     batch = [r for r in mixed_records() if r[0] == schema.KIND_SPAN]
     with pytest.raises(OverflowError):

@@ -25,7 +25,7 @@ from otel_train.export.otlp import (KIND_INTERNAL, REGION_HEAD, REGION_HEAD_PARE
                                     REGION_PREFIXES_MAX, TAIL_LOCAL, LeanEncoder, region_prefix)
 from otel_train.export.span_ids import SpanIds
 from otel_train.export.step_timeline import SIBLING_TAGS, HeldStep
-from otel_train.wire.ids import MASK64, REGION_ID_MULTIPLIER, wire_id
+from otel_train.wire.ids import REGION_ID_MULTIPLIER, region_wire_id, wire_id
 from otel_train.wire.schema import (KIND_SPAN, KIND_STEP, REC_ATTRS, REC_EVENTS, REC_EXC, REC_KIND, REC_NAME,
                                     REC_PARENT, REC_SEQ, REC_STEP, REC_T0, REC_T1, W_STEP, W_T0, W_T1,
                                     step_wire_attrs)
@@ -108,7 +108,8 @@ class FastPath:
         """`_encode.regions` in Python, the same arguments: the usual regions encoded into `out`,
         their host durations into `durations`, the other records into `rest`; cache misses
         call `make_body` (`body`) and `make_step` (`step`). `LeanEncoder.region` and
-        `wire.ids.region_wire_id` are written out: every call here is paid per span."""
+        written out (every call here is paid per span), but the span ids are
+        `wire.ids.region_wire_id`'s, the one definition the C computes too."""
         keep, emit, join = rest.append, out.append, b"".join
         pack, pack_parent = REGION_HEAD.pack, REGION_HEAD_PARENT.pack
         head_len, head_parent_len = REGION_HEAD.size + len(TAIL_LOCAL), REGION_HEAD_PARENT.size + len(TAIL_LOCAL)
@@ -151,9 +152,9 @@ class FastPath:
                 continue
             t0 += offset
             t1 += offset
-            span_wire = ((seq * REGION_ID_MULTIPLIER) ^ salt) & MASK64 or 1
+            span_wire = region_wire_id(salt, seq)
             if parent_seq is not None:
-                parent_wire = ((parent_seq * REGION_ID_MULTIPLIER) ^ salt) & MASK64 or 1
+                parent_wire = region_wire_id(salt, parent_seq)
             elif step_seq is not None:
                 parent_wire = step_wire
             else:

@@ -47,7 +47,7 @@ TAIL_LOCAL = _STATUS_UNSET + _FLAGS_LOCAL
 _TAIL_REMOTE = _STATUS_UNSET + _FLAGS_REMOTE
 _TAIL_LEN = len(TAIL_LOCAL)
 # `region`'s head: trace_id with its tag, span_id (and parent_span_id) as little-endian fixed64s
-# (`_distributed.region_wire_id`), kind, start and end. The public names here (and
+# (`wire.ids.region_wire_id`), kind, start and end. The public names here (and
 # `region_prefix`) are for `fast_path.FastPath.regions_python`, which inlines `region`.
 REGION_HEAD = struct.Struct("<18s2sQ2sBQBQ")
 REGION_HEAD_PARENT = struct.Struct("<18s2sQ2sQ2sBQBQ")
@@ -191,7 +191,7 @@ class LeanEncoder:
                end: int, attributes: bytes, remote: bool = False) -> bytes:
         """A span with no events, links or status (a region or a step): the whole
         `ScopeSpans.spans` field in one `pack` and one `join`. `trace_field` is `trace_field()`;
-        the ids are in `_distributed.region_wire_id`'s little-endian form; `attributes` are
+        the ids are in `wire.ids.region_wire_id`'s little-endian form; `attributes` are
         encoded already (`attributes`). Fields go in an order of their own (times before the
         name), which parses into the same message."""
         name_field = self._names.get(name) or self.name_field(name)
