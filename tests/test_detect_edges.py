@@ -111,6 +111,31 @@ def test_code_between_a_step_and_its_evaluation_is_other_time_between_them(run: 
     assert all(evals[n]["start_ns"] - t.steps[n].span["end_ns"] == 40_000 for n in (0, 1))
 
 
+def test_forwards_after_the_last_update_are_no_step(run: Run) -> None:
+    """A `predict()` with gradients in train mode after the run's last update (forward-forward's
+    end), in a loop without a DataLoader: no update follows its forwards, so they open no step.
+    They are an evaluation pass after the last step (it says `eval`), holding those forwards."""
+    clock = run.clock
+    model = Net(clock)
+    opt = ticking_sgd(model, clock)
+    x, y = torch.randn(4, 4), torch.randn(4, 1)
+    for _ in range(2):
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    for _ in range(3):
+        clock.advance(5_000)
+        model(x)  # the prediction: grad enabled, train mode
+    t = run.finish(check=False)  # the pass has no step of its own to join (docs/step-semantics.md)
+    assert list(t.steps) == [0, 1]
+    assert all(view.named(semconv.SPAN_OPTIMIZER) for view in t.steps.values())
+    (prediction,) = t.siblings_named(semconv.SPAN_EVAL)
+    assert prediction["start_ns"] == t.steps[1].span["end_ns"] and "eval" in t.steps[1].tags
+    inside = [s for s in t.others if s["parent_span_id"] == prediction["span_id"]]
+    assert [s["name"] for s in inside if s["name"] != semconv.SPAN_OTHER] == [semconv.SPAN_FORWARD] * 3
+    assert all(prediction["start_ns"] <= s["start_ns"] <= s["end_ns"] <= prediction["end_ns"] for s in inside)
+
+
 def test_every_step_says_how_much_of_it_no_span_covers(run: Run) -> None:
     clock = run.clock
     model = Net(clock)

@@ -107,9 +107,15 @@ def test_rl_one_update_per_episode(runs: dict[str, Future[Ran]]) -> None:
 
 def test_forward_forward_every_layer_update_is_a_step(runs: dict[str, Future[Ran]]) -> None:
     """mnist_forward_forward's shape: per-layer optimizers, `self.forward()` called directly:
-    each layer's update is one step, every phase inside its step."""
+    each layer's update is one step, every phase inside its step. The forwards after the last
+    update (the last layer's outputs, the final `predict()` with gradients) open no step: they
+    are an evaluation pass after the last step."""
     ran = runs["forward_forward"].result()
     steps = ran.steps()
-    with_update = [s for s, children in steps if any(c["name"] == "train.optimizer" for c in children)]
-    assert len(with_update) == ran.counted["steps"]
+    assert len(steps) == ran.counted["steps"]
+    assert all(any(c["name"] == "train.optimizer" for c in children) for _, children in steps)
     _inside_and_disjoint(ran)
+    (prediction,) = [s for s in ran.spans if s["name"] == "train.eval"]
+    assert int(prediction["startTimeUnixNano"]) == int(steps[-1][0]["endTimeUnixNano"])
+    inside = [s for s in ran.spans if s.get("parentSpanId") == prediction["spanId"]]
+    assert sum(s["name"] == "train.forward" for s in inside) == ran.counted["after_last"]

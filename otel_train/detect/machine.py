@@ -49,7 +49,7 @@ from otel_train.detect.state import DATA, EVAL, MB_ATTRS, P_ITER, P_SRC, P_T0, P
 from otel_train.detect.state import s as _s
 from otel_train.record import direct, recorder
 from otel_train.record.recorder import Recorder, Step
-from otel_train.wire.schema import KIND_SPAN, NO_STEP
+from otel_train.wire.schema import KIND_SPAN, NO_STEP, NO_UPDATE
 
 try:  # the loops in C (`_loops.c`); `resolve_python` is the fallback
     from otel_train.detect import _loops
@@ -352,6 +352,17 @@ def finish(cut: bool = False) -> None:
         if s.phase is not None:
             phase.end(r, s)
         end = s.opt_end if s.opt_end is not None else s.last_end
+        if s.opt_end is None and not s.mb and not s.mb_bwd:
+            # Forwards alone since the last update (forward-forward's final `predict()` with
+            # gradients, in train mode): no update followed them, so they were no step. They
+            # were recorded as this step's children before anything could tell, so it is not
+            # dropped but closed as what it was: an evaluation pass, no `train.step` (the
+            # exporter, `spans.Spans._no_update`).
+            attrs = s.step.attrs
+            if attrs is None:
+                s.step.attrs = {NO_UPDATE: True}
+            else:
+                attrs[NO_UPDATE] = True
         close(r, s, end if end is not None else r.now())
     elif s.phase is not None:
         phase.end(r, s)

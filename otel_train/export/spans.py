@@ -46,7 +46,7 @@ from otel_train.wire import sampling
 from otel_train.wire.ids import parse_traceparent
 from otel_train.wire.schema import (KIND_EVENT, KIND_SAMPLE, KIND_SPAN, KIND_STEP, KIND_TAG, W_ATTRS, W_DEV,
                                     W_ERROR, W_EVENTS, W_LINKS, W_NAME, W_PARENT, W_SEQ, W_STEP, W_STEP_SEQ, W_T0,
-                                    W_T1, W_TRUNC, tuple_to_wire)
+                                    W_T1, W_TRUNC, NO_UPDATE, tuple_to_wire)
 
 _log = logging.getLogger("otel_train")
 #: Links kept per step span: OpenTelemetry's default span link count limit.
@@ -252,6 +252,9 @@ class SpanAssembler:
                                wire[W_EVENTS], None))
 
     def _on_step(self, wire: tuple[Any, ...], out: list[Any]) -> None:
+        if NO_UPDATE in wire[W_ATTRS]:
+            self._no_update(wire, out)
+            return
         t1 = wire[W_T1]
         # The step's boundary is when the device finished its last work (its end event, mapped
         # to the host clock), not when the host finished dispatching it: under asynchronous
@@ -263,6 +266,26 @@ class SpanAssembler:
             end = self.timeline.device_end(wire[W_SEQ], t1, t1 + dev[semconv.WIRE_DEV_END_NS],
                                            bool(dev.get(semconv.WIRE_DEV_LATE)))
         self._hold(wire, end, None, out)
+
+    def _no_update(self, wire: tuple[Any, ...], out: list[Any]) -> None:
+        """A step detection opened for forwards that no update followed (`NO_UPDATE`: the run's
+        last, a final `predict()` with gradients) is no step: no step metric, no step time, not
+        counted. Its forwards were sent under its span id already, so that span stays, as the
+        evaluation pass it was: a `train.eval`, a sibling of the steps that tags the one before."""
+        step_n, t0, t1 = wire[W_STEP], wire[W_T0], wire[W_T1]
+        self.timeline.work_ends.pop(wire[W_SEQ], None)
+        self.timeline.sibling(t0, t1)
+        if self.account is not None:
+            self.account.sibling(semconv.SPAN_EVAL, t0, t1)
+        if type(step_n) is int and step_n:
+            self.timeline.tag(step_n - 1, None, semconv.TAG_EVAL)
+        attrs = {semconv.TRAIN_STEP: step_n}
+        if self.metrics is not None:
+            self.metrics.observe(semconv.SPAN_EVAL, (t1 - t0) / 1e9, attrs)
+        if self.sampled(step_n):
+            parent = self.ids.root_step(step_n)
+            out.append(self._build(semconv.SPAN_EVAL, self.ids.trace(step_n), self.ids.step_span(step_n), parent,
+                                   parent is not None, wire, attrs, None, None))
 
     def _hold(self, wire: tuple[Any, ...], end: int, lean: bytes | None, out: list[Any]) -> None:
         if self.progress is not None and type(wire[W_STEP]) is int:

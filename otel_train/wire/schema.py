@@ -42,6 +42,9 @@ KIND_SAMPLE = 4  # a reading the worker took (values in W_ATTRS), for metrics on
 
 #: The step reference of a region recorded before the first step.
 NO_STEP = (None, None)
+#: Put in a step record's attributes by detection when the step turned out to hold forwards
+#: alone, no update (`detect.machine.finish`): the exporter makes it no `train.step`.
+NO_UPDATE = "otel_train.no_update"
 
 
 class RegionRecord(NamedTuple):
