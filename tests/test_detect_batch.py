@@ -335,3 +335,12 @@ def test_the_c_notes_hold_nothing_the_python_ones_do_not(form: str) -> None:
         finally:
             stop(r)
     assert min(grown[True]) - max(grown[False]) < 1_000, grown
+
+
+def test_note_kinds_and_fields_are_numbered_once_in_c() -> None:
+    """`_batch.c` numbers the note kinds and a wrapped note's fields; `batch.py` takes its numbers."""
+    _batch = pytest.importorskip("otel_train.detect._batch")
+    kinds = ("FWD_BEGIN", "FWD_END", "BACKWARD", "FETCH", "OPT_BEGIN", "OPT_END", "ZERO_GRAD", "GC", "CLIP")
+    assert {name: getattr(batch, name) for name in kinds + ("T1", "INDEX", "INNER", "ERROR")} == {
+        name: getattr(_batch, name) for name in kinds + ("T1", "INDEX", "INNER", "ERROR")}
+    assert len({getattr(_batch, name) for name in kinds}) == len(kinds)

@@ -34,7 +34,8 @@
 #include "_update.h"
 #include "../record/_hotpath_api.h"
 
-/* The note kinds and a wrapped note's fields, as `batch.py` numbers them. */
+/* The note kinds and a wrapped note's fields: their one numbering, which `batch.py` takes from
+ * this module's constants. */
 enum { FWD_BEGIN, FWD_END, BACKWARD, FETCH, OPT_BEGIN, OPT_END, ZERO_GRAD, GC, CLIP, KINDS };
 enum { T1 = 2, INDEX = 3, INNER = 4, ERROR = 5 };
 
@@ -1037,5 +1038,16 @@ PyInit__batch(void)
         return NULL;
     if (PyType_Ready(&StandInType) < 0)
         return NULL;
-    return PyModule_Create(&batch_module);
+    PyObject *m = PyModule_Create(&batch_module);
+    /* The numbering's one source: `batch.py` takes these. */
+    if (m == NULL || PyModule_AddIntMacro(m, FWD_BEGIN) < 0 || PyModule_AddIntMacro(m, FWD_END) < 0 ||
+        PyModule_AddIntMacro(m, BACKWARD) < 0 || PyModule_AddIntMacro(m, FETCH) < 0 ||
+        PyModule_AddIntMacro(m, OPT_BEGIN) < 0 || PyModule_AddIntMacro(m, OPT_END) < 0 ||
+        PyModule_AddIntMacro(m, ZERO_GRAD) < 0 || PyModule_AddIntMacro(m, GC) < 0 || PyModule_AddIntMacro(m, CLIP) < 0 ||
+        PyModule_AddIntMacro(m, T1) < 0 || PyModule_AddIntMacro(m, INDEX) < 0 || PyModule_AddIntMacro(m, INNER) < 0 ||
+        PyModule_AddIntMacro(m, ERROR) < 0) {
+        Py_XDECREF(m);
+        return NULL;
+    }
+    return m;
 }
