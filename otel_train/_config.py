@@ -5,238 +5,26 @@ Every field may arrive as a string (from the environment) or as a typed value (f
 message naming the setting, the value (never a header's: it may hold a token) and what is
 allowed, and falls back to the default, so a typo never stops a training run. Resolved once
 in the training process; the exporter process receives the resolved object, never parses
-again. docs/configuration.md lists every variable.
+again. docs/configuration.md lists every variable. This module is the table (`_SPECS`: each
+field's variables and parser) and how it is read; what each kind of value accepts is
+`_config_values`.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import logging
 import os
-import re
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from otel_train import _config_values as values
 from otel_train import semconv
 from otel_train.wire import sampling
 
 _log = logging.getLogger("otel_train")
-
-_TRUE = ("true", "1", "yes", "on")
-_FALSE = ("false", "0", "no", "off")
-
-
-#: The largest OTEL_TRAIN_BUFFER_SIZE: 4 Mi records, about 300 MB of slots at most.
-BUFFER_MAX = 1 << 22
-
-
-class _Invalid(ValueError):
-    """Raised by a parser; its message says what is allowed."""
-
-
-def _parse_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
-        return value.strip().lower() in _TRUE
-    raise _Invalid("expected true or false")
-
-
-def _int_at_least(minimum: int) -> Callable[[Any], int]:
-    def parse(value: Any) -> int:
-        try:
-            number = int(value.strip()) if isinstance(value, str) else value
-        except ValueError:
-            number = None
-        if isinstance(number, bool) or not isinstance(number, int) or number < minimum:
-            raise _Invalid(f"expected an integer >= {minimum}")
-        return number
-
-    return parse
-
-
-def _int_between(minimum: int, maximum: int) -> Callable[[Any], int]:
-    at_least = _int_at_least(minimum)
-
-    def parse(value: Any) -> int:
-        try:
-            number = at_least(value)
-        except _Invalid:
-            number = None
-        if number is None or number > maximum:
-            raise _Invalid(f"expected an integer from {minimum} to {maximum}")
-        return number
-
-    return parse
-
-
-def _float_above(minimum: float, maximum: float = float("inf")) -> Callable[[Any], float]:
-    allowed = f"expected a number > {minimum:g}" + (f" and <= {maximum:g}" if maximum < float("inf") else "")
-
-    def parse(value: Any) -> float:
-        try:
-            number = float(value.strip() if isinstance(value, str) else value)
-        except (TypeError, ValueError, OverflowError):
-            raise _Invalid(allowed) from None
-        if not minimum < number <= maximum or number == float("inf"):  # NaN fails the first test
-            raise _Invalid(allowed)
-        return number
-
-    return parse
-
-
-#: The longest shutdown bound or export timeout, in seconds: a day. Past ~9.2e9 s the waits that
-#: use them raise OverflowError (at exit, where the closing line is written), and nothing longer
-#: than a day is a bound a job scheduler waits for.
-SECONDS_MAX = 86400.0
-
-
-def _optional_float_above(minimum: float) -> Callable[[Any], float | None]:
-    parse = _float_above(minimum)
-
-    def parse_optional(value: Any) -> float | None:
-        return None if value is None else parse(value)
-
-    return parse_optional
-
-
-def _one_of(*choices: str) -> Callable[[Any], str]:
-    def parse(value: Any) -> str:
-        text = value.strip().lower() if isinstance(value, str) else value
-        if text not in choices:
-            raise _Invalid("expected one of " + ", ".join(choices))
-        return text
-
-    return parse
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise _Invalid("expected a non-empty string")
-    return value.strip()
-
-
-def _endpoint(value: Any) -> str | None:
-    """An OTLP endpoint URL: scheme http or https, a host, a port from 1 to 65535 if given."""
-    if value is None:
-        return None
-    text = _text(value)
-    allowed = "expected a URL such as http://127.0.0.1:4317 (scheme http or https, a host, a port 1-65535)"
-    if "://" not in text:
-        raise _Invalid(allowed)
-    if any(c.isspace() or not c.isprintable() for c in text):
-        raise _Invalid("expected a URL without spaces or control characters")
-    try:
-        parts = urllib.parse.urlsplit(text)
-        port = parts.port  # raises for a port that is not a number, or past 65535
-    except ValueError:
-        raise _Invalid(allowed) from None
-    if parts.scheme.lower() not in ("http", "https"):
-        raise _Invalid("expected a URL whose scheme is http or https")
-    if not parts.hostname or port == 0:
-        raise _Invalid(allowed)
-    if parts.password is not None and parts.username is None:
-        raise _Invalid(allowed)
-    return text
-
-
-def redact_url(text: Any) -> str:
-    """`text` with the user information of a URL (`user:password@`) shown as `***@`: what every
-    message and the closing line print of an endpoint. The credentials themselves are sent as
-    HTTP Basic authentication (`userinfo_auth`)."""
-    text = str(text)
-    scheme, sep, rest = text.partition("://")
-    netloc = re.split(r"[/?#]", rest, maxsplit=1)[0]
-    if not sep or "@" not in netloc:
-        return text
-    return f"{scheme}://***@{rest[len(netloc.rpartition('@')[0]) + 1:]}"
-
-
-def userinfo_auth(text: str) -> str | None:
-    """The `Authorization` value that the user information of URL `text` stands for (`Basic`,
-    RFC 7617), or None when it has none: userinfo in a URL is not sent as such by either
-    transport, so an endpoint written `http://user:password@host:4318` would otherwise reach the
-    collector without its credentials."""
-    parts = urllib.parse.urlsplit(text)
-    if parts.username is None:
-        return None
-    raw = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
-    return "Basic " + base64.b64encode(raw.encode("utf-8")).decode("ascii")
-
-
-#: What a run id may hold: it names a directory (`<output dir>/<run id>/`) and a resource attribute.
-_RUN_ID_CHARS = re.compile(r"[^A-Za-z0-9._-]")
-RUN_ID_MAX = 128
-
-
-def safe_run_id(text: str, source: str) -> str:
-    """`text` as a run id that names exactly one directory inside the output directory: letters,
-    digits, '.', '_' and '-', not starting with '.', at most `RUN_ID_MAX` characters. Anything
-    else is replaced (the same way on every rank, so the ranks still agree) and said once."""
-    safe = _RUN_ID_CHARS.sub("_", text)[:RUN_ID_MAX]
-    if safe.startswith("."):
-        safe = "_" + safe[1:]
-    if safe != text:
-        _log.warning("otel_train: %s=%r is not a valid run id: it names a directory, so only letters, digits, "
-                     "'.', '_' and '-' are allowed (not a leading '.', at most %d characters); using %r.",
-                     source, text, RUN_ID_MAX, safe)
-    return safe
-
-
-def _run_id(value: Any) -> str | None:
-    if value is None:
-        return None
-    return safe_run_id(_text(value), semconv.ENV_RUN_ID)
-
-
-def _headers(value: Any) -> dict[str, str] | None:
-    """`key=value,key2=value2` (values URL-encoded, as the OTLP specification says) as a dict.
-
-    A malformed item is dropped with a message that names its position, never its text: a
-    header may hold a secret (`Authorization=Bearer ...`)."""
-    if value is None:
-        return None
-    if isinstance(value, Mapping):
-        value = ",".join(f"{urllib.parse.quote(str(k).strip())}={urllib.parse.quote(str(v).strip())}"
-                         for k, v in value.items())
-    text = _text(value)
-    items = text.split(",")
-    headers: dict[str, str] = {}
-    for index, item in enumerate(items, 1):
-        key, sep, val = item.partition("=")
-        key = urllib.parse.unquote(key.strip()).lower()
-        if not sep or not key or not _HEADER_NAME.fullmatch(key):
-            _log.warning("otel_train: OTEL_EXPORTER_OTLP_HEADERS item %d of %d is not key=value with a valid "
-                         "header name (it is not shown: headers may hold secrets; write Authorization=Bearer%%20<token>, "
-                         "not Authorization: Bearer <token>); it is not sent.",
-                         index, len(items))
-            continue
-        text_value = urllib.parse.unquote(val.strip())
-        if not all(" " <= c <= "~" for c in text_value):
-            # A newline (`%0A`) would make HTTP raise with the value in its message, and gRPC
-            # metadata takes printable ASCII only.
-            _log.warning("otel_train: OTEL_EXPORTER_OTLP_HEADERS item %d of %d (%r) has a value with a character "
-                         "that is not printable ASCII (a newline, %%0A, or a control character; the value is not "
-                         "shown: headers may hold secrets); it is not sent.", index, len(items), key)
-            continue
-        headers[key] = text_value
-    return headers or None
-
-
-_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")
-
-
-def _readable_file(value: Any) -> str | None:
-    if value is None:
-        return None
-    text = _text(value)
-    if not os.path.isfile(text) or not os.access(text, os.R_OK):
-        raise _Invalid("expected the path of a readable file")
-    return text
-
 
 _CA = "OTEL_EXPORTER_OTLP_CERTIFICATE"
 _PAIR = "OTEL_EXPORTER_OTLP_CLIENT_KEY and OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"
@@ -280,49 +68,6 @@ def _check_tls(cfg: Config, rejected: list[str]) -> None:
             _log.warning("otel_train: %s: %s.", settings, why)
 
 
-def _compression(value: Any) -> str:
-    return _one_of("none", "gzip")(value)
-
-
-def _protocol(value: Any) -> str:
-    text = value.strip().lower() if isinstance(value, str) else value
-    if text == "http/json":
-        # The OTLP exporters here speak grpc and http/protobuf only.
-        raise _Invalid("expected grpc or http/protobuf (http/json is not available in Python)")
-    if text not in ("grpc", "http/protobuf"):
-        raise _Invalid("expected grpc or http/protobuf")
-    return text
-
-
-def _exporter(value: Any) -> str:
-    # OTEL_TRACES_EXPORTER may list several; the first one we know wins.
-    text = value.strip().lower() if isinstance(value, str) else value
-    if not isinstance(text, str):
-        raise _Invalid("expected one of auto, otlp, file, console, none")
-    for name in (part.strip() for part in text.split(",")):
-        if name in ("auto", "otlp", "file", "console", "none"):
-            return name
-    raise _Invalid("expected one of auto, otlp, file, console, none")
-
-
-def _ranks(value: Any) -> str:
-    try:
-        return sampling.parse_ranks(value)
-    except ValueError as err:
-        raise _Invalid(str(err)) from None
-
-
-def _device_timing(value: Any) -> str:
-    if isinstance(value, bool):
-        return "auto" if value else "off"
-    text = value.strip().lower() if isinstance(value, str) else value
-    if text in _TRUE:
-        return "auto"
-    if text in _FALSE:
-        return "off"
-    return _one_of("auto", "off")(text)
-
-
 @dataclass
 class _Spec:
     env: tuple[str, ...]
@@ -331,6 +76,8 @@ class _Spec:
     secret: bool = False
     #: What a rejected value falls back to, when that is not simply the default.
     fallback: str | None = None
+    #: The variables give milliseconds where the field holds seconds (the OTLP timeouts).
+    env_ms: bool = False
 
 
 @dataclass
@@ -436,7 +183,7 @@ class Config:
                 continue
             try:
                 setattr(self, name, spec.parse(value))
-            except _Invalid as err:
+            except values.Invalid as err:
                 _warn_invalid(spec.env[0] if spec.env else name, value, str(err), default, spec)
                 setattr(self, name, default)
                 rejected.append(name)
@@ -464,7 +211,7 @@ class Config:
             for var in spec.env:
                 raw = environ.get(var)
                 if raw is not None and raw.strip():
-                    values[name] = _checked(name, spec, _env_value(var, raw), var, None, warned, rejected)
+                    values[name] = _checked(name, spec, _env_value(spec, raw), var, None, warned, rejected)
                     break
         return cls(**values, rejected=tuple(rejected))
 
@@ -482,15 +229,18 @@ class Config:
                 text = "true" if value else "false"
             elif isinstance(value, Mapping):
                 text = ",".join(f"{urllib.parse.quote(str(k))}={urllib.parse.quote(str(v))}" for k, v in value.items())
+            elif _SPECS[name].env_ms:
+                ms = value * 1000.0
+                text = str(int(ms)) if ms == int(ms) else repr(ms)
             else:
                 text = str(value)
             out[_SPECS[name].env[0]] = text
         return out
 
 
-def _env_value(var: str, raw: str) -> str:
-    if var in ("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"):
-        # The spec gives this one in milliseconds; the field holds seconds.
+def _env_value(spec: _Spec, raw: str) -> str:
+    """A variable's text as the field's parser takes it (`as_environment` writes the reverse)."""
+    if spec.env_ms:
         try:
             return str(float(raw) / 1000.0)
         except ValueError:
@@ -503,7 +253,7 @@ def _checked(name: str, spec: _Spec, value: Any, source: str, environ: Mapping[s
     """Parse one value; on failure warn naming `source` and fall back (to the env, then default)."""
     try:
         return spec.parse(value)
-    except _Invalid as err:
+    except values.Invalid as err:
         default = _DEFAULTS[name]
         rejected.append(name)
         if source not in warned:
@@ -513,14 +263,14 @@ def _checked(name: str, spec: _Spec, value: Any, source: str, environ: Mapping[s
             for var in spec.env:
                 raw = environ.get(var)
                 if raw is not None and raw.strip():
-                    return _checked(name, spec, _env_value(var, raw), var, None, warned, rejected)
+                    return _checked(name, spec, _env_value(spec, raw), var, None, warned, rejected)
         return default
 
 
 def _warn_invalid(source: str, value: Any, why: str, default: Any, spec: _Spec | None = None) -> None:
     """The one message a bad setting gets: what, which value, what is allowed, what is used."""
     shown = ("(value not shown)" if spec is not None and spec.secret
-             else repr(redact_url(value)) if isinstance(value, str) else repr(value))
+             else repr(values.redact_url(value)) if isinstance(value, str) else repr(value))
     instead = spec.fallback if spec is not None and spec.fallback else f"using the default {default!r}"
     _log.warning("otel_train: %s=%s is not valid: %s; %s.", source, shown, why, instead)
 
@@ -528,46 +278,46 @@ def _warn_invalid(source: str, value: Any, why: str, default: Any, spec: _Spec |
 _INVALID_ENDPOINT = "using the default: local files (the embedded default), never another endpoint"
 
 _SPECS: dict[str, _Spec] = {
-    "disabled": _Spec(("OTEL_SDK_DISABLED",), _parse_bool),
-    "service_name": _Spec(("OTEL_SERVICE_NAME",), _text),
-    "run_id": _Spec((semconv.ENV_RUN_ID,), _run_id),
-    "role": _Spec((semconv.ENV_ROLE,), _one_of(semconv.ROLE_TRAINER, semconv.ROLE_INFERENCE)),
-    "traces_exporter": _Spec(("OTEL_TRACES_EXPORTER",), _exporter),
-    "metrics_exporter": _Spec(("OTEL_METRICS_EXPORTER",), _exporter),
-    "endpoint": _Spec(("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"), _endpoint,
+    "disabled": _Spec(("OTEL_SDK_DISABLED",), values.boolean),
+    "service_name": _Spec(("OTEL_SERVICE_NAME",), values.nonempty_text),
+    "run_id": _Spec((semconv.ENV_RUN_ID,), values.run_id),
+    "role": _Spec((semconv.ENV_ROLE,), values.one_of(semconv.ROLE_TRAINER, semconv.ROLE_INFERENCE)),
+    "traces_exporter": _Spec(("OTEL_TRACES_EXPORTER",), values.exporter),
+    "metrics_exporter": _Spec(("OTEL_METRICS_EXPORTER",), values.exporter),
+    "endpoint": _Spec(("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"), values.endpoint_url,
                       fallback=_INVALID_ENDPOINT),
     "metrics_endpoint": _Spec(("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"),
-                              _endpoint, fallback=_INVALID_ENDPOINT),
-    "protocol": _Spec(("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"), _protocol),
-    "output_dir": _Spec((semconv.ENV_OUTPUT_DIR,), _text),
-    "device_timing": _Spec((semconv.ENV_DEVICE_TIMING,), _device_timing),
-    "span_time": _Spec((semconv.ENV_SPAN_TIME,), _one_of("device", "host")),
-    "step_sample": _Spec((semconv.ENV_STEP_SAMPLE,), _int_at_least(1)),
-    "ranks": _Spec((semconv.ENV_RANKS,), _ranks),
-    "step_spans": _Spec((semconv.ENV_STEP_SPANS,), _one_of(*sampling.STEP_SPANS)),
-    "buffer_size": _Spec((semconv.ENV_BUFFER_SIZE,), _int_between(64, BUFFER_MAX)),
-    "export_mode": _Spec((semconv.ENV_EXPORT_MODE,), _one_of("process", "thread")),
-    "exporter_priority": _Spec((semconv.ENV_EXPORTER_PRIORITY,), _one_of("low", "idle", "normal")),
-    "flush_interval_ms": _Spec((semconv.ENV_FLUSH_INTERVAL,), _int_between(1, 10**9)),
-    "export_delay_ms": _Spec(("OTEL_BSP_SCHEDULE_DELAY",), _int_between(0, 10**9)),
-    "shutdown_timeout_s": _Spec((semconv.ENV_SHUTDOWN_TIMEOUT,), _float_above(0.0, SECONDS_MAX)),
-    "attribute_value_limit": _Spec(("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",), _int_between(1, 1 << 24)),
-    "export_batch_size": _Spec(("OTEL_BSP_MAX_EXPORT_BATCH_SIZE",), _int_between(1, 1 << 20)),
+                              values.endpoint_url, fallback=_INVALID_ENDPOINT),
+    "protocol": _Spec(("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"), values.protocol),
+    "output_dir": _Spec((semconv.ENV_OUTPUT_DIR,), values.nonempty_text),
+    "device_timing": _Spec((semconv.ENV_DEVICE_TIMING,), values.device_timing),
+    "span_time": _Spec((semconv.ENV_SPAN_TIME,), values.one_of("device", "host")),
+    "step_sample": _Spec((semconv.ENV_STEP_SAMPLE,), values.int_at_least(1)),
+    "ranks": _Spec((semconv.ENV_RANKS,), values.ranks),
+    "step_spans": _Spec((semconv.ENV_STEP_SPANS,), values.one_of(*sampling.STEP_SPANS)),
+    "buffer_size": _Spec((semconv.ENV_BUFFER_SIZE,), values.int_between(64, values.BUFFER_MAX)),
+    "export_mode": _Spec((semconv.ENV_EXPORT_MODE,), values.one_of("process", "thread")),
+    "exporter_priority": _Spec((semconv.ENV_EXPORTER_PRIORITY,), values.one_of("low", "idle", "normal")),
+    "flush_interval_ms": _Spec((semconv.ENV_FLUSH_INTERVAL,), values.int_between(1, 10**9)),
+    "export_delay_ms": _Spec(("OTEL_BSP_SCHEDULE_DELAY",), values.int_between(0, 10**9)),
+    "shutdown_timeout_s": _Spec((semconv.ENV_SHUTDOWN_TIMEOUT,), values.float_above(0.0, values.SECONDS_MAX)),
+    "attribute_value_limit": _Spec(("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",), values.int_between(1, 1 << 24)),
+    "export_batch_size": _Spec(("OTEL_BSP_MAX_EXPORT_BATCH_SIZE",), values.int_between(1, 1 << 20)),
     "export_timeout_s": _Spec(("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"),
-                              _float_above(0.0, SECONDS_MAX)),
-    "metric_interval_ms": _Spec(("OTEL_METRIC_EXPORT_INTERVAL",), _int_between(1, 86_400_000)),
-    "headers": _Spec(("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"), _headers, secret=True),
+                              values.float_above(0.0, values.SECONDS_MAX), env_ms=True),
+    "metric_interval_ms": _Spec(("OTEL_METRIC_EXPORT_INTERVAL",), values.int_between(1, 86_400_000)),
+    "headers": _Spec(("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"), values.header_list, secret=True),
     "certificate": _Spec(("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE"),
-                         _readable_file, fallback="TLS uses the system's CA roots"),
-    "client_key": _Spec(("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "OTEL_EXPORTER_OTLP_CLIENT_KEY"), _readable_file,
+                         values.readable_file, fallback="TLS uses the system's CA roots"),
+    "client_key": _Spec(("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "OTEL_EXPORTER_OTLP_CLIENT_KEY"), values.readable_file,
                         fallback="no client certificate is presented"),
     "client_certificate": _Spec(("OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
-                                 "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"), _readable_file,
+                                 "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"), values.readable_file,
                                 fallback="no client certificate is presented"),
-    "compression": _Spec(("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "OTEL_EXPORTER_OTLP_COMPRESSION"), _compression),
-    "flops_per_step": _Spec((semconv.ENV_FLOPS_PER_STEP,), _optional_float_above(0.0)),
-    "peak_flops": _Spec((semconv.ENV_PEAK_FLOPS,), _optional_float_above(0.0)),
-    "console_every": _Spec((semconv.ENV_CONSOLE_EVERY,), _int_between(0, 10**9)),
+    "compression": _Spec(("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "OTEL_EXPORTER_OTLP_COMPRESSION"), values.compression),
+    "flops_per_step": _Spec((semconv.ENV_FLOPS_PER_STEP,), values.optional_float_above(0.0)),
+    "peak_flops": _Spec((semconv.ENV_PEAK_FLOPS,), values.optional_float_above(0.0)),
+    "console_every": _Spec((semconv.ENV_CONSOLE_EVERY,), values.int_between(0, 10**9)),
 }
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Config) if f.name != "rejected"}
 assert set(_SPECS) == set(_DEFAULTS), "every Config field needs a spec"

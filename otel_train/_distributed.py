@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_train import _compat, semconv
-from otel_train._config import safe_run_id
+from otel_train._config_values import safe_run_id
 
 _log = logging.getLogger("otel_train")
 

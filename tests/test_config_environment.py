@@ -23,6 +23,16 @@ def test_another_process_resolves_the_same_values_from_the_variables_written() -
     assert again.headers == {"authorization": "Bearer a,b=c"}
 
 
+@pytest.mark.parametrize("seconds", [2.5, 30.0, 0.0015])
+def test_a_timeout_is_written_in_the_milliseconds_its_variable_is_read_in(seconds: float) -> None:
+    """OTEL_EXPORTER_OTLP_*TIMEOUT is in milliseconds and the field in seconds: the one rule
+    (`_Spec.env_ms`) both reads and writes it (written as seconds it came back 1000 times shorter)."""
+    cfg = Config.resolve({"export_timeout_s": seconds}, environ={})
+    env = cfg.as_environment(["export_timeout_s"])
+    assert float(env["OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"]) == pytest.approx(seconds * 1000)
+    assert Config.resolve(environ=env).export_timeout_s == pytest.approx(seconds)
+
+
 def test_a_ray_runtime_env_carries_the_drivers_headers_and_absolute_output_dir(
         monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     import otel_train

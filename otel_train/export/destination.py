@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from otel_train import semconv
-from otel_train._config import Config, redact_url, userinfo_auth
+from otel_train._config import Config
+from otel_train._config_values import redact_url, userinfo_auth
 from otel_train._distributed import RunInfo
 
 KINDS = ("otlp", "file", "console", "none")
@@ -43,7 +44,7 @@ class Destination:
     """`grpc` or `http/protobuf` (OTLP only)."""
     endpoint: str = ""
     """The endpoint as configured (or the specification's default), for messages: its user
-    information, if any, redacted (`_config.redact_url`; sent as `headers`' Basic authorization)."""
+    information, if any, redacted (`_config_values.redact_url`; sent as `headers`' Basic authorization)."""
     target: str = ""
     """gRPC: `host:port`; HTTP: the full URL of `/v1/<signal>`."""
     secure: bool = False
@@ -69,7 +70,7 @@ class Destination:
 
 
 def run_dir(cfg: Config, run: RunInfo) -> Path:
-    """`<output dir>/<run id>`: the run id is a single safe path component (`_config.safe_run_id`)."""
+    """`<output dir>/<run id>`: the run id is a single safe path component (`_config_values.safe_run_id`)."""
     return Path(cfg.output_dir) / run.run_id
 
 
