@@ -25,7 +25,8 @@ Figures (`name: value` lines):
 - `auto_cpu_us_per_step`: the same in the training thread's CPU time (`time.thread_time_ns`),
   which time spent waiting for a core on a loaded host does not inflate.
 - `python_calls_per_step_plain` / `_auto` / `_added`: Python function calls a step
-  (`sys.setprofile`), over one epoch of steps each: independent of load.
+  (`sys.setprofile`, `otel_train.bench.device_path._count_calls`: no collection inside the
+  window), over one epoch of steps each: independent of load.
 - `c_calls_per_step_plain` / `_auto` / `_added`: the same for calls of C functions.
 - with `--callgrind N` under `valgrind --tool=callgrind`: `instructions_per_step_plain` /
   `_auto` / `_added`, counted over `--rounds` rounds of a plain and an automatic block of N
@@ -98,7 +99,6 @@ import os
 import random
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -106,6 +106,7 @@ from typing import Any
 
 from otel_train import semconv
 from benchmarks import callgrind
+from otel_train.bench.device_path import _count_calls
 from otel_train.bench.harness import as_script, print_ci, print_figure
 from otel_train.bench.stats import ci95_of
 
@@ -188,23 +189,6 @@ def _timed_rounds(loop: AutoCostLoop, variants: dict[str, Callable[[], Any]], ro
                     timed[name].append(_timed(loop.step, block_steps))
         after()
     return timed
-
-
-def _count_calls(step: Callable[[], None], steps: int) -> tuple[int, int]:
-    """(Python calls, C calls) that `steps` steps make."""
-    counts = {"call": 0, "c_call": 0}
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event in counts:
-            counts[event] += 1
-
-    sys.setprofile(profile)
-    try:
-        for _ in range(steps):
-            step()
-    finally:
-        sys.setprofile(None)
-    return counts["call"], counts["c_call"]
 
 
 _MARKER_C = """
