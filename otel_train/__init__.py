@@ -22,6 +22,7 @@ from typing import Any
 from otel_train import _runtime, semconv
 from otel_train._distributed import RunInfo
 from otel_train.export.attributes import describe
+from otel_train.record import attach as _attach
 from otel_train.record import recorder as _recorder
 from otel_train.wire.ids import actor_trace_id, format_traceparent, region_span_id, step_span_id, trace_id_for
 
@@ -61,12 +62,12 @@ step = _recorder.new_step
 
 def tag(name: str) -> None:
     """Tag the current step (`checkpoint`, `eval`, `gc` or any word); between steps, the one just ended."""
-    _recorder.tag(name if type(name) is str else describe(name))
+    _attach.tag(name if type(name) is str else describe(name))
 
 
 def event(name: str, **attrs: Any) -> None:
     """Record an instant (a loss spike, an LR change) on the current span."""
-    _recorder.event(name if type(name) is str else describe(name), attrs)
+    _attach.event(name if type(name) is str else describe(name), attrs)
 
 
 def inject() -> dict[str, str]:
@@ -75,7 +76,7 @@ def inject() -> dict[str, str]:
     if st is None or st.run is None or st.closed:
         return {}
     run = st.run
-    region = _recorder.current_region()
+    region = _attach.current_region()
     rec = _recorder.active()
     if region is not None:
         step_n, _ = _recorder._step_ref(region.step)
@@ -98,7 +99,7 @@ def inject() -> dict[str, str]:
 
 def link(carrier: Mapping[str, str] | str | None) -> None:
     """Link the current step (or, between steps, the next one) to the span in `carrier`."""
-    _recorder.link(carrier)
+    _attach.link(carrier)
 
 
 def shutdown(timeout_s: float | None = None) -> None:

@@ -26,6 +26,7 @@ from otel_train.export.worker import Worker
 from otel_train.record import recorder as _recorder
 from otel_train.record import span
 from otel_train.record.clock import Clock, SystemClock
+from otel_train.record.misuse import span_name
 from otel_train.wire.ids import new_salt
 from otel_train.wire.schema import Truncated
 
@@ -339,7 +340,7 @@ def _truncate_open(recorder: _recorder.Recorder, reason: str | None = None) -> N
     now = recorder.now()
     for record in recorder.open_records():
         if not isinstance(record, _recorder.Step) and type(record.name) is not str:
-            record.name = _recorder._span_name(record.name)  # as its exit would have
+            record.name = span_name(record.name)  # as its exit would have
         record.t1 = now
         record.exc = Truncated(reason) if reason else Truncated
         if isinstance(record, _recorder.Step):

@@ -23,6 +23,7 @@ import pytest
 from support.procs import pytest_without
 
 from otel_train.record import direct
+from otel_train.record import attach as _attach
 from otel_train.record import recorder as _recorder
 from otel_train.record.clock import FakeClock
 from otel_train.wire import schema
@@ -88,7 +89,7 @@ def _script(region: type, capacity: int = 64, packing: str | None = None) -> tup
                 assert outer.attrs == {"lr": 0.1, "phase": "fwd"}
                 clock.advance(7)
                 with region("inner", device_time=False):
-                    _recorder.event("inside", {"k": 1})
+                    _attach.event("inside", {"k": 1})
                     clock.advance(11)
             with pytest.raises(ValueError):
                 with region("fails"):
@@ -96,12 +97,12 @@ def _script(region: type, capacity: int = 64, packing: str | None = None) -> tup
                     raise ValueError("boom")
         with region("after.step"):
             clock.advance(17)
-        _recorder.tag("late")  # between steps: for the step just ended
-        _recorder.event("between", {"x": 1})
-        _recorder.link({"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"})  # for the next step
+        _attach.tag("late")  # between steps: for the step just ended
+        _attach.event("between", {"x": 1})
+        _attach.link({"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"})  # for the next step
         with _recorder.new_step(epoch=2, lr=0.5):  # number 1, by default
-            _recorder.tag("eval")
-            _recorder.tag("checkpoint")
+            _attach.tag("eval")
+            _attach.tag("checkpoint")
             clock.advance(2)
             reopened = _recorder.new_step()  # begins while step 1 is open: closes it first
             reopened.__enter__()
@@ -123,7 +124,7 @@ def _script(region: type, capacity: int = 64, packing: str | None = None) -> tup
             clock.advance(1)
         direct.leave(update)
         direct.finish(rec, update, clock.perf_ns(), None)
-        left_open = _recorder.current_region()
+        left_open = _attach.current_region()
         # Tasks of an event loop run inside a sync region: each nests in its own task's regions.
         async def task(i: int) -> None:
             with region("task", i=i):
@@ -365,8 +366,8 @@ def test_a_c_region_left_on_another_thread_is_not_the_parent_of_later_ones() -> 
             other.join()
             with c_region("next"):
                 pass
-            assert _recorder.current_region() is not handed_off
-        assert _recorder.current_region() is None
+            assert _attach.current_region() is not handed_off
+        assert _attach.current_region() is None
         records = {r[1]: r for r in rec.buf}
     finally:
         _recorder.install(None)
@@ -380,9 +381,9 @@ def test_an_abandoned_c_region_is_no_longer_current() -> None:
     try:
         with c_region("enclosing") as enclosing:
             dropped = c_region("dropped").__enter__()
-            assert _recorder.current_region() is dropped
+            assert _attach.current_region() is dropped
             direct.abandon(dropped)
-            assert _recorder.current_region() is enclosing
+            assert _attach.current_region() is enclosing
         assert [r[1] for r in rec.buf] == ["enclosing"]
     finally:
         _recorder.install(None)
@@ -523,11 +524,11 @@ def test_the_c_hot_path_leaks_nothing(packing: bool) -> None:
     _recorder.install(rec)
 
     def once(i: int) -> None:
-        _recorder.link({"traceparent": "x"})
+        _attach.link({"traceparent": "x"})
         with _recorder.new_step(epoch=1, k=i):
-            _recorder.tag("t")
+            _attach.tag("t")
             with c_region("outer", mb=i):
-                _recorder.event("e", {"i": i})
+                _attach.event("e", {"i": i})
                 with c_region("inner", device_time=False):
                     clock.advance(1)
             try:

@@ -137,6 +137,7 @@ def mixed_records() -> list:
     """Three steps of usual regions and of every kind the fast path hands to the general one (an
     exception, an event, a list or unusual attribute, a checkpoint sibling, `train.other`
     between steps), on a fake clock."""
+    from otel_train.record import attach as _attach
     from otel_train.record import recorder as _recorder
     from otel_train.record.clock import FakeClock
 
@@ -151,7 +152,7 @@ def mixed_records() -> list:
         for n in range(3):
             with _recorder.Step(n, None):
                 if n == 1:
-                    _recorder.event("step.note", {"k": "v"})  # a step with an event: the general path
+                    _attach.event("step.note", {"k": "v"})  # a step with an event: the general path
                 with _recorder.Region("train.data"):
                     clock.advance(1_000)
                 for mb in range(2):
@@ -163,7 +164,7 @@ def mixed_records() -> list:
                     clock.advance(3_000)
                 try:
                     with _recorder.Region("train.optimizer"):
-                        _recorder.event("note", {"k": 1})
+                        _attach.event("note", {"k": 1})
                         raise ValueError("x")
                 except ValueError:
                     pass
@@ -214,6 +215,7 @@ def step_records() -> list:
     a GC pause in it, an epoch beyond int64, a tag record that arrives before its step's record
     (an orphan); a checkpoint inside a lean step's time, a step number beyond int64, and a step
     that ends the batch (held until the flush)."""
+    from otel_train.record import attach as _attach
     from otel_train.record import recorder as _recorder
     from otel_train.record.clock import FakeClock
 
@@ -233,13 +235,13 @@ def step_records() -> list:
                     clock.advance(1_000 + n % 97)
                 step.micro_batches = mb + 1
             if n == 2:
-                _recorder.tag("during")
+                _attach.tag("during")
             if n == 8:
                 direct.record(recorder, "train.gc", None, clock.now_ns - 500, clock.now_ns - 100)
             clock.advance(300)
             direct.end_step()
             if n == 3:
-                _recorder.tag("after")
+                _attach.tag("after")
             if n == 8:  # a checkpoint after step 8: inside step 9's time, which leaves it out
                 direct.record(recorder, "train.checkpoint", None, clock.now_ns + 10, clock.now_ns + 40)
             clock.advance(50)

@@ -157,7 +157,7 @@ tl_open(void)
 }
 
 /* Say once that region `self` was misused (`what`: "reentered", "exited"), through
- * `recorder._misused`; an error there is not the caller's: cleared. */
+ * `misuse.misused`; an error there is not the caller's: cleared. */
 static void
 say_misused(RegionObject *self, const char *what)
 {

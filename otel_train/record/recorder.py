@@ -10,8 +10,9 @@ fixed-size slot in a C ring instead of a tuple, the deque keeps only the other r
 worker moves a drain's slots as one bytes object (`_hotpath_recorder.c`, "the packed ring"). The
 region and step types are C (`_hotpath.c`) where that module was built, with `_PyRegion` /
 `_PyStep` here as the fallback: both append the same tuples (their layout: `wire.schema`), and
-`tests/test_hotpath.py` holds them to it. Tags, events and links (`tag`, `event`, `link`) are
-here too; recording from hooks without a `with` block is `direct`, device events `device`.
+`tests/test_hotpath.py` holds them to it. Tags, events and links on the open step or region:
+`attach`; what a misused region or step becomes: `misuse`; recording from hooks without a
+`with` block: `direct`; device events: `device`.
 
 Why a tuple of plain values, not the region object itself: a record waits in the buffer for up
 to a flush interval, and objects that the garbage collector tracks and that live that long are
@@ -35,7 +36,6 @@ import functools
 import inspect
 import itertools
 import logging
-import numbers
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -43,9 +43,9 @@ from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from otel_train.record.clock import Clock, SystemClock
-from otel_train.wire.ids import format_traceparent, parse_traceparent
-from otel_train.wire.schema import (KIND_EVENT, KIND_SPAN, KIND_STEP, KIND_TAG, NO_STEP, error_of, region_record,
-                                    step_wire, tuple_to_wire, wall_events)
+from otel_train.record.misuse import STEP_MAX, misused, span_name, step_number
+from otel_train.wire.schema import (KIND_SPAN, KIND_STEP, NO_STEP, error_of, region_record, step_wire, tuple_to_wire,
+                                    wall_events)
 
 _log = logging.getLogger("otel_train")
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -138,49 +138,6 @@ def active() -> Recorder | None:
 seq: Any = _hotpath.seq if _hotpath is not None else itertools.count(1)
 
 
-_MISUSES = {
-    "reentered": "was entered again while still open (`with sp:` inside `with sp:` on the same object); "
-                 "the inner entry and its exit are ignored: make a new `otel_train.span(...)` for each region",
-    "exited": "was exited after it had ended (an `__exit__` twice); the second exit is ignored",
-    "link": "is not a trace context: otel_train.link() takes what otel_train.inject() made (a dict with "
-            "'traceparent'), a traceparent string, or a list of them; it is ignored",
-}
-_misuses_said: set[str] = set()
-
-
-def _misused(what: str, name: Any) -> None:
-    """A region misused (`_MISUSES`): said once per kind, never raised into the caller."""
-    if what in _misuses_said:
-        return
-    _misuses_said.add(what)
-    try:
-        shown = repr(name) if type(name) is str else f"<a {type(name).__name__}>"
-    except Exception:  # noqa: BLE001 - a metaclass's __name__ is the user's code
-        shown = "<an object>"
-    _log.warning("otel_train: %s %s %s.", "link carrier" if what == "link" else "span", shown,
-                 _MISUSES.get(what, what))
-
-
-def _span_name(name: Any) -> str:
-    """A span name that is not a str, as text (said once): the exporter only takes str names.
-    A str subclass (an enum's value) is its plain text; anything else its `str()`, or its type's
-    name where that raises. Never raises."""
-    try:
-        text = str.__str__(name) if isinstance(name, str) else str(name)
-        if type(text) is not str:
-            text = str.__str__(text)
-    except Exception:  # noqa: BLE001 - the user's __str__
-        try:
-            text = f"<{type(name).__name__}: str() failed>"
-        except Exception:  # noqa: BLE001 - a metaclass's __name__
-            text = "<span>"
-    if not isinstance(name, str) and "name" not in _misuses_said:
-        _misuses_said.add("name")
-        _log.warning("otel_train: a span name is a %s, not a str; it is recorded as %r.",
-                     type(name).__name__ if type(type(name).__name__) is str else "object", text)
-    return text
-
-
 async def _aenter(region: Any) -> Any:
     """`async with` a region or step (`__aenter__` of the Python and C types alike)."""
     return region.__enter__()
@@ -217,7 +174,7 @@ class _PyRegion:
         if getattr(self, "rec", None) is not None and not hasattr(self, "t1"):
             # Open already (`with sp: with sp:`): ignored, with its exit, as the C region does.
             self.reentered = getattr(self, "reentered", 0) + 1
-            _misused("reentered", self.name)
+            misused("reentered", self.name)
             return self
         r = _rec
         if r is None:
@@ -243,10 +200,10 @@ class _PyRegion:
             self.reentered -= 1
             return
         if hasattr(self, "t1"):
-            _misused("exited", self.name)
+            misused("exited", self.name)
             return
         if type(self.name) is not str:
-            self.name = _span_name(self.name)
+            self.name = span_name(self.name)
         self.t1 = t1 = r.now()
         try:
             _current.reset(self.token)
@@ -332,7 +289,7 @@ class _PyStep:
             _reopened(self, r)
         if self.n is None:
             self.n = r.next_step
-        elif type(self.n) is not int or not 0 <= self.n <= _STEP_MAX:
+        elif type(self.n) is not int or not 0 <= self.n <= STEP_MAX:
             self.n = step_number(self.n, r.next_step)
         r.next_step = self.n + 1
         self.seq = next(seq)
@@ -362,36 +319,6 @@ def _reopened(step: Any, r: Recorder) -> None:
     r.step.__exit__(None, None, None)
 
 
-_STEP_MAX = (1 << 63) - 1
-_said_steps: set[str] = set()
-
-
-def step_number(n: Any, next_step: int) -> int:
-    """A valid step number for an `n` given to `otel_train.step(n)` that is not an int from 0 to
-    2**63 - 1: the same number where it plainly is one ("5", 5.0, a numpy integer), else the
-    previous step + 1. Said once per kind of value; never raised into the training loop."""
-    fixed: int | None = None
-    if not isinstance(n, bool):
-        try:
-            if isinstance(n, numbers.Integral) or (isinstance(n, float) and n.is_integer()):
-                fixed = int(n)
-            elif isinstance(n, str) and n.strip().isdigit():
-                fixed = int(n.strip())
-        except (TypeError, ValueError, OverflowError):
-            fixed = None
-    if fixed is not None and not 0 <= fixed <= _STEP_MAX:
-        fixed = None
-    if isinstance(n, numbers.Integral) and fixed is not None and not isinstance(n, bool):
-        return fixed  # a numpy or other integer type: the same number, nothing to say
-    problem = "" if fixed is not None else "/negative" if isinstance(n, (int, float)) and n < 0 else "/invalid"
-    key = type(n).__name__ + problem
-    if key not in _said_steps:
-        _said_steps.add(key)
-        used = f"using {fixed}" if fixed is not None else f"using {next_step} (the previous step + 1)"
-        _log.warning("otel_train: step(%r): a step number is an integer from 0 to 2**63-1; %s.", n, used)
-    return fixed if fixed is not None else next_step
-
-
 def _py_new_step(n: int | None = None, epoch: int | None = None, **attrs: Any) -> _PyStep:
     """Mark one training step: `with otel_train.step(n):` (n defaults to the previous step + 1)."""
     return _PyStep(n, epoch, attrs or None)
@@ -415,7 +342,7 @@ if _hotpath is not None:
     Region: type = _hotpath.Region
     Step: type = _hotpath.Step
     After: type = _hotpath.After
-    _hotpath.bind(_current, NO_STEP, KIND_SPAN, _auto_init, _decorate, _aenter, _aexit, _misused, _span_name)
+    _hotpath.bind(_current, NO_STEP, KIND_SPAN, _auto_init, _decorate, _aenter, _aexit, misused, span_name)
     _hotpath.bind_steps(KIND_STEP, _reopened, step_number)
     #: `otel_train.step(n=None, epoch=None, **attrs)`
     new_step: Callable[..., Any] = _hotpath.step
@@ -495,92 +422,11 @@ def set_span_target(target: Any) -> None:
         _py_span_target = None if target is None or target is Region else _PyOff if target is NOOP else target
 
 
-_said_outside: set[str] = set()
-
-
-def _outside(what: str) -> None:
-    """`tag()` / `event()` with no step to go to: said once for each, then dropped quietly."""
-    if what not in _said_outside:
-        _said_outside.add(what)
-        _log.warning("otel_train: %s() outside any step (and, for event(), any span) has nowhere to go; it is "
-                     "dropped. Call it inside `with otel_train.step():`, or right after a step to note that step.",
-                     what)
-
-
 def settle() -> None:
     """Let detection's calls that wait (`detect.batch`) run first: before reading or changing
     the step, the current region or what they record."""
     if _hotpath is not None:
         _hotpath.settle()
-
-
-def tag(name: str) -> None:
-    """Tag the open step, or the step just ended when called between steps."""
-    settle()
-    r = _rec if _rec is not None else auto_init()
-    if r is None:
-        return  # disabled, shut down, or a DataLoader worker: nothing is recorded
-    step = r.step
-    if isinstance(step, Step):
-        if step.tags is None:
-            step.tags = [name]
-        else:
-            step.tags.append(name)
-    elif isinstance(step, After):
-        r.append((KIND_TAG, step.step.ref, name))
-    else:
-        _outside("tag")
-
-
-def event(name: str, attrs: Mapping[str, Any] | None) -> None:
-    """An instant on the innermost open region, else the open step, else the step just ended."""
-    r = _rec if _rec is not None else auto_init()
-    if r is None:
-        return
-    t = r.now()
-    payload = (name, t, dict(attrs) if attrs else None)
-    region = current_get()
-    target: Region | Step | None = region if region is not None and region.rec is r else None
-    if target is None and isinstance(r.step, Step):
-        target = r.step
-    if target is not None:
-        events = target.events
-        if events is None:
-            target.events = events = []
-        events.append(payload)
-    elif isinstance(r.step, After):
-        r.append((KIND_EVENT, r.step.step.ref, payload))
-    else:
-        _outside("event")
-
-
-def link(carrier: Any) -> None:
-    """Link the open step (or the next one) to the span that produced a sample: `carrier` is
-    what `inject()` made (a dict with `traceparent`), a `traceparent` string, or a list of them.
-    Kept as the `traceparent` text alone: the user's object never crosses to the exporter (an
-    int there, or a mapping whose `get` raises, once took the whole run's spans with it)."""
-    settle()
-    r = _rec
-    if r is None or carrier is None:
-        return
-    for one in carrier if isinstance(carrier, (list, tuple)) else (carrier,):
-        ids = parse_traceparent(one)
-        if ids is None:
-            _misused("link", one)
-            continue
-        header = format_traceparent(*ids)
-        step = r.step
-        if isinstance(step, Step):
-            if step.links is None:
-                step.links = []
-            step.links.append(header)
-        else:
-            r.pending_links.append(header)
-
-
-def current_region() -> Region | None:
-    region = current_get()
-    return region if region is not None and region.rec is _rec else None
 
 
 def _step_ref(step: Step | After | None) -> tuple[int | None, int | None]:
