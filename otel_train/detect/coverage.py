@@ -27,7 +27,7 @@ from otel_train import semconv
 from otel_train.detect.state import OTHER, State
 from otel_train.record import direct, recorder
 from otel_train.record.recorder import Recorder, Step
-from otel_train.wire.schema import KIND_SPAN
+from otel_train.wire.schema import KIND_SPAN, region_record
 
 try:  # the loops in C (`_loops.c`); `gaps_python` is the fallback
     from otel_train.detect import _loops
@@ -86,7 +86,7 @@ def gaps_python(cover: list[int], t0: int, t1: int, max_uncovered: float, min_ga
         for length, a, b in gaps:
             if total <= allowed or length < min_gap_ns:
                 break
-            append((kind, name, next(seq), None, ref, a, b, None, None, None))
+            append(region_record(name, next(seq), None, ref, a, b, None))  # `kind` is KIND_SPAN, the C's
             total -= length
     return total
 

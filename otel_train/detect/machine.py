@@ -49,7 +49,7 @@ from otel_train.detect.state import DATA, EVAL, MB_ATTRS, P_ITER, P_SRC, P_T0, P
 from otel_train.detect.state import s as _s
 from otel_train.record import direct, recorder
 from otel_train.record.recorder import Recorder, Step
-from otel_train.wire.schema import KIND_SPAN, NO_STEP, NO_UPDATE
+from otel_train.wire.schema import KIND_SPAN, NO_STEP, NO_UPDATE, region_record
 
 try:  # the loops in C (`_loops.c`); `resolve_python` is the fallback
     from otel_train.detect import _loops
@@ -242,13 +242,14 @@ def resolve_python(pending: list[list[Any]], data: str, data_attrs: dict[str, An
     """Each pending entry appended as a record (`data_attrs` on `data` fetches), its interval
     added to `cover` (unless None). Returns the last entry's source (or None), whether
     `train_src` was among them, the samples and tokens of their sizes (tokens None where none
-    had tokens), and whether any had a size. `_loops.resolve` in C."""
+    had tokens), and whether any had a size. `_loops.resolve` in C (`kind`, KIND_SPAN, is the C's:
+    `region_record` knows it)."""
     last = None
     seen_train = False
     samples = tokens = None
     sized = False
     for name, t0, t1, src, _, size in pending:
-        append((kind, name, next(seq), parent, ref, t0, t1, data_attrs if name is data else None, None, None))
+        append(region_record(name, next(seq), parent, ref, t0, t1, data_attrs if name is data else None))
         if cover is not None:
             cover += (t0, t1)
         if src is not None:
