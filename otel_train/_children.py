@@ -31,7 +31,8 @@ import os
 import sys
 from typing import Any
 
-from otel_train import _compat, semconv
+from otel_train import _compat, _runtime, semconv
+from otel_train.record import recorder
 
 _log = logging.getLogger("otel_train")
 
@@ -140,12 +141,10 @@ def _before_child(may_stand_down: bool) -> None:
     """In the parent: the child shares the run id. A parent that recorded nothing and starts a
     function of the user's (the `mp.spawn` launcher: its child may be rank 0) stands down; one
     that starts a `Manager` or a pool keeps its runtime (their children are named apart)."""
-    from otel_train import _runtime
     st = _runtime.state()
     if st is None or st.closed or st.run is None:
         return
     os.environ.setdefault(semconv.ENV_RUN_ID, st.run.run_id)
-    from otel_train.record import recorder
     r = recorder._rec
     if may_stand_down and r is not None and r.next_step == 0 and r.step is None and r.pending() == 0 and _idle_detection():
         _runtime.stand_down()
@@ -179,8 +178,6 @@ def _after_fork_in_child() -> None:
 def start_runtime() -> Any:
     """Detection's first training activity in a process that waited (`state.active`): start the
     runtime, also in a followed fork (`_runtime` keeps a forked child off unless told)."""
-    from otel_train import _runtime
-    from otel_train.record import recorder
     if _forked_trainer and _runtime.state() is None:
         _runtime.init()
     r = recorder.auto_init()
@@ -197,6 +194,4 @@ def _exit_runs_shutdown() -> None:
     import multiprocessing.util
     if multiprocessing.parent_process() is None:
         return
-
-    from otel_train import _runtime
     multiprocessing.util.Finalize(None, _runtime.shutdown, exitpriority=-100)

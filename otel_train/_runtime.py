@@ -21,9 +21,11 @@ from otel_train import _resource, _stderr
 from otel_train._config import Config
 from otel_train._distributed import RunInfo, detect_run_info
 from otel_train.export.destination import make_setup
+from otel_train.export.samples import Sampler
 from otel_train.export.sinks import ENV_CHILD, LocalSink, ProcessSink
 from otel_train.export.worker import Worker
 from otel_train.record import recorder as _recorder
+from otel_train.record import device as _device
 from otel_train.record import span
 from otel_train.record.clock import Clock, SystemClock
 from otel_train.record.misuse import span_name
@@ -99,7 +101,7 @@ def _init(span_processors: Sequence[Any], metric_readers: Sequence[Any], clock: 
     setup = make_setup(cfg, run, _resource.process_attributes(), salt, init_ns)
 
     def local() -> LocalSink:
-        from otel_train.export.pipeline import ExportPipeline
+        from otel_train.export.pipeline import ExportPipeline  # the SDK and gRPC: only where this process exports
         return LocalSink(ExportPipeline(setup, span_processors, metric_readers))
 
     sink: Any
@@ -121,9 +123,7 @@ def _init(span_processors: Sequence[Any], metric_readers: Sequence[Any], clock: 
                          cfg.buffer_size)
     resolve = None
     if cfg.device_timing == "auto":
-        from otel_train.record import device as _device
         resolve = _device.install(recorder)  # chooses the device lazily; torch is never imported here
-    from otel_train.export.samples import Sampler
     worker = Worker(recorder, sink, cfg.flush_interval_ms / 1000.0, resolve=resolve, sample=Sampler())
     _state = _State(cfg, run, worker, setup.traces.describe())
     _state.salt = salt
@@ -224,7 +224,6 @@ def shutdown(timeout_s: float | None = None, reason: str | None = None) -> None:
             _truncate_open(recorder, reason or _uncaught())
             stats = st.worker.stop(deadline)
             if st.device is not None:
-                from otel_train.record import device as _device
                 _device.uninstall()
             _report(st, recorder, stats, bound)
         except Exception as err:  # noqa: BLE001 - shutdown runs at exit and in signal handlers
@@ -296,7 +295,6 @@ def stand_down() -> None:
         st.worker._thread.join(timeout=1.0)
         st.worker.sink.abort()
         if st.device is not None:
-            from otel_train.record import device as _device
             _device.uninstall()
         st.closed = True
         _state = None
@@ -400,7 +398,7 @@ def _report(st: _State, recorder: _recorder.Recorder, stats: dict[str, Any] | No
     _stderr.line(msg)
     goodput = stats.get("goodput") if stats else None
     if goodput and st.run is not None and st.run.rank == 0:  # one line for the job, not one per rank
-        from otel_train.export.goodput import summary_line
+        from otel_train.export.goodput import summary_line  # the analysis rules, for rank 0's last line only
         _stderr.line(summary_line(goodput, st.run.rank))
 
 

@@ -116,7 +116,7 @@ class TorchTrainingInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             # install once that import is done.
             _imports.when_imported(_DETECT, self._install_torch)
             return
-        from otel_train import detect
+        from otel_train import detect  # it imports torch: only once the program has
         detect.install(lazy=getattr(self, "_lazy", False))
 
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import otel_train
-from otel_train import inference, semconv
+from otel_train import _runtime, inference, semconv
 
 __all__ = ["Traced", "ActorMixin", "runtime_env", "generate", "traced", "get", "wait", "consume", "flush"]
 
@@ -66,7 +66,6 @@ def runtime_env(base: Mapping[str, Any] | None = None) -> dict[str, Any]:
     run = otel_train.init()
     env = dict(base or {})
     env_vars = {k: v for k, v in os.environ.items() if k.startswith("OTEL_")}
-    from otel_train import _runtime
     st = _runtime.state()
     if st is not None:
         env_vars.update(st.cfg.as_environment(_PASSED))

@@ -8,6 +8,8 @@
 PATH: a run directory of the embedded default (`./otel-train/<run id>/`), its parent, one
 `traces-rank<R>.jsonl`, or an OTLP JSON lines dump (`otel_train.analyze.reader`). Bad input exits 2
 with one message on stderr naming the problem and what is accepted.
+
+Each command imports the analysis it runs when it runs: `otel-train --help` imports none of it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """`otel-train bench overhead`, `device` and `latency`: the benchmarks a user runs on their own
 hardware (`otel_train.bench`). `latency`'s flags: `bench_latency`. The project's research tools
 (auto-cost, callgrind, the grouped design, the exporter's CPU, startup, soak, scale) are in the
-repository's `benchmarks/`, which is not installed."""
+repository's `benchmarks/`, which is not installed. Each imports its benchmark (and torch) when
+it runs, not when the CLI starts."""
 
 from __future__ import annotations
 

@@ -84,7 +84,7 @@ def _measure(args: argparse.Namespace) -> int:
     model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
     float_dtype = dtype or _float_dtype(model, torch)
 
-    from otel_train.bench.synthetic import SyntheticBatches
+    from otel_train.bench.synthetic import SyntheticBatches  # torch: imported when the command runs
     if example is not None:
         try:
             batches = SyntheticBatches.like(example, batch_size=args.batch_size, seq_len=args.seq_len,
@@ -102,7 +102,7 @@ def _measure(args: argparse.Namespace) -> int:
         raise _BadInput("say what a batch looks like: --seq-len (token ids), --input-shape, --example, "
                         "or a factory returning (module, example batch)")
 
-    import otel_train
+    import otel_train  # set up below, once the model and its batches are built
     from otel_train.bench import latency, latency_report
     # Exported from a thread unless OTEL_TRAIN_EXPORT_MODE says otherwise: the exporter process
     # would start up (an interpreter importing the SDK, a second or two of CPU) while the first

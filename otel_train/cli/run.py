@@ -23,7 +23,7 @@ def run_argv(argv: list[str], parser: argparse.ArgumentParser) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         parser.parse_args(["run", *argv])
         return 2
-    from otel_train.run import main as run_main
+    from otel_train.run import main as run_main  # the launcher, only for this command
     return run_main(argv)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from otel_train import semconv
+from otel_train import _distributed, _runtime, semconv
 from otel_train.detect.compile import compiled as _c, dynamo_compiling, tc
 from otel_train.detect.patches import Patches
 from otel_train.detect.state import COLLECTIVE, region
@@ -88,7 +88,6 @@ def _check_rank() -> None:
     """Once: the rank and world size the process group says against those the runtime started
     with (a runtime that waited, in a `multiprocessing` child, reads the group's)."""
     global _rank_checked
-    from otel_train import _distributed, _runtime
     st = _runtime.state()
     if _rank_checked or st is None or st.closed or st.run is None:
         return

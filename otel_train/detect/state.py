@@ -9,7 +9,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from otel_train import semconv
+from otel_train import _children, semconv
 from otel_train.record import recorder
 from otel_train.record.recorder import Region, Step
 
@@ -142,6 +142,5 @@ def active() -> recorder.Recorder | None:
         s.lazy = False
         from torch.utils.data import get_worker_info
         if get_worker_info() is None:  # a DataLoader worker is never a trainer
-            from otel_train import _children
             r = _children.start_runtime()
     return r

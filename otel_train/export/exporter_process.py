@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any
 
-from otel_train.export.pipe import FRAME, loads
+from otel_train.export.pipe import FRAME, loads, segments_count
 
 _NICE = 10
 #: Full requests held back while more input is waiting (a drain's later slices), at most.
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     if first is None or first[0] != "setup":
         return 1
     setup = first[1]
-    from otel_train.export.pipeline import ExportPipeline
+    from otel_train.export.pipeline import ExportPipeline  # the SDK and gRPC, once the setup has come
 
     cfg = setup.config
     timeout_s = float(cfg.shutdown_timeout_s)
@@ -214,7 +214,6 @@ def _records_in(message: tuple[Any, ...]) -> int:
     if message[0] == "packed":
         return len(message[1]) // _SLOT_BYTES
     if message[0] == "batch":
-        from otel_train.export.pipe import segments_count
         return segments_count(message[1])
     return 0
 

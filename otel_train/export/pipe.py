@@ -51,7 +51,7 @@ class _WirePickler(pickle.Pickler):
         try:
             return self._reduce(obj)
         except Exception:  # noqa: BLE001 - a user's `__int__`, `__iter__`, `__name__` raised
-            from otel_train.export.attributes import Described
+            from otel_train.export.attributes import Described  # only when such a value appears
             return Described.of(obj).__reduce__()
 
     def _reduce(self, obj: Any) -> Any:
