@@ -21,6 +21,8 @@ import os
 import sys
 from typing import Any
 
+from otel_train import semconv
+
 _DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -108,7 +110,7 @@ def _measure(args: argparse.Namespace) -> int:
     # would start up (an interpreter importing the SDK, a second or two of CPU) while the first
     # batches are timed, competing with them for cores. A benchmark's few hundred spans cost an
     # export thread next to nothing.
-    otel_train.init(**({} if os.environ.get("OTEL_TRAIN_EXPORT_MODE") else {"export_mode": "thread"}))
+    otel_train.init(**({} if os.environ.get(semconv.ENV_EXPORT_MODE) else {"export_mode": "thread"}))
     try:
         result = latency.measure_latency(model, batches, warmup=args.warmup, iters=args.iters, device=device,
                                          span_attrs={latency.ATTR_MODEL: args.factory},
