@@ -33,7 +33,9 @@ every `Trainer` created afterwards gets `otel_train.lightning.OtelCallback` /
 framework's own checkpointing to what the torch hooks see. Pass `attach_callbacks=False` to
 `instrument()` to attach them yourself.
 
-`instrument()` does nothing (installs no hook at all) when `OTEL_SDK_DISABLED=true`. Torch is
+`instrument()` does nothing (installs no hook at all) when `OTEL_SDK_DISABLED=true`, and
+installs no hook where detection's C extensions cannot be imported (`otel_train.detect.native`:
+it says so in one line; explicit spans still work). Torch is
 never imported by the instrumentor: if the program has not imported it yet, the hooks go in
 the moment it does. In a `multiprocessing` child (a spawned DataLoader worker re-importing the
 script) the runtime starts only at the first training activity, and never in a DataLoader
@@ -117,7 +119,12 @@ class TorchTrainingInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             _imports.when_imported(_DETECT, self._install_torch)
             return
         from otel_train import detect  # it imports torch: only once the program has
-        detect.install(lazy=getattr(self, "_lazy", False))
+        lazy = getattr(self, "_lazy", False)
+        if detect.native.MISSING is not None:
+            if not lazy:  # a multiprocessing child's parent said it
+                detect.native.say_off()
+            return
+        detect.install(lazy=lazy)
 
 
 def _in_multiprocessing_child() -> bool:
@@ -146,6 +153,9 @@ def _attach(integration: str) -> None:
     """Every Trainer gets the integration's callback. When the library was imported by the
     integration module itself (`import otel_train.lightning` before `lightning.pytorch`), that
     module is only half run here: it attaches once it is done (`_imports.done`)."""
+    from otel_train.detect import native  # the library imported torch: so has detection (`_install_torch`)
+    if native.MISSING is not None:
+        return  # no detection to attach to: `_install_torch` said so
     if _imports.initializing(integration):
         _imports.when_imported(integration, _attach_now)
         return

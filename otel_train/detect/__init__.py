@@ -23,13 +23,19 @@ undoing: `patches`; the patched functions that call the user's code as C objects
 of ours in a traceback): `entry`. torch.compile: `compile`. The hooks' common calls noted and
 run a few steps at a time, not each at its call: `batch`.
 
+Detection runs on its C extensions (`native`): where one cannot be imported, only `native` is
+imported here, and the instrumentor says once that automatic detection is off.
+
 Everything on the hot path returns at once when the recorder is off (`recorder._rec is None`)
 or while torch.compile traces. It only creates, enters and leaves regions and opens and closes
 steps.
 """
 
 from otel_train import _imports
-from otel_train.detect.install import claim, install, installed, uninstall
+from otel_train.detect import native
+
+if native.MISSING is None:  # else nothing else of detection can be imported (`native`)
+    from otel_train.detect.install import claim, install, installed, uninstall
 
 __all__ = ["claim", "install", "installed", "uninstall"]
 

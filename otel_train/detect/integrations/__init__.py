@@ -14,12 +14,16 @@ automatic detection underneath; what the framework adds goes through these few c
 
 from __future__ import annotations
 
-from otel_train.detect.aside import outside_training
-from otel_train.detect.checkpoint import checkpoint_wrapper
-from otel_train.detect.eval import eval_begin, eval_end, eval_wrapper
-from otel_train.detect.install import claim, uninstall
-from otel_train.detect.install import patch_once as patch
-from otel_train.detect.machine import finish, set_epoch
+from otel_train.detect import native
+
+native.require()  # the callbacks need automatic detection: a clear ImportError without its C extensions
+
+from otel_train.detect.aside import outside_training  # noqa: E402
+from otel_train.detect.checkpoint import checkpoint_wrapper  # noqa: E402
+from otel_train.detect.eval import eval_begin, eval_end, eval_wrapper  # noqa: E402
+from otel_train.detect.install import claim, uninstall  # noqa: E402
+from otel_train.detect.install import patch_once as patch  # noqa: E402
+from otel_train.detect.machine import finish, set_epoch  # noqa: E402
 
 __all__ = ["claim", "release", "set_epoch", "eval_begin", "eval_end", "finish", "patch", "checkpoint_wrapper",
            "eval_wrapper", "outside_training"]
