@@ -51,12 +51,10 @@ Figures (`name: value` lines):
   object they lie in (`callgrind.OBJECT_GROUPS`: `otel_train`'s extensions, `python`, `torch`
   with MKL, `other`). Misses added in `torch` are torch's own lines that automatic mode
   displaced from L2.
-- with `--per-call`: plain, automatic, automatic with batched detection's notes made and
-  replayed in Python (`benchmarks.switches.notes_in_python`: as before `detect/_batch.c`) and
-  automatic with each of detection's calls run at once (`benchmarks.switches.calls_at_once`: as
-  before `detect/batch.py`) in the same rounds, each round's four blocks in an order drawn at
-  random: `auto_`, `python_notes_`, `per_call_`, `python_notes_minus_auto_` and
-  `per_call_minus_auto_us_per_step`, and `records_per_step_auto` / `_per_call`: the spans each
+- with `--per-call`: plain, automatic and automatic with each of detection's calls run at once
+  (`benchmarks.switches.calls_at_once`: as before `detect/batch.py`, and as automatic mode runs
+  wherever torch has an accelerator) in the same rounds, each round's three blocks in an order
+  drawn at random: `auto_`, `per_call_` and `per_call_minus_auto_us_per_step`, and `records_per_step_auto` / `_per_call`: the spans each
   way exported over an epoch, a step (the same both ways), `train.other` apart
   (`other_per_step_auto` / `_per_call`: a step's gaps become spans until what stays uncovered
   is under `coverage.MAX_UNCOVERED`, so their number follows how long the gaps are, which
@@ -406,13 +404,13 @@ def _span_names(out_dir: str) -> collections.Counter[str]:
 def _measure_per_call(loop: AutoCostLoop, rounds: int, block_steps: int, plain: Callable[[], Any],
                       between: Callable[[], Any], after: Callable[[], None],
                       exported: Callable[[], collections.Counter[str]]) -> None:
-    """`--per-call`: plain, automatic, automatic with its notes in Python and per-call automatic
-    blocks, each round's four in an order drawn at random (seeded), as `_measure` times its two.
+    """`--per-call`: plain, automatic and per-call automatic blocks, each round's three in an order
+    drawn at random (seeded), as `_measure` times its two.
     First one epoch each way, untimed, for the spans each makes (`exported()`: those written so
     far, by name). An epoch's count holds the step before it and not its own last, which the
     next step closes: one step record each way."""
     from otel_train.record import recorder
-    from benchmarks.switches import calls_at_once, notes_in_python
+    from benchmarks.switches import calls_at_once
 
     epoch = loop.steps_per_epoch
     made: dict[str, collections.Counter[str]] = {}
@@ -428,11 +426,9 @@ def _measure_per_call(loop: AutoCostLoop, rounds: int, block_steps: int, plain: 
         other = spans.pop(semconv.SPAN_OTHER, 0)
         print_figure(f"records_per_step_{name}", sum(spans.values()) / epoch)
         print_figure(f"other_per_step_{name}", other / epoch)
-    variants = {"plain": plain, "auto": contextlib.nullcontext, "python_notes": notes_in_python,
-                "per_call": calls_at_once}
+    variants = {"plain": plain, "auto": contextlib.nullcontext, "per_call": calls_at_once}
     _print_variants(_timed_rounds(loop, variants, rounds, block_steps, between, after), rounds, block_steps,
-                    (("auto", "plain"), ("python_notes", "plain"), ("per_call", "plain"), ("python_notes", "auto"),
-                     ("per_call", "auto")))
+                    (("auto", "plain"), ("per_call", "plain"), ("per_call", "auto")))
 
 
 def _measure_parts(loop: AutoCostLoop, rounds: int, block_steps: int, plain: Callable[[], Any],

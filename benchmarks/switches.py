@@ -1,7 +1,7 @@
 """Research switches for `benchmarks/` and the tests that compare detection's forms (not
 installed): batched detection's calls run another way inside a block.
 
-- `calls_at_once()`, `notes_in_python()`, `notes_dropped()`, `entry_points_stubbed()`
+- `calls_at_once()`, `notes_dropped()`, `entry_points_stubbed()`
   (`python -m benchmarks.auto_cost --per-call`, `--parts`).
 - `root_hooks()`: the roots' forwards timed by hooks in their tables inside a block, not from
   their slots (`python -m benchmarks.auto_cost --root-hooks`).
@@ -31,23 +31,6 @@ def calls_at_once() -> Iterator[None]:
         yield
     finally:
         batch.b.on = was
-
-
-@contextlib.contextmanager
-def notes_in_python() -> Iterator[None]:
-    """Batched detection's notes made and replayed by its Python functions inside the block
-    (`otel_train.detect.batch`), not by `_batch.c`: for `python -m benchmarks.auto_cost --per-call`, which
-    times both. Calls waiting run first, and at the end."""
-    from otel_train.detect import batch
-
-    batch.settle()
-    was = batch.b.c
-    batch.point(False)
-    try:
-        yield
-    finally:
-        batch.settle()
-        batch.point(was)
 
 
 @contextlib.contextmanager
@@ -81,14 +64,13 @@ def notes_dropped() -> Iterator[None]:
     from otel_train.detect import batch
 
     batch.settle()
-    was_c, was_python = batch._batch, batch._replay
+    was = batch._batch
     batch._batch = _DroppingReplay  # type: ignore[assignment]
-    batch._replay = _DroppingReplay.replay  # type: ignore[assignment]
     try:
         yield
     finally:
         batch.settle()
-        batch._batch, batch._replay = was_c, was_python
+        batch._batch = was
 
 
 class _DroppingReplay:

@@ -146,17 +146,16 @@ def test_bench_auto_cost_floor_hooks_in_without_otel_train() -> None:
     assert "otel_train" not in proc.stderr
 
 
-def test_bench_auto_cost_per_call_times_four_variants_doing_the_same_work() -> None:
-    """`python -m benchmarks.auto_cost --per-call`: plain, automatic (batched), automatic with its notes in
-    Python and per-call automatic blocks in the same rounds, exporting the same spans a step
+def test_bench_auto_cost_per_call_times_three_variants_doing_the_same_work() -> None:
+    """`python -m benchmarks.auto_cost --per-call`: plain, automatic (batched) and per-call automatic
+    blocks in the same rounds, exporting the same spans a step
     (two data, forward and backward spans, the update and the step), `train.other` gaps counted
     apart (how many a step gets follows how long its gaps are); with `--floor` it is refused,
     naming both flags."""
     proc = run_python("from benchmarks.auto_cost import main; raise SystemExit(main())",
                       args=["--rounds", "3", "--block-steps", "1", "--per-call"], timeout=300)
     figures = dict(line.split(": ") for line in proc.stdout.splitlines())
-    for name in ("step_us_plain", "auto_us_per_step", "python_notes_us_per_step", "per_call_us_per_step",
-                 "python_notes_minus_auto_us_per_step", "per_call_minus_auto_us_per_step",
+    for name in ("step_us_plain", "auto_us_per_step", "per_call_us_per_step", "per_call_minus_auto_us_per_step",
                  "per_call_minus_auto_us_per_step_ci95_lo", "records_per_step_auto", "records_per_step_per_call",
                  "other_per_step_auto", "other_per_step_per_call"):
         assert name in figures, name

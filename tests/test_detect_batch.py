@@ -29,9 +29,6 @@ import otel_train  # noqa: E402
 from otel_train import semconv  # noqa: E402
 from otel_train.detect import batch  # noqa: E402
 
-pytestmark = pytest.mark.skipif(batch._loops is None, reason="batching needs the C extensions")
-
-
 def _spans(r: Run) -> list[tuple[Any, ...]]:
     """Every span as (name, start, end, parent's name, attributes), in start order."""
     spans = r.exporter.get_finished_spans()
@@ -90,16 +87,6 @@ def _both_ways(loop: Callable[[Run], None]) -> tuple[list[Any], list[Any], int]:
             gc.enable()
             stop(r)
     return runs[0], runs[1], waited
-
-
-@pytest.fixture(autouse=True, params=["c", "python"])
-def form(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each test with the noting entry points in C (`_batch.c`, where built) and in Python."""
-    if request.param == "c" and batch._batch is None:
-        pytest.skip("the C entry points are not built")
-    if request.param == "python":
-        monkeypatch.setattr(batch, "_batch", None)
-    return request.param
 
 
 def test_batched_calls_make_the_per_call_records_to_the_nanosecond() -> None:
@@ -211,33 +198,7 @@ def test_a_replay_that_fails_is_said_once_and_calls_run_at_once_after(run: Run, 
     assert len(t.steps) >= 1
 
 
-def test_notes_in_python_runs_the_python_entry_points_inside_and_puts_back_the_c_ones(run: Run, form: str) -> None:
-    """`testing.notes_in_python` (the benchmark's reference): inside, the hooks call batch.py's
-    functions and the replay is Python's; after, the entry points are as installed, and the
-    steps either way are the same steps."""
-    from otel_train.detect import forward
-    from benchmarks.switches import notes_in_python
-
-    clock = run.clock
-    model = Net(clock)
-    opt = ticking_sgd(model, clock)
-    installed = forward.forward_begin
-    assert (installed is not batch.forward_begin) == (form == "c")
-    step = stepping(model, opt, iter(DataLoader(Ticking(clock, n=24), batch_size=4)))
-    step()
-    with notes_in_python():
-        assert forward.forward_begin is batch.forward_begin and not batch.b.c
-        for _ in range(3):
-            step()
-        assert batch.b.notes  # still batched, by the Python functions
-    assert forward.forward_begin is installed and batch.b.c == (form == "c")
-    for _ in range(2):
-        step()
-    assert len(run.finish().steps) == 6
-
-
-def test_bench_parts_note_without_replaying_and_stub_without_noting(run: Run, form: str,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bench_parts_note_without_replaying_and_stub_without_noting(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
     """`benchmarks.switches.notes_dropped` and `entry_points_stubbed` (`benchmarks.auto_cost --parts`): inside the
     first, the forwards are noted and no batch runs them through their body; inside the second,
     nothing is noted and no body runs, and the model still trains; after each, the entry points
@@ -251,7 +212,7 @@ def test_bench_parts_note_without_replaying_and_stub_without_noting(run: Run, fo
     installed = [(module, name, getattr(module, name)) for module, name in (
         (forward, "forward_begin"), (backward, "backward_run"), (data, "fetch"), (optimizer, "optimizer_begin"),
         (optimizer, "zero_grad_run"))]
-    replay = batch._batch, batch._replay
+    replay = batch._batch
     bodies = {"n": 0}
     body = batch.b.real["forward_begin"]
 
@@ -283,7 +244,7 @@ def test_bench_parts_note_without_replaying_and_stub_without_noting(run: Run, fo
         assert not batch.b.notes
     assert bodies["n"] == 3 and not torch.equal(weight, model.body[0].weight)  # trained, unseen
     assert [(module, name, getattr(module, name)) for module, name, _ in installed] == installed
-    assert (batch._batch, batch._replay) == replay
+    assert batch._batch is replay
     for _ in range(2):
         step()
     batch.settle()
@@ -305,19 +266,17 @@ def test_a_timed_bench_block_runs_the_calls_it_left_waiting_in_its_time(run: Run
     assert batch.b.taken > taken and not batch.b.notes
 
 
-def test_the_c_notes_hold_nothing_the_python_ones_do_not(form: str) -> None:
-    """Made and replayed in C, each of ~7,000 notes lets go of what it held, as in Python: the C
-    form's memory grows no more than the Python form's over the same steps (one reference kept
-    a note would be thousands of blocks more)."""
-    if form != "c":
-        pytest.skip("compares the C form with the Python one")
+def test_the_notes_hold_nothing_once_replayed() -> None:
+    """Made and replayed in C, each of ~7,000 notes lets go of what it held: the process's memory
+    grows no more over the same steps than with each call run at once, unnoted (one reference
+    kept a note would be thousands of blocks more)."""
     from otel_train import _runtime
 
     grown: dict[bool, list[int]] = {True: [], False: []}
-    for in_c in (True, False, True, False):
+    for batched in (True, False, True, False):
         r = started()
         try:
-            batch.point(in_c)
+            batch.b.on = batched and batch.b.on
             model = Net(r.clock)
             loader = iter(DataLoader(Ticking(r.clock, n=4 * 1100), batch_size=4))
             step = stepping(model, ticking_sgd(model, r.clock), loader)
@@ -331,7 +290,7 @@ def test_the_c_notes_hold_nothing_the_python_ones_do_not(form: str) -> None:
             batch.settle()
             _runtime.state().worker.flush()  # type: ignore[union-attr]
             gc.collect()
-            grown[in_c].append(sys.getallocatedblocks() - before)
+            grown[batched].append(sys.getallocatedblocks() - before)
         finally:
             stop(r)
     assert min(grown[True]) - max(grown[False]) < 1_000, grown

@@ -16,7 +16,6 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import otel_train  # noqa: E402
 from otel_train import detect, semconv  # noqa: E402
-from otel_train.detect import batch_size  # noqa: E402
 from otel_train.detect.batch_size import size_of  # noqa: E402
 from otel_train.record.clock import FakeClock  # noqa: E402
 
@@ -36,12 +35,7 @@ Pair = namedtuple("Pair", "inputs targets")
     (UserDict({"input_ids": torch.zeros(2, 3, dtype=torch.int32)}), (2, 6)),  # a Mapping (a BatchEncoding)
     (UserDict({"x": 1}), None), (UserList([torch.zeros(7)]), None), ([], None), (object(), None),
 ])
-@pytest.mark.parametrize("impl", ["python", "c"])  # the fallback, and `_loops.size_of` where built
-def test_size_of_reads_only_the_shape(batch: object, size: tuple[int, int] | None, impl: str) -> None:
-    if impl == "c" and batch_size._loops is None:
-        pytest.skip("the C module was not built")
-    fn = batch_size.size_of_python if impl == "python" else batch_size._loops.size_of
-    assert fn(batch) == size
+def test_size_of_reads_only_the_shape(batch: object, size: tuple[int, int] | None) -> None:
     assert size_of(batch) == size
 
 

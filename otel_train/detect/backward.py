@@ -7,60 +7,37 @@ under the update (`optimizer`).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from otel_train.detect.compile import compiled as _c, dynamo_compiling, tc
 from otel_train.detect.machine import train_activity
 from otel_train.detect.patches import Patches
 from otel_train.detect.roots import roots
-from otel_train.detect import entry, phase
-from otel_train.detect.state import BACKWARD, MB_ATTRS, PH_BWD, State, active, caught_up, mb_attrs, region
+from otel_train.detect import _loops, entry, phase
+from otel_train.detect.state import BACKWARD, MB_ATTRS, PH_BWD, active, mb_attrs, region
 from otel_train.detect.state import s as _s
 from otel_train.record import recorder
 from otel_train.record.recorder import Region
-
-try:  # the common path in C (`_loops.c`); `backward_python` is the fallback
-    from otel_train.detect import _loops
-except ImportError:
-    _loops = None  # type: ignore[assignment]
 
 patches = Patches()
 
 
 def backward_patch(original: Callable[..., Any]) -> Callable[..., Any]:
     """`torch.autograd.backward` inside a `train.backward` region: an object in C that calls
-    `backward_run` (`entry`: no frame of ours in a traceback from autograd), else this Python
-    function, the patched function itself rather than a wrapper called by one (a frame fewer in a
-    traceback)."""
-    made = entry.make(original, busy, globals(), "backward_run", entry.CALL)
-    if made is not None:
-        return made
-    s = _s
-
-    @functools.wraps(original)
-    def backward(*args: Any, **kwargs: Any) -> Any:
-        if _c.seen and dynamo_compiling() or tc._is_compiling_flag or busy(s) and caught_up(busy, s):
-            return original(*args, **kwargs)
-        return backward_run(original, args, kwargs)
-    return backward
+    `backward_run` (`entry`: no frame of ours in a traceback from autograd)."""
+    return entry.make(original, busy, globals(), "backward_run", entry.CALL)
 
 
-def busy_python(s: State) -> bool:
-    """A backward now is no micro-batch's: one inside a backward, or inside a framework's
-    evaluation pass. `busy`: in C (`_loops.backward_busy`)."""
-    return bool(s.bwd_depth or s.eval_explicit)
+#: `busy(s)`: a backward now is no micro-batch's: one inside a backward, or inside a framework's
+#: evaluation pass. In C: every backward and replayed backward asks.
+busy = _loops.backward_busy
 
 
-busy = _loops.backward_busy if _loops is not None else busy_python
-
-
-def backward_python(original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Any:
-    """The patched function past its checks: `original(*args, **kwargs)` as `train.backward`.
-    `backward_run`: its common path in C (`_loops.backward_run`), which calls this for the rest."""
+def backward_rest(original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Any:
+    """The patched function past its checks: `original(*args, **kwargs)` as `train.backward`,
+    from its start, for what `backward_run` (in C, `_loops.backward_run`) does not take."""
     s = _s
     kwargs = kwargs or {}
     r = recorder._rec
@@ -102,10 +79,10 @@ def backward_python(original: Callable[..., Any], args: tuple[Any, ...], kwargs:
     return out
 
 
-if _loops is not None:
-    _loops.bind_backward(_s, roots, recorder, Region, BACKWARD, backward_python, phase.part_begin, phase.STEP,
-                         PH_BWD)
-backward_run = _loops.backward_run if _loops is not None else backward_python
+_loops.bind_backward(_s, roots, recorder, Region, BACKWARD, backward_rest, phase.part_begin, phase.STEP, PH_BWD)
+#: `backward_run(original, args, kwargs)`: the patched function past its checks, in C; its common
+#: path (a micro-batch's backward in the open step), `backward_rest` for the rest.
+backward_run = _loops.backward_run
 
 
 def install() -> None:

@@ -32,9 +32,10 @@ backward (a tensor hook) nests under what was current before it. GC pauses durin
 are not recorded (they are the replay's own). A replay that fails is logged once, the rest of
 its batch dropped and counted, and calls go straight to their bodies from then on.
 
-The noting entry points' common paths and the replay are in C where built (`_batch.c`): a
-note made here costs each hook three to five Python calls of its own. These functions are
-its fallback, and what it calls, from their start, for anything it does not take.
+The noting entry points' common paths and the replay are in C (`_batch.c`): a note made in
+Python cost each hook three to five Python calls of its own. The entry points here are what
+it calls, from their start, for anything it does not take (`_IN_C`). Batching runs where the
+recorder's C hot path is built (`record._hotpath`, whose clock the replay pins).
 """
 
 from __future__ import annotations
@@ -46,23 +47,17 @@ from typing import Any
 
 import torch
 
-from otel_train.detect import backward, data, forward, gc_pauses, optimizer, sites
+from otel_train.detect import _batch, _loops, backward, data, forward, gc_pauses, optimizer, sites
 from otel_train.detect.batch_size import size_of
 from otel_train.detect.compile import compiled as _c
 from otel_train.detect.roots import roots
 from otel_train.detect.state import s as _s
 from otel_train.record import recorder
 
-try:
-    from otel_train.detect import _loops
+try:  # the recorder's hot path in C (optional: `otel_train.record.recorder` has it in Python)
     from otel_train.record import _hotpath
 except ImportError:
-    _loops = None  # type: ignore[assignment]
     _hotpath = None  # type: ignore[assignment]
-try:  # the noting entry points' common paths in C (`_batch.c`); these functions where it is not built
-    from otel_train.detect import _batch
-except ImportError:
-    _batch = None  # type: ignore[assignment]
 
 _log = logging.getLogger("otel_train")
 
@@ -99,12 +94,12 @@ class Batch:
     """The notes waiting, and what the entry points know live."""
 
     __slots__ = ("notes", "taken", "on", "thread", "replaying", "dropped", "failed", "real", "opt_depth",
-                 "opt_note", "opt_frame", "fwd_seen", "fetching", "small", "waited", "c")
+                 "opt_note", "opt_frame", "fwd_seen", "fetching", "small", "waited")
 
     def __init__(self) -> None:
         self.notes: list[Any] = []
         self.taken = 0  # notes run (or dropped) so far: `INDEX` counts from the first
-        self.on = False  # installed, with the extension, where torch has no accelerator
+        self.on = False  # installed, with the C hot path, where torch has no accelerator
         self.thread: int | None = None  # the main thread's id
         self.replaying = False
         self.dropped = 0  # notes a failed replay dropped
@@ -117,7 +112,6 @@ class Batch:
         self.fetching = 0  # noted fetches running (live: the state's `fetching` lags)
         self.small = 0  # batches of fewer than `SMALL_BATCH` notes in a row, run for a read
         self.waited = False  # the settle under way is `MAX_WAIT_NS`'s
-        self.c = False  # notes made and replayed by `_batch.c` (`point`)
 
 
 b = Batch()
@@ -171,7 +165,7 @@ def _inside(note: list[Any], r: Any, original: Any, args: Any, kwargs: Any) -> A
     return out
 
 
-# --- the entry points as the hooks call them ---------------------------------------------------
+# --- the noting entry points, from their start: what `_batch.c`'s call for what they do not take -
 
 def forward_begin(module: Any) -> None:
     b.fwd_seen = True
@@ -310,7 +304,7 @@ def settle() -> None:
         own = r.now
         b.replaying = True
         try:
-            done = (_batch.replay if b.c else _replay)(notes, 0, len(notes), r)
+            done = _batch.replay(notes, 0, len(notes), r)
         except Exception:  # noqa: BLE001 - never into training: said once, dropped, counted
             b.failed = True
             b.dropped += len(notes)
@@ -340,131 +334,27 @@ def _facts(facts: tuple[Any, ...] | None) -> None:
         _loops.set_replay(facts)
 
 
-def _replay(notes: list[Any], i: int, end: int, r: Any) -> int:
-    """Replay notes[i:end] to recorder `r`; the index reached (a wrapped call still running
-    stops it). The recorder's clock reads each note's time: `t.__int__` returns `t`, in C.
-    (`_batch.c` pins the C recorder's clock instead, which makes no object: `_hotpath_api.h`.)"""
-    real = b.real
-    s = _s
-    while i < end:
-        note = notes[i]
-        kind = note[0]
-        r.now = note[1].__int__
-        if kind == BACKWARD or kind == FETCH or kind == ZERO_GRAD or kind == CLIP:  # a wrapped call
-            if note[T1] is None:
-                return i
-            inner = note[INNER]
-            if kind == FETCH:
-                busy, facts = data.busy(s), (True, True, note[7], None, None, 0)
-            elif kind == BACKWARD:
-                busy, facts = backward.busy(s), _PLAIN
-            elif kind == CLIP:
-                busy, facts = optimizer.aux_busy(s), _PLAIN
-            else:
-                busy, facts = optimizer.aux_busy(s), (True, True, None, None, None, note[7])
-            stand_in = _StandIn(notes, i + 1, i + 1 + inner, r, note, facts)
-            if busy:  # its wrapper would have called the user's function alone
-                _replay(notes, i + 1, i + 1 + inner, r)
-            else:
-                _facts(facts)
-                if kind == FETCH:
-                    _call(stand_in, real["fetch"], stand_in, note[6])
-                elif kind == BACKWARD:
-                    _call(stand_in, real["backward_run"], stand_in, (), None)
-                elif kind == CLIP:
-                    _call(stand_in, real["clip_run"], note[6], s, stand_in, (), {})
-                else:
-                    _call(stand_in, real["zero_grad_run"], note[6], s, stand_in, (), {})
-            i += 1 + inner
-            continue
-        if kind == FWD_BEGIN:
-            _facts(_PLAIN)
-            real["forward_begin"](note[2])
-        elif kind == FWD_END:
-            _facts(_PLAIN)
-            real["forward_end"](note[2])
-        elif kind == OPT_BEGIN:
-            _facts((True, True, None, note[5], note[6], 0))
-            real["optimizer_begin"](note[2], note[3], note[4])
-        elif kind == OPT_END:
-            _facts(_PLAIN)
-            real["optimizer_end"](note[2], note[3], note[4])
-        else:
-            gc_pauses.pause(note[2], {"generation": note[3]})
-        i += 1
-    return i
-
-
-class _StandIn:
-    """The user's function, as a replayed body calls it: the notes made during the call, then
-    its end, the body's facts given back (what it raised, raised again: `_call`)."""
-
-    __slots__ = ("notes", "i", "end", "r", "note", "facts")
-
-    def __init__(self, notes: list[Any], i: int, end: int, r: Any, note: list[Any], facts: tuple[Any, ...]) -> None:
-        self.notes, self.i, self.end, self.r, self.note, self.facts = notes, i, end, r, note, facts
-
-    def __call__(self, *args: Any, **kwargs: Any) -> None:
-        if self.end > self.i:
-            _replay(self.notes, self.i, self.end, self.r)
-            _facts(self.facts)
-        self.r.now = self.note[T1].__int__
-        error = self.note[ERROR]
-        if error is not None:
-            raise error
-        return None
-
-
-def _call(stand_in: _StandIn, body: Any, *args: Any) -> None:
-    """A wrapped call's body, replayed: what the call raised comes back through the body and
-    stops here, the exception left as the user's code holds it."""
-    error = stand_in.note[ERROR]
-    if error is None:
-        body(*args)
-        return
-    kept = error.__traceback__, error.__context__, error.__cause__, error.__suppress_context__
-    try:
-        body(*args)
-    except BaseException as err:  # noqa: BLE001 - the call's own error, come back through the body
-        if err is not error:
-            raise
-    finally:
-        error.__traceback__, error.__context__, error.__cause__, error.__suppress_context__ = kept
-
-
 # --- install -----------------------------------------------------------------------------------
 
-#: The entry points `_batch.c` has, each calling the Python one of the same name for the rest.
+#: The Python entry points `_batch.c`'s call for the rest, in its order (`P_*` there).
 _IN_C = ("forward_begin", "forward_end", "backward_run", "fetch", "optimizer_end", "zero_grad_run", "clip_run",
          "optimizer_begin")
 
 
 def install() -> None:
     """Put the noting entry points in, where batching can run (the module's docstring)."""
-    if _loops is None or _hotpath is None or data._accelerator_present():
+    if _hotpath is None or data._accelerator_present():
         return
     for module, name in _ENTRY_POINTS:
         b.real[name] = getattr(module, name)
-    b.c = _batch is not None
-    if b.c:
-        _batch.bind(b, globals(), vars(recorder), roots, _c, _hotpath.set_settle, settle, torch.is_grad_enabled,
-                    sites.decided_place, size_of, tuple(globals()[name] for name in _IN_C))
-        _batch.bind_replay(_s, data.busy, backward.busy, optimizer.aux_busy, gc_pauses.pause, _loops.set_replay, _PLAIN)
-    point(b.c)
+    _batch.bind(b, globals(), vars(recorder), roots, _c, _hotpath.set_settle, settle, torch.is_grad_enabled,
+                sites.decided_place, size_of, tuple(globals()[name] for name in _IN_C))
+    _batch.bind_replay(_s, data.busy, backward.busy, optimizer.aux_busy, gc_pauses.pause, _loops.set_replay, _PLAIN)
+    for module, name in _ENTRY_POINTS:  # the hooks call the noting entry points (`_batch.c`)
+        setattr(module, name, getattr(_batch, name))
     gc_pauses.noted = gc_noted
     b.thread = main_thread().ident
     b.on = True
-
-
-def point(in_c: bool) -> None:
-    """The hooks' entry points at the noting ones, those `_batch.c` has in C where `in_c` (it
-    was built and bound), and the replay with them (`benchmarks.switches.notes_in_python`)."""
-    if not b.real:
-        return  # not installed
-    b.c = in_c and _batch is not None
-    here = globals()
-    for module, name in _ENTRY_POINTS:
-        setattr(module, name, getattr(_batch, name) if b.c and name in _IN_C else here[name])
 
 
 def uninstall() -> None:
@@ -474,6 +364,5 @@ def uninstall() -> None:
         for module, name in _ENTRY_POINTS:
             setattr(module, name, b.real[name])
     gc_pauses.noted = None
-    if _batch is not None:
-        _batch.unbind()
+    _batch.unbind()
     b.__init__()  # type: ignore[misc]

@@ -24,20 +24,15 @@ from typing import Any
 import torch
 
 from otel_train import _compat
-from otel_train.detect import entry, phase
+from otel_train.detect import _loops, entry, phase
 from otel_train.detect.batch_size import size_of
 from otel_train.detect.compile import compiled as _c
 from otel_train.detect.compile import dynamo_compiling, tc
 from otel_train.detect.machine import close, manual
 from otel_train.detect.patches import Patches
-from otel_train.detect.state import DATA, P_NAME, P_T1, State, active, caught_up
+from otel_train.detect.state import DATA, P_NAME, P_T1, active
 from otel_train.detect.state import s as _s
 from otel_train.record import recorder
-
-try:  # `fetch` in C (`_loops.c`); `fetch_python` is the fallback
-    from otel_train.detect import _loops
-except ImportError:
-    _loops = None  # type: ignore[assignment]
 
 _log = logging.getLogger("otel_train")
 patches = Patches()
@@ -45,33 +40,18 @@ patches = Patches()
 
 def next_patch(original: Callable[..., Any]) -> Callable[..., Any]:
     """`_BaseDataLoaderIter.__next__` timed as a batch fetch: an object in C that calls `fetch`
-    (`entry`: no frame of ours in a traceback from the user's dataset), else this Python
-    function, the patched method itself rather than a wrapper called by one."""
-    made = entry.make(original, busy, globals(), "fetch", entry.FETCH)
-    if made is not None:
-        return made
-    s = _s
-
-    @functools.wraps(original)
-    def __next__(self: Any) -> Any:
-        if _c.seen and dynamo_compiling() or tc._is_compiling_flag or busy(s) and caught_up(busy, s):
-            return original(self)
-        return fetch(original, self)
-    return __next__
+    (`entry`: no frame of ours in a traceback from the user's dataset)."""
+    return entry.make(original, busy, globals(), "fetch", entry.FETCH)
 
 
-def busy_python(s: State) -> bool:
-    """A fetch now is not a training batch: one inside a fetch or a forward, or inside a
-    framework's evaluation pass (which times its own). `busy`: in C (`_loops.fetch_busy`)."""
-    return bool(s.fetching or s.fwd_depth or s.eval_explicit)
+#: `busy(s)`: a fetch now is not a training batch: one inside a fetch or a forward, or inside a
+#: framework's evaluation pass (which times its own). In C: every fetch and replayed fetch asks.
+busy = _loops.fetch_busy
 
 
-busy = _loops.fetch_busy if _loops is not None else busy_python
-
-
-def fetch_python(original: Callable[..., Any], iterator: Any) -> Any:
-    """The patched `__next__` past its checks: `original(iterator)` timed as a batch fetch, held
-    pending. `fetch`: in C (`_loops.fetch`), which calls this while nothing records."""
+def fetch_rest(original: Callable[..., Any], iterator: Any) -> Any:
+    """`original(iterator)` timed as a batch fetch, held pending: what `fetch` (in C,
+    `_loops.fetch`) calls from its start for what it does not take (nothing records)."""
     s = _s
     r = recorder._rec
     if r is None and (r := active()) is None:
@@ -104,8 +84,8 @@ def fetch_python(original: Callable[..., Any], iterator: Any) -> Any:
 def _lean_to(original: Callable[..., Any]) -> Callable[..., Any]:
     """`Tensor.to` with the batch's host-to-device copy counted as part of getting it: an object
     in C that calls `copy_run` (`entry`: no frame of ours in the traceback of a copy that fails,
-    a device out of memory among them), else the Python function `to`, which Dynamo traces in
-    its place (the compile check comes first: Dynamo must not guard on our state).
+    a device out of memory among them); Dynamo traces the Python function `to` in its place
+    (the compile check comes first: Dynamo must not guard on our state).
 
     Not a wrapt wrapper: wrapt's binding and argument packing cost ~1.3 µs a call. This adds
     ~0.25 µs to a `.to()` while no batch is on its way in (2026-11-27, the 2-core VM: 1.14-1.15
@@ -117,8 +97,8 @@ def _lean_to(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, *args, **kwargs)
         return copy_run(original, (self, *args), kwargs)
     # Not a `MethodEntry`: Dynamo calls a tensor's `to` by name, never through this attribute,
-    # and an unbound `Tensor.to(x, ...)` is the twin called as it is.
-    return entry.make(original, None, globals(), "copy_run", entry.CALL, twin=to) or to
+    # and an unbound `Tensor.to(x, ...)` is `to` called as it is.
+    return entry.make(original, None, globals(), "copy_run", entry.CALL, for_dynamo=to)
 
 
 def copy_run(original: Callable[..., Any], args: Any, kwargs: Any) -> Any:
@@ -170,9 +150,10 @@ class CopyEdge:
 copy_edge = CopyEdge()
 
 
-if _loops is not None:
-    _loops.bind_fetch(_s, recorder, fetch_python, close, manual, phase.end, copy_edge)
-fetch = _loops.fetch if _loops is not None else fetch_python
+_loops.bind_fetch(_s, recorder, fetch_rest, close, manual, phase.end, copy_edge)
+#: `fetch(original, iterator)`: the patched `__next__` past its checks, `original(iterator)` timed
+#: as a batch fetch and held pending for the next training phase. In C, `fetch_rest` for the rest.
+fetch = _loops.fetch
 
 
 def install() -> None:

@@ -6,9 +6,8 @@ Python functions, their frame (and the Python bodies' they fall back to) stood i
 traceback of every error raised there, between the user's frames and torch's. `make` returns
 an `Entry` that does what the Python function does, in C: no frame of ours on the user's
 stack, and an error that comes back through a body of ours loses those frames too (unless it
-began in one).
-
-Where `_entry` is not built, `make` returns None and each family keeps its Python function.
+began in one). In C for that, not for speed: a Python function cannot take itself off the
+stack it runs on.
 """
 
 from __future__ import annotations
@@ -18,54 +17,46 @@ from collections.abc import Callable
 from types import MethodType
 from typing import Any
 
+from otel_train.detect import _entry
 from otel_train.detect.compile import compiled, dynamo_compiling, tc
 from otel_train.detect.state import caught_up, s
 from otel_train.record import recorder
 
-try:
-    from otel_train.detect import _entry
-except ImportError:
-    _entry = None  # type: ignore[assignment]
+_entry.bind(compiled, dynamo_compiling, tc, s, caught_up, vars(recorder))
+FETCH, CALL, RECORDED = _entry.FETCH, _entry.CALL, _entry.RECORDED
 
-if _entry is not None:
-    _entry.bind(compiled, dynamo_compiling, tc, s, caught_up, vars(recorder))
-    FETCH, CALL, RECORDED = _entry.FETCH, _entry.CALL, _entry.RECORDED
 
-    class MethodEntry(_entry.Entry):
-        """An `Entry` set on a class. Dynamo traces a Python `__get__` (not a C one): while it
-        traces, the method is its twin with the instance bound by `functools.partial`, which it
-        inlines (torch 2.11's Dynamo cannot trace `function.__get__` or `MethodType` and gave up
-        on the whole frame); otherwise the entry, bound."""
+class MethodEntry(_entry.Entry):
+    """An `Entry` set on a class. Dynamo traces a Python `__get__` (not a C one): while it
+    traces, the method is its `for_dynamo` function with the instance bound by
+    `functools.partial`, which it inlines (torch 2.11's Dynamo cannot trace `function.__get__`
+    or `MethodType` and gave up on the whole frame); otherwise the entry, bound."""
 
-        def __get__(self, obj: Any, owner: Any = None) -> Any:
-            if obj is None:
-                return self
-            if compiled.seen and dynamo_compiling():
-                return functools.partial(getattr(self, "__original_fn"), obj)
-            return MethodType(self, obj)
-else:
-    FETCH, CALL, RECORDED = 0, 1, 2
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return self
+        if compiled.seen and dynamo_compiling():
+            return functools.partial(getattr(self, "__original_fn"), obj)
+        return MethodType(self, obj)
 
 
 def make(original: Callable[..., Any], busy: Callable[[Any], bool] | None, owner: dict[str, Any], run: str,
-         kind: int, twin: Callable[..., Any] | None = None, method: bool = False) -> Callable[..., Any] | None:
+         kind: int, for_dynamo: Callable[..., Any] | None = None, method: bool = False) -> Callable[..., Any]:
     """`original` replaced by an object that checks as the families' patched functions do and
     then calls `owner[run](original, iterator)` (FETCH), `owner[run](original, args, kwargs)`
     (CALL) or, while a run records, `owner[run](recorder._rec, s, original, args, kwargs)`
-    (RECORDED); None where the extension is not built. `busy` None: never busy.
+    (RECORDED). `busy` None: never busy.
 
-    `twin`, the Python function that does the same, is what Dynamo traces in the object's place
+    `for_dynamo`, a Python function that does the same, is what Dynamo traces in the object's place
     (it cannot trace C): the entry carries it as torch.jit's `script_if_tracing` wrappers carry
     theirs, under the two attributes Dynamo inlines through (`__original_fn`), and with `method`
-    (the entry is set on a class) binds to it while Dynamo traces. Without a twin, a compiled
+    (the entry is set on a class) binds to it while Dynamo traces. Without one, a compiled
     function that calls the entry breaks its graph there."""
-    if _entry is None:
-        return None
     made = (MethodEntry if method else _entry.Entry)(original, busy, owner, run, kind)
     functools.update_wrapper(made, original)
-    if twin is not None:
+    if for_dynamo is not None:
         setattr(made, "__script_if_tracing_wrapper", True)
-        setattr(made, "__original_fn", twin)
+        setattr(made, "__original_fn", for_dynamo)
     return made
 
 
@@ -74,8 +65,8 @@ def lean(original: Callable[..., Any], wrapper: Callable[..., Any], method: bool
     an `Entry` (C) calling `wrapper(original, args, kwargs)` (a method's `self` is `args[0]`;
     `method`: it is set on a class) with our frames taken out of a traceback, ~0.1 µs a call
     where a wrapt wrapper's binding (`Patches.wrap`) costs 0.6-1.3 µs and trips torch.compile's
-    guards when a compiled function calls it; Dynamo traces its Python twin."""
+    guards when a compiled function calls it; Dynamo traces `patched` in its place."""
     @functools.wraps(original)
     def patched(*args: Any, **kwargs: Any) -> Any:
         return wrapper(original, args, kwargs)
-    return make(original, None, {"run": wrapper}, "run", CALL, twin=patched, method=method) or patched
+    return make(original, None, {"run": wrapper}, "run", CALL, for_dynamo=patched, method=method)

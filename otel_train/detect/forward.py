@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.nn.modules.loss import _Loss
 
+from otel_train.detect import _loops
 from otel_train.detect.compile import compiled as _c, dynamo_compiling, tc
 from otel_train.detect.eval import eval_forward
 from otel_train.detect.machine import train_activity
@@ -25,11 +26,6 @@ from otel_train.detect.state import (FORWARD, FWD_AUX, FWD_EVAL, FWD_TRAIN, MB_A
 from otel_train.detect.state import s as _s
 from otel_train.record import recorder
 from otel_train.record.recorder import Region
-
-try:  # the hooks' common paths in C (`_loops.c`); the `_python` bodies are the fallback
-    from otel_train.detect import _loops
-except ImportError:
-    _loops = None  # type: ignore[assignment]
 
 
 def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
@@ -44,9 +40,9 @@ def forward_hook(module: torch.nn.Module, args: Any, output: Any) -> None:
     return forward_end(module)
 
 
-def forward_begin_python(module: torch.nn.Module) -> None:
-    """The pre-hook past its compile check. `forward_begin`: its common path in C
-    (`_loops.forward_begin`), which calls this for the rest."""
+def forward_begin_rest(module: torch.nn.Module) -> None:
+    """The pre-hook past its compile check, from its start, for what `forward_begin` (in C,
+    `_loops.forward_begin`) does not take."""
     s = _s
     if s.fwd_depth:
         s.fwd_depth += 1
@@ -87,9 +83,9 @@ def forward_begin_python(module: torch.nn.Module) -> None:
     return None
 
 
-def forward_end_python(module: torch.nn.Module) -> None:
-    """The post-hook past its compile check. `forward_end`: its common path in C
-    (`_loops.forward_end`), which calls this for the rest (an evaluation forward)."""
+def forward_end_rest(module: torch.nn.Module) -> None:
+    """The post-hook past its compile check, from its start, for what `forward_end` (in C,
+    `_loops.forward_end`) does not take (an evaluation forward)."""
     s = _s
     if not s.fwd_depth:
         return None
@@ -118,11 +114,13 @@ def forward_end_python(module: torch.nn.Module) -> None:
     return None
 
 
-if _loops is not None:
-    _loops.bind_forward(_s, roots, recorder, _Loss, torch.is_grad_enabled, Region, FORWARD, forward_begin_python,
-                        forward_end_python, FWD_TRAIN, FWD_EVAL)
-forward_begin = _loops.forward_begin if _loops is not None else forward_begin_python
-forward_end = _loops.forward_end if _loops is not None else forward_end_python
+_loops.bind_forward(_s, roots, recorder, _Loss, torch.is_grad_enabled, Region, FORWARD, forward_begin_rest,
+                    forward_end_rest, FWD_TRAIN, FWD_EVAL)
+#: `forward_begin(module)`, `forward_end(module)`: the hooks past their compile checks, in C
+#: (every micro-batch: a training forward of the open step begins; the outermost forward in
+#: flight ends), the `_rest` functions for the rest.
+forward_begin = _loops.forward_begin
+forward_end = _loops.forward_end
 use_forward_hooks(globals())  # the roots carry this module's hooks (`roots` cannot import it back)
 
 

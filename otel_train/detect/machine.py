@@ -37,24 +37,17 @@ from __future__ import annotations
 import gc
 import itertools
 import weakref
-from collections.abc import Callable, Iterator
-from typing import Any
 
 import torch
 
 from otel_train import semconv
-from otel_train.detect import coverage, phase
+from otel_train.detect import _loops, coverage, phase
 from otel_train.detect.roots import roots
 from otel_train.detect.state import DATA, EVAL, MB_ATTRS, P_ITER, P_SRC, P_T0, PH_FWD, PH_OPT, State, mb_attrs
 from otel_train.detect.state import s as _s
 from otel_train.record import direct, recorder
 from otel_train.record.recorder import Recorder, Step
-from otel_train.wire.schema import KIND_SPAN, NO_STEP, NO_UPDATE, region_record
-
-try:  # the loops in C (`_loops.c`); `resolve_python` is the fallback
-    from otel_train.detect import _loops
-except ImportError:
-    _loops = None  # type: ignore[assignment]
+from otel_train.wire.schema import KIND_SPAN, NO_STEP, NO_UPDATE
 
 TRAIN_SAMPLES, TRAIN_TOKENS = semconv.TRAIN_SAMPLES, semconv.TRAIN_TOKENS
 
@@ -129,35 +122,15 @@ def begin(r: Recorder, s: State, t: int) -> Step | None:
     return step
 
 
-def close_python(r: Recorder, s: State, t1: int) -> None:
-    """Close the step detection opened at `t1`, which becomes the next step's boundary.
-    `_loops.close` in C."""
-    if s.phase is not None:
-        phase.end(r, s)
-    step = s.step
-    s.step = None
-    s.opt_end = None
-    if step is not None and r.step is step:
-        t1 = t1 if t1 > step.t0 else step.t0
-        coverage.close(r, s, step, t1)
-        recorder.close_step(r, step, t1, None)  # `direct.end_step`, written out
-        if roots.discovering or not step.n % roots.REDISCOVER_EVERY:
-            roots.step_closed(step.n)
-        if s.after is None or t1 > s.after:  # `coverage.sibling_end`, written out: every step
-            s.after = t1
-    if s.boundary is None or s.boundary < t1:
-        s.boundary = t1
-
-
 def close_if_complete(r: Recorder, s: State, t: int) -> None:
     """Before a sibling (checkpoint, evaluation): end our step if its update is done."""
     if ours(r, s) and complete(s):
         close(r, s, s.opt_end if s.opt_end is not None else t)
 
 
-def train_activity_python(r: Recorder, s: State, t: int, phase_kind: int, module: object = None) -> Step | None:
-    """A training phase starts at `t`: close what it ends, open the step it belongs to.
-    `train_activity`: its common path in C (`_loops.train_activity`), which calls this for the rest."""
+def train_activity_rest(r: Recorder, s: State, t: int, phase_kind: int, module: object = None) -> Step | None:
+    """A training phase starts at `t`: close what it ends, open the step it belongs to. From its
+    start, for what `train_activity` (in C, `_loops.train_activity`) does not take."""
     if s.phase is not None and phase_kind != PH_OPT:
         phase.end(r, s)  # the update is over: a forward or backward follows it
     if s.eval_t0 is not None and not s.eval_explicit:
@@ -205,78 +178,24 @@ def first_pending(s: State, t: int) -> int:
     return t
 
 
-def resolve_pending_python(r: Recorder, s: State) -> None:
-    """The batches fetched (and zero_grads made) before this training phase belong to its step.
-    `_loops.resolve_pending` in C."""
-    mb = s.mb
-    # `direct.record` for each (parent and step looked up once): this runs every micro-batch.
-    parent = recorder.current_get()
-    parent_seq = parent.seq if parent is not None and parent.rec is r else None
-    step = r.step
-    ours_ = s.step is not None and step is s.step and parent_seq is None  # top level of our step
-    train_src = s.train_src
-    last, seen_train, samples, tokens, sized = resolve(
-        s.pending, DATA, MB_ATTRS[mb] if mb < 256 else mb_attrs(mb), parent_seq,
-        step.ref if step is not None else NO_STEP, recorder.seq, r.append, KIND_SPAN,
-        s.cover if ours_ else None, train_src)
-    s.pending.clear()
-    if sized and s.step is not None:
-        # the batches' samples and tokens add to the step's (`batch_size`)
-        sizes = s.step.attrs
-        if sizes is None:
-            s.step.attrs = {TRAIN_SAMPLES: samples, TRAIN_TOKENS: tokens} if tokens else {TRAIN_SAMPLES: samples}
-        else:
-            sizes[TRAIN_SAMPLES] = sizes.get(TRAIN_SAMPLES, 0) + samples
-            if tokens:
-                sizes[TRAIN_TOKENS] = sizes.get(TRAIN_TOKENS, 0) + tokens
-    if last is not None:
-        if s.data_driven is None:
-            s.data_driven = True
-        if train_src is None or not seen_train:
-            s.train_src = last
-
-
-def resolve_python(pending: list[list[Any]], data: str, data_attrs: dict[str, Any], parent: int | None,
-                   ref: tuple[Any, Any], seq: Iterator[int], append: Callable[[tuple[Any, ...]], Any], kind: int,
-                   cover: list[int] | None, train_src: Any) -> tuple[Any, bool, Any, Any, bool]:
-    """Each pending entry appended as a record (`data_attrs` on `data` fetches), its interval
-    added to `cover` (unless None). Returns the last entry's source (or None), whether
-    `train_src` was among them, the samples and tokens of their sizes (tokens None where none
-    had tokens), and whether any had a size. `_loops.resolve` in C (`kind`, KIND_SPAN, is the C's:
-    `region_record` knows it)."""
-    last = None
-    seen_train = False
-    samples = tokens = None
-    sized = False
-    for name, t0, t1, src, _, size in pending:
-        append(region_record(name, next(seq), parent, ref, t0, t1, data_attrs if name is data else None))
-        if cover is not None:
-            cover += (t0, t1)
-        if src is not None:
-            last = src
-            if src is train_src:
-                seen_train = True
-        if size is not None:
-            sized = True
-            samples = size[0] if samples is None else samples + size[0]
-            if size[1]:
-                tokens = size[1] if tokens is None else tokens + size[1]
-    return last, seen_train, samples, tokens, sized
-
-
-resolve = _loops.resolve if _loops is not None else resolve_python
-if _loops is not None:
-    _loops.bind_state(State)
-    _loops.bind_machine(recorder.current_get, recorder.seq, KIND_SPAN, DATA, MB_ATTRS, mb_attrs, NO_STEP,
-                        TRAIN_SAMPLES, TRAIN_TOKENS)
-resolve_pending = _loops.resolve_pending if _loops is not None else resolve_pending_python
-if _loops is not None:
-    _loops.bind_train_activity(train_activity_python, Step, PH_FWD, PH_OPT)
-train_activity = _loops.train_activity if _loops is not None else train_activity_python
-if _loops is not None:
-    _loops.bind_close(phase.end, recorder.close_step, roots, Step, coverage.MAX_UNCOVERED, coverage.MIN_GAP_NS,
-                      semconv.SPAN_OTHER, semconv.TRAIN_STEP_UNCOVERED_S)
-close = _loops.close if _loops is not None else close_python
+_loops.bind_state(State)
+_loops.bind_machine(recorder.current_get, recorder.seq, KIND_SPAN, DATA, MB_ATTRS, mb_attrs, NO_STEP,
+                    TRAIN_SAMPLES, TRAIN_TOKENS)
+#: `resolve_pending(r, s)`: the batches fetched (and zero_grads made) before this training phase
+#: belong to its step: each recorded under it (`train.micro_batch` on fetches), covering it where
+#: top level, their sizes added to its `train.samples` / `train.tokens`, the last fetch's loader
+#: the training loader. In C, as the two below: each runs every micro-batch or step.
+resolve_pending = _loops.resolve_pending
+_loops.bind_train_activity(train_activity_rest, Step, PH_FWD, PH_OPT)
+#: `train_activity(r, s, t, phase_kind, module=None)`: a training phase starts at `t`; its common
+#: path (a phase of the open step, a new micro-batch), `train_activity_rest` for the rest.
+train_activity = _loops.train_activity
+_loops.bind_close(phase.end, recorder.close_step, roots, Step, coverage.MAX_UNCOVERED, coverage.MIN_GAP_NS,
+                  semconv.SPAN_OTHER, semconv.TRAIN_STEP_UNCOVERED_S)
+#: `close(r, s, t1)`: close the step detection opened at `t1`, which becomes the next step's
+#: boundary: the optimizer phase ended, the step's largest gaps recorded as `train.other`
+#: (`coverage`), the step recorded, the between-steps cursor moved.
+close = _loops.close
 
 
 def track_epoch(s: State) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from otel_train.detect import coverage, entry, phase, sites, torch_hooks
+from otel_train.detect import _loops, coverage, entry, phase, sites, torch_hooks
 from otel_train.detect.compile import compiled as _c, dynamo_compiling, tc
 from otel_train.detect.machine import close, complete, ours, train_activity
 from otel_train.detect.patches import Patches
@@ -35,11 +35,6 @@ from otel_train.detect.state import P_T0, PH_OPT, ZERO_GRAD, State, active, caug
 from otel_train.detect.state import s as _s
 from otel_train.record import direct, recorder
 from otel_train.record.recorder import Recorder, Step
-
-try:  # the hooks' and zero_grad's common paths in C (`_loops.c`); the `_python` bodies are the fallback
-    from otel_train.detect import _loops
-except ImportError:
-    _loops = None  # type: ignore[assignment]
 
 _log = logging.getLogger("otel_train")
 patches = Patches()
@@ -66,10 +61,10 @@ def optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     return optimizer_end(optimizer, args, kwargs)
 
 
-def optimizer_begin_python(optimizer: Any, args: Any, kwargs: Any) -> None:
+def optimizer_begin_rest(optimizer: Any, args: Any, kwargs: Any) -> None:
     """The pre-hook past its compile check, called by it (`sys._getframe(2)` is torch's step
-    wrapper, or ours for GradScaler). `optimizer_begin`: its common path in C
-    (`_loops.optimizer_begin`), which calls this for the rest."""
+    wrapper, or ours for GradScaler), from its start, for what `optimizer_begin` (in C,
+    `_loops.optimizer_begin`) does not take."""
     s = _s
     if s.opt_depth:
         if not _stale(s, optimizer):
@@ -120,9 +115,9 @@ def several_updates(s: State, optimizer: Any) -> None:
         _log.debug("otel_train: several optimizer steps per batch; steps now end at the next forward")
 
 
-def optimizer_end_python(optimizer: Any, args: Any, kwargs: Any) -> None:
-    """The post-hook past its compile check. `optimizer_end`: its common path in C
-    (`_loops.optimizer_end`), which calls this for the rest."""
+def optimizer_end_rest(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """The post-hook past its compile check, from its start, for what `optimizer_end` (in C,
+    `_loops.optimizer_end`) does not take."""
     s = _s
     if not s.opt_depth:
         return None
@@ -231,24 +226,13 @@ def aux_patch(clip: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
                 return original(*args, **kwargs)
             return (clip_run if clip else zero_grad_run)(r, s, original, args, kwargs)
         run = "clip_run" if clip else "zero_grad_run"
-        return entry.make(original, aux_busy, globals(), run, entry.RECORDED, twin=aux, method=not clip) or aux
+        return entry.make(original, aux_busy, globals(), run, entry.RECORDED, for_dynamo=aux, method=not clip)
     return make
 
 
-def aux_busy_python(s: State) -> bool:
-    """A zero_grad or clipping now is part of something else: inside an update, another such
-    call, a forward or a backward. `aux_busy`: in C (`_loops.aux_busy`)."""
-    return bool(s.opt_depth or s.aux_depth or s.fwd_depth or s.bwd_depth)
-
-
-aux_busy = _loops.aux_busy if _loops is not None else aux_busy_python
-
-
-def _clip(r: Recorder, s: State, original: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-    """Gradient clipping in a step is the first call of its update. `clip_run`: in C (`_loops.clip_run`)."""
-    if not isinstance(r.step, Step):
-        return original(*args, **kwargs)
-    return _part(r, s, phase.CLIP, original, args, kwargs)
+#: `aux_busy(s)`: a zero_grad or clipping now is part of something else: inside an update, another
+#: such call, a forward or a backward. In C: every zero_grad and clipping asks.
+aux_busy = _loops.aux_busy
 
 
 def _part(r: Recorder, s: State, name: str, original: Callable[..., Any], args: Any, kwargs: Any) -> Any:
@@ -265,7 +249,9 @@ def _part(r: Recorder, s: State, name: str, original: Callable[..., Any], args: 
                 s.opt_end = t  # step(); zero_grad(): the update ends after it
 
 
-def _zero_grad(r: Recorder, s: State, original: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+def zero_grad_rest(r: Recorder, s: State, original: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """The patched zero_grad while a run records, from its start, for what `zero_grad_run` (in
+    C, `_loops.zero_grad_run`) does not take."""
     if s.step is not None and r.step is s.step:  # `machine.ours`, written out: every step
         if s.opt_end is None and complete(s):  # a manual update is done: this is the next iteration
             t0 = r.now()
@@ -290,15 +276,18 @@ def _zero_grad(r: Recorder, s: State, original: Callable[..., Any], args: Any, k
     return _pending(r, s, r.now(), original, args, kwargs)
 
 
-if _loops is not None:
-    _loops.bind_optimizer(_s, recorder, optimizer_begin_python, optimizer_end_python, _zero_grad, several_updates,
-                          sites._decided, sites.END)
-optimizer_begin = _loops.optimizer_begin if _loops is not None else optimizer_begin_python
-optimizer_end = _loops.optimizer_end if _loops is not None else optimizer_end_python
-#: `_zero_grad(r, s, original, args, kwargs)`: its common path in C, called straight from the patched zero_grad.
-zero_grad_run = _loops.zero_grad_run if _loops is not None else _zero_grad
-#: `_clip(r, s, original, args, kwargs)`, as the patched clip_grad_norm_ calls it (`batch` notes it): in C.
-clip_run = _loops.clip_run if _loops is not None else _clip
+_loops.bind_optimizer(_s, recorder, optimizer_begin_rest, optimizer_end_rest, zero_grad_rest, several_updates,
+                      sites._decided, sites.END)
+#: `optimizer_begin(optimizer, args, kwargs)`, `optimizer_end(...)`: the hooks past their compile
+#: checks, in C (the update of a step, no closure); the `_rest` functions for the rest.
+optimizer_begin = _loops.optimizer_begin
+optimizer_end = _loops.optimizer_end
+#: `zero_grad_run(r, s, original, args, kwargs)`: the patched zero_grad while a run records, in C
+#: (its call site decided), `zero_grad_rest` for the rest.
+zero_grad_run = _loops.zero_grad_run
+#: `clip_run(r, s, original, args, kwargs)`: gradient clipping in a step is the first call of its
+#: update (`phase.CLIP`); outside the user's or our step, the clipping alone. In C (`batch` notes it).
+clip_run = _loops.clip_run
 
 
 def _own(r: Recorder, s: State, original: Callable[..., Any], args: Any, kwargs: Any) -> Any:

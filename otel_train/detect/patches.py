@@ -13,10 +13,7 @@ from typing import Any
 
 import wrapt
 
-try:  # the wrapper a wrapt wrapper calls, our frames taken out of a traceback (`_entry.c`)
-    from otel_train.detect._entry import Hidden
-except ImportError:
-    Hidden = None  # type: ignore[assignment,misc]
+from otel_train.detect._entry import Hidden  # what a wrapt wrapper calls: our frames out of a traceback
 
 _log = logging.getLogger("otel_train")
 
@@ -36,10 +33,10 @@ class Patches:
 
     def wrap(self, owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
         """Replace `owner.name` by a wrapt wrapper around it, whose call (C) calls `wrapper`
-        through `Hidden` where built: an error raised inside the original shows no frame of
+        through `Hidden`: an error raised inside the original shows no frame of
         ours, as without us. For what runs every step, `replace(owner, name, lambda original:
         entry.lean(original, wrapper, ...))` is cheaper (`entry.lean`)."""
-        hidden = wrapper if Hidden is None else Hidden(wrapper)
+        hidden = Hidden(wrapper)
         self.replace(owner, name, lambda original: wrapt.FunctionWrapper(original, hidden))
 
     def replace(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:

@@ -20,15 +20,11 @@ from __future__ import annotations
 from typing import Any
 
 from otel_train import semconv
+from otel_train.detect import _loops
 from otel_train.detect.state import OPTIMIZER, State
 from otel_train.record import device, direct, recorder
-from otel_train.record.recorder import Recorder, Region
-from otel_train.wire.schema import KIND_SPAN, NO_STEP, region_record
-
-try:  # the phase's functions in C (`_loops.c`); the `_python` ones are the fallback
-    from otel_train.detect import _loops
-except ImportError:
-    _loops = None  # type: ignore[assignment]
+from otel_train.record.recorder import Region
+from otel_train.wire.schema import KIND_SPAN, NO_STEP
 
 #: `direct.leave` and `direct.make_current` for the phase: the C ones' own calls where the C hot
 #: path is built. The phase goes on and off the current-region pointer as its calls begin and end:
@@ -41,69 +37,18 @@ _CALLS: dict[tuple[str, ...], dict[str, Any]] = {}
 CLIP, STEP, ZERO_GRAD = "clip_grad_norm_", "step", "zero_grad"
 
 
-def part_begin_python(s: State, name: str) -> None:
-    """A call of the update starts: the phase opens (if it is not open) and is current while it
-    runs. `part_begin`: `_loops.part_begin` where built."""
-    phase = s.phase
-    if phase is None:
-        phase = Region(OPTIMIZER).__enter__()  # `state.region`, written out: every update
-        if phase.rec is None:
-            return
-        s.phase = phase
-        s.phase_parts = [name]
-    else:
-        s.phase_parts.append(name)
-        _make_current(phase)
-    s.part_phase = phase
-
-
-def part_end_python(r: Recorder, s: State) -> int:
-    """That call is over: the phase is current no more and, for now, ends here. Returns the
-    time. `part_end`: `_loops.part_end` where built."""
-    running = s.part_phase
-    s.part_phase = None
-    if running is not None:
-        _leave(running)
-    t = r.now()
-    phase = s.phase
-    if phase is not None:
-        s.phase_end = t
-        if getattr(phase, "dev", None) is not None:
-            device.end_event(phase)
-    return t
-
-
-def end_python(r: Recorder, s: State) -> None:
-    """Something else begins: record the phase, from its first call's start to its last's end.
-    `end`: `_loops.phase_end` where built."""
-    phase = s.phase
-    if phase is None:
-        return
-    if s.part_phase is not None:  # a call raised through its hook: it ends now
-        part_end_python(r, s)
-    s.phase = None
-    parts = tuple(s.phase_parts)
-    attrs = _CALLS.get(parts)
-    if attrs is None:
-        attrs = _CALLS[parts] = {semconv.TRAIN_OPTIMIZER_CALLS: parts}
-    t1 = s.phase_end
-    parent, step = phase.parent, phase.step
-    if getattr(phase, "dev", None) is not None:
-        direct.finish(r, phase, t1, attrs)
-    else:  # `direct.finish`, written out: every update
-        r.append(region_record(OPTIMIZER, phase.seq, parent.seq if parent is not None and parent.rec is r else None,
-                               step.ref if step is not None else NO_STEP, phase.t0, t1, attrs, None,
-                               phase.events or None))
-    if parent is None and s.step is not None and step is s.step:
-        s.cover += (phase.t0, t1)  # `coverage.cover`, written out: every update
-
-
-if _loops is not None:
-    _loops.bind_phase(OPTIMIZER, Region, KIND_SPAN, NO_STEP, _leave, _make_current, _CALLS,
-                      semconv.TRAIN_OPTIMIZER_CALLS, device.end_event, direct.finish, STEP, ZERO_GRAD, CLIP)
-part_begin = _loops.part_begin if _loops is not None else part_begin_python
-part_end = _loops.part_end if _loops is not None else part_end_python
-end = _loops.phase_end if _loops is not None else end_python
+_loops.bind_phase(OPTIMIZER, Region, KIND_SPAN, NO_STEP, _leave, _make_current, _CALLS,
+                  semconv.TRAIN_OPTIMIZER_CALLS, device.end_event, direct.finish, STEP, ZERO_GRAD, CLIP)
+#: `part_begin(s, name)`: a call of the update starts; the phase opens (if it is not open) and is
+#: current while it runs. In C, as the two below: each runs at every update.
+part_begin = _loops.part_begin
+#: `part_end(r, s)`: that call is over; the phase is current no more and, for now, ends here (the
+#: device event recorded there, while a device is timed). Returns the time.
+part_end = _loops.part_end
+#: `end(r, s)`: something else begins (or a call raised through its hook); the phase is recorded,
+#: from its first call's start to its last's end, with `train.optimizer.calls` (`_CALLS`), and
+#: covers the step where it is top level.
+end = _loops.phase_end
 
 
 def abandon(s: State) -> None:

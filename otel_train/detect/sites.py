@@ -17,16 +17,11 @@ site is decided, the decision is remembered by that site and the update's hook s
 
 from __future__ import annotations
 
-import sys
 from types import CodeType, FrameType
 from typing import Any
 
+from otel_train.detect import _loops
 from otel_train.detect.state import State
-
-try:  # the frame walk in C (`_loops.c`); `user_frames_python` is the fallback
-    from otel_train.detect import _loops
-except ImportError:
-    _loops = None  # type: ignore[assignment]
 
 TOP, END, ELSEWHERE = 1, 2, 3
 #: Decided call sites: (id of the code, instruction offset) -> (the code, TOP / END / ELSEWHERE).
@@ -38,27 +33,11 @@ _MAX_DEPTH = 16  # frames looked through, torch's and ours included
 _WRAPPERS = 3  # frames outside torch looked at on each side
 
 
-def user_frames_python(limit: int) -> list[FrameType]:
-    """The innermost `limit` frames of the calling stack outside torch and otel_train (its
-    caller's frame first, looking through `_MAX_DEPTH`). `_loops.user_frames` in C."""
-    out: list[FrameType] = []
-    frame: FrameType | None = sys._getframe(1)
-    for _ in range(_MAX_DEPTH):
-        if frame is None:
-            break
-        name = frame.f_globals.get("__name__", "")
-        if not (name.startswith(_OURS) or name == "torch"):
-            out.append(frame)
-            if len(out) == limit:
-                break
-        frame = frame.f_back
-    return out
-
-
-if _loops is not None:
-    _loops.bind(_OURS, _MAX_DEPTH, _decided, ELSEWHERE)
-#: `user_frames(limit)`: the C walk, called straight from the function whose stack it walks.
-user_frames = _loops.user_frames if _loops is not None else user_frames_python
+_loops.bind(_OURS, _MAX_DEPTH, _decided, ELSEWHERE)
+#: `user_frames(limit)`: the innermost `limit` frames of the calling stack outside torch and
+#: otel_train (its caller's frame first, looking through `_MAX_DEPTH`), called straight from the
+#: function whose stack it walks. In C: it runs at every update and zero_grad.
+user_frames = _loops.user_frames
 
 
 def remember_update(s: State) -> None:
@@ -98,18 +77,10 @@ def zero_grad_place(s: State) -> int:
     return place
 
 
-def decided_place_python() -> int | None:
-    """The place decided for the zero_grad being called (from our patched function), None where
-    its call site is not decided yet: `zero_grad_place`'s first look, without probing. What a
-    noted zero_grad asks (`batch`); `decided_place`: in C (`_loops.decided_place`)."""
-    site_of = _call_site()
-    if site_of is None:
-        return ELSEWHERE
-    found = _decided.get(site_of[1])
-    return found[1] if found is not None else None
-
-
-decided_place = _loops.decided_place if _loops is not None else decided_place_python
+#: `decided_place()`: the place decided for the zero_grad being called (from our patched
+#: function), None where its call site is not decided yet: `zero_grad_place`'s first look,
+#: without probing. What a noted zero_grad asks (`batch`); in C.
+decided_place = _loops.decided_place
 
 
 def _call_site() -> tuple[CodeType, tuple[int, int]] | None:

@@ -44,13 +44,9 @@ from typing import Any
 import torch
 
 from otel_train import _compat
+from otel_train.detect import _entry
 from otel_train.detect.compile import compiled
 from otel_train.detect.patches import Patches
-
-try:  # the forward slot (`slot`)
-    from otel_train.detect import _entry
-except ImportError:
-    _entry = None  # type: ignore[assignment]
 
 #: Our keys in torch's hook tables: at or below `FLOOR`, so never one of torch's (its counter
 #: counts up from 0), and told from theirs by that alone.
@@ -116,17 +112,17 @@ class SlotEntry:
 
 
 def is_slot(value: Any) -> bool:
-    return _entry is not None and type(value) is _entry.Slot
+    return type(value) is _entry.Slot
 
 
 def slot(module: torch.nn.Module, owner: dict[str, Any], begin: str, end: str) -> SlotEntry | None:
     """`owner[begin](module)` and `owner[end](module)` around each call of the module, from its
     `_compiled_call_impl`, where torch's `__call__` looks first (`_entry.Slot`): the module keeps
     torch's fast path, with no hook in its tables. None (nothing done) where that cannot be:
-    `_entry` not built, torch.compile may trace the call (`compiled.seen`: Dynamo cannot trace
+    torch.compile may trace the call (`compiled.seen`: Dynamo cannot trace
     the slot), the class has a `__call__` of its own, or the module was compiled
     (`module.compile()`)."""
-    if (_entry is None or _MODULE_CALL is None or compiled.seen or type(module).__call__ is not _MODULE_CALL
+    if (_MODULE_CALL is None or compiled.seen or type(module).__call__ is not _MODULE_CALL
             or vars(module).get(_SLOT) is not None):
         return None
     made = _entry.Slot(module, owner, begin, end, _MODULE_CALL.__code__)
