@@ -48,6 +48,8 @@ from typing import Any
 import torch
 
 from otel_train.detect import _batch, _loops, backward, data, forward, gc_pauses, optimizer, sites
+from otel_train.detect._batch import (BACKWARD, CLIP, ERROR, FETCH, FWD_BEGIN, FWD_END, GC, INDEX, INNER, OPT_BEGIN,
+                                      OPT_END, T1, ZERO_GRAD)
 from otel_train.detect.batch_size import size_of
 from otel_train.detect.compile import compiled as _c
 from otel_train.detect.roots import roots
@@ -78,13 +80,7 @@ SMALL_BATCHES = 16
 # A note: (kind, t0, ...); a wrapped call's is a list [kind, t0, t1, index, inner, error, ...]:
 # t1 None while the call runs, `index` its place counted from the first note ever, `inner` the
 # notes made during it, `error` what it raised. The kinds and fields are numbered once, in
-# `_batch.c` (its module constants); where it was not built only this module reads notes.
-if _batch is not None:
-    from otel_train.detect._batch import (BACKWARD, CLIP, ERROR, FETCH, FWD_BEGIN, FWD_END, GC, INDEX, INNER,
-                                          OPT_BEGIN, OPT_END, T1, ZERO_GRAD)
-else:
-    FWD_BEGIN, FWD_END, BACKWARD, FETCH, OPT_BEGIN, OPT_END, ZERO_GRAD, GC, CLIP = range(9)
-    T1, INDEX, INNER, ERROR = 2, 3, 4, 5
+# `_batch.c` (its module constants, imported above).
 #: The facts of a call with nothing to note (`State.replay`): grad enabled, training, batch size,
 #: step()'s wrapper frame, its callers, zero_grad's place.
 _PLAIN = (True, True, None, None, None, 0)
