@@ -127,6 +127,9 @@ def test_bench_device_runs_plain_instrumented_and_automatic_loops() -> None:
     (["bench", "overhead", "--block-steps", "x"], "invalid int value"),
     (["bench", "overhead", "--design", "groups"], "unrecognized arguments"),
     (["bench", "auto-cost"], "invalid choice"),
+    (["bench", "startup", "--steps", "0"], "otel-train bench startup: error: --steps must be a positive integer"),
+    (["bench", "startup", "--step-ms", "-2"], "--step-ms must be a positive number of milliseconds"),
+    (["bench", "startup", "--loop", "lightning"], "invalid choice"),
     (["frobnicate"], "invalid choice"),
 ])
 def test_bad_cli_arguments_get_one_clear_message(argv: list[str], message: str) -> None:

@@ -1,12 +1,13 @@
-"""`otel-train bench overhead`, `device` and `latency`: the benchmarks a user runs on their own
-hardware (`otel_train.bench`). `latency`'s flags: `bench_latency`. The project's research tools
-(auto-cost, callgrind, the grouped design, the exporter's CPU, startup, soak, scale) are in the
-repository's `benchmarks/`, which is not installed. Each imports its benchmark (and torch) when
-it runs, not when the CLI starts."""
+"""`otel-train bench overhead`, `device`, `startup` and `latency`: the benchmarks a user runs on
+their own hardware (`otel_train.bench`). `latency`'s flags: `bench_latency`. The project's
+research tools (auto-cost, callgrind, the grouped design, the exporter's CPU, soak, scale) are in
+the repository's `benchmarks/`, which is not installed. Each imports its benchmark (and torch)
+when it runs, not when the CLI starts."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from otel_train.cli import bench_latency
@@ -44,6 +45,20 @@ def add_parser(sub: Any) -> None:
                                "event calls cost what CUDA's do, beside the host path (bench/device_path.py)")
     device = bench_sub.add_parser("device", help="device timing: synchronisations and device durations")
     device.add_argument("--steps", type=int, default=50, help="training steps per variant (default 50)")
+    startup = bench_sub.add_parser(
+        "startup", help="the first steps' time with and without otel_train's start",
+        description="Time the first steps of fresh processes, plain and instrumented, in alternating "
+                    "order: each step, their total, the training thread's own CPU time, init()'s time. "
+                    "Wall-clock figures: run it on a quiet machine.")
+    startup.add_argument("--steps", type=int, default=10, help="steps timed from the start (default 10)")
+    startup.add_argument("--step-ms", type=float, default=25.0, help="CPU work per step, ms (default 25)")
+    startup.add_argument("--rounds", type=int, default=5, help="fresh process pairs (default 5)")
+    startup.add_argument("--loop", choices=("explicit", "auto", "auto-manual"), default="explicit",
+                         help="explicit spans on fixed work (default), or an unmodified torch loop under "
+                              "import otel_train.auto (auto-manual: weights updated by hand)")
+    startup.add_argument("--quick", action="store_true",
+                         help="one round of 3 steps of 2 ms (a smoke run, not a measurement)")
+    startup.set_defaults(startup_parser=startup)  # bad flags are reported with this parser's usage
     bench_latency.add_parser(bench_sub)
 
 
@@ -70,7 +85,30 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         for name, value in run_device_bench(args.steps).items():
             print(f"{name}: {value:.3f}" if isinstance(value, float) else f"{name}: {value}")
         return 0
+    if args.bench == "startup":
+        return _startup(args, args.startup_parser)
     if args.bench == "latency":
         return bench_latency.run(args, args.latency_parser)
     parser.error(f"unknown benchmark {args.bench!r}")
     return 2
+
+
+def _startup(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.quick:
+        args.steps, args.step_ms, args.rounds = 3, 2.0, 1
+    if args.steps < 1:
+        parser.error(f"--steps must be a positive integer (got {args.steps})")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be a positive integer (got {args.rounds})")
+    if not args.step_ms > 0:  # NaN too
+        parser.error(f"--step-ms must be a positive number of milliseconds (got {args.step_ms})")
+    from otel_train.bench.harness import print_figure
+    from otel_train.bench.startup import ChildFailed, run_startup
+    try:
+        figures = run_startup(args.steps, args.step_ms, args.rounds, args.loop)
+    except ChildFailed as err:
+        print(f"otel-train bench startup: {err}", file=sys.stderr)
+        return 1
+    for name, value in figures.items():
+        print_figure(name, value)
+    return 0

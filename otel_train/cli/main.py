@@ -5,6 +5,8 @@
                               [--targets-only] [--block-steps N]
                                            what instrumentation costs, against a baseline in the same run
     otel-train bench device [--steps N]    device timing: synchronisations added, device vs profiler time
+    otel-train bench startup [--loop explicit|auto|auto-manual] [--steps N] [--rounds N] [--quick]
+                                           the first steps' time with and without otel_train's start
     otel-train bench latency MODULE:FUNCTION [--seq-len N | --input-shape ... | --example F] [--warmup N --iters N]
                                            forward and forward+backward latency on synthetic batches
     otel-train diagnose PATH [--json]      stragglers, clock skew, slow steps, goodput

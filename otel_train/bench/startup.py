@@ -16,7 +16,8 @@ regression does), plain and under `import otel_train.auto`: what detection itsel
 the first steps (root discovery, the first decisions) shows beside the start's own cost.
 
 Wall-clock figures: run it on a quiet machine (issue 26 item 6 measured 190-946 ms first steps
-against 25 ms when the exporter started on the training thread's time).
+against 25 ms when the exporter started on the training thread's time). The command's flags:
+`cli/bench.py`.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from typing import Any
 
 CHILD = textwrap.dedent("""
     import json, sys, threading, time
@@ -118,27 +121,38 @@ def _time_work(work: int) -> float:
     return time.perf_counter() - begin
 
 
-def _child(mode: str, steps: int, work: int, out_dir: str, loop: str = "explicit") -> dict:
+class ChildFailed(Exception):
+    """A timed process did not report its figures: the message says which and why."""
+
+
+def _child(mode: str, steps: int, work: int, out_dir: str, loop: str = "explicit") -> dict[str, Any]:
+    """One fresh process's figures. Its telemetry settings are the defaults (files in `out_dir`),
+    not the caller's OTEL_* environment: the figures are of the start every run pays."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env["OTEL_TRAIN_OUTPUT_DIR"] = out_dir
     code, arg = (CHILD, str(work)) if loop == "explicit" else (AUTO_CHILD, "1" if loop == "auto-manual" else "0")
-    proc = subprocess.run([sys.executable, "-c", code, mode, str(steps), arg], env=env,
-                          capture_output=True, text=True, timeout=300, check=True)
-    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, mode, str(steps), arg], env=env,
+                              capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        raise ChildFailed(f"the {mode} process ran over 300 s") from None
+    line = next((line for line in proc.stdout.splitlines() if line.startswith("RESULT ")), None)
+    if proc.returncode or line is None:
+        tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise ChildFailed(f"the {mode} process exited with status {proc.returncode}: {tail[0]}")
     return json.loads(line[7:])
 
 
-def run_startup(steps: int, step_ms: float, rounds: int, loop: str = "explicit") -> dict[str, float]:
-    import tempfile
-
+def run_startup(steps: int, step_ms: float, rounds: int, loop: str = "explicit") -> dict[str, Any]:
+    """The figures (module docstring), by name, in print order."""
     work = _calibrate(step_ms) if loop == "explicit" else 0
-    runs: dict[str, list[dict]] = {"plain": [], "instrumented": []}
+    runs: dict[str, list[dict[str, Any]]] = {"plain": [], "instrumented": []}
     with tempfile.TemporaryDirectory() as out_dir:
         for r in range(rounds):
             order = ("plain", "instrumented") if r % 2 == 0 else ("instrumented", "plain")
             for mode in order:
                 runs[mode].append(_child(mode, steps, work, out_dir, loop))
-    figures: dict[str, float] = {}
+    figures: dict[str, Any] = {}
     for mode, results in runs.items():
         per_step = [statistics.median(r["steps"][n] for r in results) for n in range(steps)]
         for n, value in enumerate(per_step):
@@ -155,31 +169,5 @@ def run_startup(steps: int, step_ms: float, rounds: int, loop: str = "explicit")
     figures[f"ratio.first{steps}_thread_cpu"] = (figures[f"instrumented.first{steps}_thread_cpu_ms"]
                                                 / figures[f"plain.first{steps}_thread_cpu_ms"])
     figures["rounds"] = rounds
-    figures["loop"] = loop  # type: ignore[assignment]
+    figures["loop"] = loop
     return figures
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m benchmarks.startup [--steps N] [--step-ms MS] [--rounds N] [--loop auto]`."""
-    import argparse
-
-    startup = argparse.ArgumentParser(prog="python -m benchmarks.startup",
-                                      description="the first steps' time with and without otel_train's start")
-    startup.add_argument("--steps", type=int, default=10, help="steps timed from the start (default 10)")
-    startup.add_argument("--step-ms", type=float, default=25.0, help="CPU work per step, ms (default 25)")
-    startup.add_argument("--rounds", type=int, default=5, help="fresh process pairs, alternating (default 5)")
-    startup.add_argument("--loop", choices=("explicit", "auto", "auto-manual"), default="explicit",
-                         help="explicit spans on fixed work (default), or an unmodified torch loop under "
-                              "import otel_train.auto (auto-manual: weights updated by hand)")
-    args = startup.parse_args(argv)
-    if args.steps < 1 or args.rounds < 1 or args.step_ms <= 0:
-        startup.error("--steps and --rounds must be positive integers, --step-ms a positive number")
-    from otel_train.bench.harness import print_figure
-
-    for name, value in run_startup(args.steps, args.step_ms, args.rounds, args.loop).items():
-        print_figure(name, value)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
