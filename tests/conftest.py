@@ -122,6 +122,17 @@ def fresh_receiver(otlp_receiver: OTLPReceiver) -> Iterator[OTLPReceiver]:
     yield otlp_receiver
 
 
+@pytest.fixture
+def receiver() -> Iterator[OTLPReceiver]:
+    """A receiver of the test's own (its own ports), closed after it: for tests that stall or
+    stop it, or must see only what their run sent."""
+    rec = OTLPReceiver().start()
+    try:
+        yield rec
+    finally:
+        rec.close()
+
+
 @pytest.fixture(autouse=True)
 def _no_otel_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """In-process tests start from a clean slate: no OTEL_* / torchrun variables, no live session."""

@@ -9,7 +9,6 @@ import base64
 import os
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import signal
@@ -21,15 +20,6 @@ from support.otlp_receiver import BlackHoleListener, Fault, OTLPReceiver
 from support.tls import TlsMaterial, make_tls
 
 from otel_train.export.otlp_json import read_spans
-
-
-@pytest.fixture
-def receiver() -> Iterator[OTLPReceiver]:
-    rec = OTLPReceiver().start()
-    try:
-        yield rec
-    finally:
-        rec.close()
 
 
 def _env(receiver: OTLPReceiver, run_id: str, **extra: str) -> dict[str, str]:

@@ -14,7 +14,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -30,15 +29,6 @@ BOUND_S = 2.0  # OTEL_TRAIN_SHUTDOWN_TIMEOUT_S for the faulted runs: short, so t
 EXPORTER_WAITS_S = 600
 HANG_GUARD_S = 60
 SPANS_PER_STEP = 5
-
-
-@pytest.fixture
-def receiver() -> Iterator[OTLPReceiver]:
-    rec = OTLPReceiver().start()
-    try:
-        yield rec
-    finally:
-        rec.close()
 
 
 def _otlp(endpoint: str, **extra: str) -> dict[str, str]:

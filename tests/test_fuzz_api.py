@@ -15,22 +15,12 @@ Two parts, each against the suite's real OTLP receiver in a real subprocess:
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 
 import pytest
 from support.fault_run import TrainingRun, run_script, settle
 from support.otlp_receiver import OTLPReceiver
 
 PROGRAMS = 60  # programs a CI run tries; each is a few hundred calls at most
-
-
-@pytest.fixture
-def receiver() -> Iterator[OTLPReceiver]:
-    rec = OTLPReceiver().start()
-    try:
-        yield rec
-    finally:
-        rec.close()
 
 
 FUZZ = """
