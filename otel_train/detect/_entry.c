@@ -19,9 +19,15 @@
  * which call the user's function), unless it began in one of them (an error of ours keeps where
  * it happened).
  *
+ * Why C: traceback hygiene, not speed. A Python function cannot take its own frame off the stack
+ * it runs on; no speed is claimed for it (Python calls added a step 17.4 -> 13.4 on issue 31's
+ * loop, the wall clock unresolved: docs/benchmarks/history.md, 2026-11-27-entry-objects), and
+ * there is no Python twin: where this module cannot be imported, automatic detection stays off
+ * (`native.py`).
+ *
  * Dynamo cannot trace a C object. Where Dynamo would trace the call (`clip_grad_norm_` or
- * `model.zero_grad()` in a compiled step), the entry carries its Python twin (`entry.make`'s
- * `twin`), which Dynamo inlines in its place (on a class, `entry.MethodEntry`, whose Python
+ * `model.zero_grad()` in a compiled step), the entry carries a Python function that does the
+ * same (`entry.make`'s `for_dynamo`), which Dynamo inlines in its place (on a class, `entry.MethodEntry`, whose Python
  * `__get__` Dynamo follows, binds to it); `backward` and a `DataLoader`'s iteration it never
  * traces. An `Entry`
  * binds as a method does (`__get__`, and the method-descriptor flag for the interpreter's

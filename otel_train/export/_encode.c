@@ -4,7 +4,9 @@
  * module cannot be built; `tests/test_fast_path.py` holds the two to the same bytes, metric
  * durations and leftover records). Why: that loop is most of what the exporter process does
  * for a training loop, ~1.7 us of Python a region here, and the exporter shares the machine's
- * cores with training (docs/benchmarks/2026-11-22-exporter-cpu.md).
+ * cores with training (docs/benchmarks/2026-11-22-exporter-cpu.md: 1.93 against 2.66 us of exporter
+ * CPU a span). It runs in the exporter process, never on the training thread; on a GPU node that
+ * process has a core of its own. Kept: not yet measured on a GPU.
  *
  * Everything that is not a plain region with a cached body goes back to Python: a cache miss
  * calls the fast path's `body` / `step`; a record it does not take (a step, a

@@ -5,7 +5,11 @@
  * in the buffer. Why: between framework ops a region runs with cold caches, and there the Python
  * version's bytecode costs 10-14 us a region against 0.86 us back to back
  * (docs/benchmarks/2026-11-22-hot-path-c.md). The record is the same tuple, so nothing
- * downstream knows which one made it.
+ * downstream knows which one made it. On the GPU path (its CPU proxy: issue 51's launch-bound
+ * loop with events that cost CUDA's), device events recorded from C took explicit spans' added
+ * Python calls a step from 20 to 0 and automatic mode's from 22.8 to 5.6
+ * (docs/benchmarks/2026-11-28-device-path-proxy.md, `_hotpath_device.c`); its wall-clock share of
+ * a GPU step is not yet measured on a GPU.
  *
  * `recorder.py` binds the module-level objects this reads (`bind`, `bind_steps`) and the
  * recorder in force (`install`); everything else (tags, events, links, the worker) stays in
