@@ -670,11 +670,13 @@ def test_only_our_own_code_is_hidden_from_dynamo() -> None:
 
     from otel_train import _compat
     from otel_train.record import recorder
+    from otel_train.wire import schema
 
     codes = compile.our_code()
-    # detect/, record/ and the compat accessors they call
-    ours = {os.path.dirname(_detect.__file__), os.path.dirname(recorder.__file__), _compat.__file__}
-    assert codes and {code.co_filename if code.co_filename == _compat.__file__ else os.path.dirname(code.co_filename)
+    # detect/, record/, and the compat accessors and record builder they call
+    files = (_compat.__file__, schema.__file__)
+    ours = {os.path.dirname(_detect.__file__), os.path.dirname(recorder.__file__), *files}
+    assert codes and {code.co_filename if code.co_filename in files else os.path.dirname(code.co_filename)
                       for code in codes} == ours
     assert _compat.xpu_compiled.__code__ in codes
     helper = contextlib.contextmanager(lambda: iter(())).__code__

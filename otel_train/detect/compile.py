@@ -44,10 +44,11 @@ _COMPILE_HOOK_WARNING = r"Using `torch.compile\(module\)` when there are global 
 #: Use as `compiled.seen and dynamo_compiling() or tc._is_compiling_flag` (module docstring).
 dynamo_compiling, tc = _compat.compile_checks()  # another torch: the public check alone
 
-#: Modules whose code Dynamo skips: detection, the hot path it drives and the compat accessors
-#: they call (the device choice reads `_compat.xpu_compiled` in the first compiled forward), not
-#: the integrations (framework callbacks, never called from compiled code) or the clocks.
-_OURS = ("otel_train.detect.", "otel_train.record.", "otel_train._compat")
+#: Modules whose code Dynamo skips: detection, the hot path it drives, the record builder they
+#: call (`wire.schema.region_record`) and the compat accessors (the device choice reads
+#: `_compat.xpu_compiled` in the first compiled forward), not the integrations (framework
+#: callbacks, never called from compiled code) or the clocks.
+_OURS = ("otel_train.detect.", "otel_train.record.", "otel_train._compat", "otel_train.wire.schema")
 _NOT_OURS = ("otel_train.detect.integrations", "otel_train.record.clock")
 _skipped_code: list[Any] = []
 
