@@ -35,11 +35,11 @@ for n in range(3):
         model(torch.randn(8, 4)).sum().backward()
         opt.step()
         opt.zero_grad()
-try:
-    import otel_train.lightning
-    callback = "imported"
+try:  # the framework callbacks import, and do nothing when detection is off
+    from otel_train.lightning import OtelCallback
+    callback = type(OtelCallback()).__name__
 except ImportError as err:
-    callback = str(err)
+    callback = "ImportError: " + str(err)
 patched = type(torch.autograd.backward).__name__ != 'function'  # an entry object of ours
 otel_train.shutdown()
 names = sorted(span.name for span in exporter.get_finished_spans())
@@ -67,7 +67,7 @@ def test_without_an_extension_automatic_mode_says_so_once_and_training_runs(tmp_
     assert len(said) == 1 and module in said[0] and "otel_train.span" in said[0], proc.stderr
     assert out["names"] == ["mine"] * 3 + ["train.step"] * 3  # explicit spans only: no phase detected
     assert not out["patched"]
-    assert module in out["callback"] and "automatic step detection is off" in out["callback"]
+    assert out["callback"] == "OtelCallback"  # importing a callback does not stop the script
     assert out["loss"] == out["loss"]  # the training ran to the end (a number, not NaN)
 
 
@@ -77,7 +77,7 @@ def test_with_the_extensions_the_same_script_detects_phases(tmp_path: Path) -> N
     out = json.loads(proc.stdout.split("RESULT ", 1)[1])
     assert "automatic step detection is off" not in proc.stderr
     assert {"train.forward", "train.backward", "train.optimizer"} <= set(out["names"]) and out["patched"]
-    assert out["callback"] == "imported" or "lightning" in out["callback"]
+    assert out["callback"] == "OtelCallback"
 
 
 def test_otel_train_run_says_it_once_and_runs_the_script(tmp_path: Path) -> None:
@@ -90,5 +90,37 @@ def test_otel_train_run_says_it_once_and_runs_the_script(tmp_path: Path) -> None
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     assert "TRAINED torch.Size([1, 2])" in proc.stdout
+    said = [line for line in proc.stderr.splitlines() if "automatic step detection is off" in line]
+    assert len(said) == 1 and "otel_train.detect._loops" in said[0], proc.stderr
+
+
+LIGHTNING = """
+import lightning.pytorch as pl, torch
+from torch.utils.data import DataLoader, TensorDataset
+from otel_train.lightning import OtelCallback
+class M(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+    def training_step(self, batch, i):
+        return self.layer(batch[0]).sum()
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+data = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=4)
+trainer = pl.Trainer(max_epochs=2, callbacks=[OtelCallback()], logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+trainer.fit(M(), data)
+print("STEPS", trainer.global_step)
+"""
+
+
+def test_a_lightning_fit_with_the_callback_trains_on_without_detection(tmp_path: Path) -> None:
+    """A framework callback in the user's Trainer, detection's C missing: the fit runs to its
+    end and detection being off is said once (the callback does nothing)."""
+    pytest.importorskip("lightning")
+    env = _blocking(tmp_path, "otel_train.detect._loops")
+    env.update(OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none")
+    proc = run_python(LIGHTNING, env=env, timeout=300)
+    assert "STEPS 8" in proc.stdout, proc.stderr
     said = [line for line in proc.stderr.splitlines() if "automatic step detection is off" in line]
     assert len(said) == 1 and "otel_train.detect._loops" in said[0], proc.stderr

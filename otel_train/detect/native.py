@@ -6,8 +6,8 @@ The hooks' bodies and the step machine's per-step work (`_loops`), the batched n
 docs/benchmarks/2026-11-28-what-detection-c-buys.md. They are built at install with the rest
 of the package; where one cannot be imported (no compiler at install, a build for another
 Python), automatic detection (`otel_train.auto`, `otel-train run`, the instrumentor, the
-Lightning and Hugging Face callbacks) says so once and installs nothing, and explicit spans
-and steps work as before.
+Lightning and Hugging Face callbacks, which then do nothing) says so once and installs
+nothing, and explicit spans and steps work as before: the training runs on.
 
 This module imports no other module of detection: `otel_train.detect` asks it first.
 """
@@ -53,10 +53,3 @@ def say_off() -> None:
 
 
 _said = False
-
-
-def require() -> None:
-    """For what cannot run without detection (the framework callbacks): an ImportError saying
-    `off_line()` where an extension is missing."""
-    if MISSING is not None:
-        raise ImportError(off_line())

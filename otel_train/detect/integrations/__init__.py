@@ -16,14 +16,29 @@ from __future__ import annotations
 
 from otel_train.detect import native
 
-native.require()  # the callbacks need automatic detection: a clear ImportError without its C extensions
+if native.MISSING is None:
+    from otel_train.detect.aside import outside_training
+    from otel_train.detect.checkpoint import checkpoint_wrapper
+    from otel_train.detect.eval import eval_begin, eval_end, eval_wrapper
+    from otel_train.detect.install import claim, uninstall
+    from otel_train.detect.install import patch_once as patch
+    from otel_train.detect.machine import finish, set_epoch
+else:
+    # Detection's C extensions cannot be imported: a user's callback must not stop their
+    # training, so the surface is detection switched off (as `claim()` is under
+    # OTEL_SDK_DISABLED): `claim()` says so once and answers None, the rest do nothing.
+    from contextlib import nullcontext as outside_training
+    from typing import Any
 
-from otel_train.detect.aside import outside_training  # noqa: E402
-from otel_train.detect.checkpoint import checkpoint_wrapper  # noqa: E402
-from otel_train.detect.eval import eval_begin, eval_end, eval_wrapper  # noqa: E402
-from otel_train.detect.install import claim, uninstall  # noqa: E402
-from otel_train.detect.install import patch_once as patch  # noqa: E402
-from otel_train.detect.machine import finish, set_epoch  # noqa: E402
+    def claim() -> bool | None:
+        native.say_off()
+        return None
+
+    def _off(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    set_epoch = eval_begin = eval_end = finish = uninstall = patch = _off
+    checkpoint_wrapper = eval_wrapper = _off
 
 __all__ = ["claim", "release", "set_epoch", "eval_begin", "eval_end", "finish", "patch", "checkpoint_wrapper",
            "eval_wrapper", "outside_training"]
