@@ -36,9 +36,8 @@ def _small_step_records(steps: int) -> list[Any]:
 def bench_export_cpu(steps: int, rounds: int) -> dict[str, float]:
     """CPU per span of each stage between the buffer and the wire, measured alone (best of
     `rounds`): the worker's pickling, in the training process, and in the exporter process the
-    unpickling, span assembly with metrics, and OTLP encoding, on the fast path (its region
-    loop in C where `_encode` was built, and then its Python fallback too: `*_fast_python`)
-    and on the general path (what a record with an exception, an event or device time takes,
+    unpickling, span assembly with metrics, and OTLP encoding, on the fast path and on the
+    general path (what a record with an exception, an event or device time takes,
     and what every record took before the fast path); then the embedded default's JSON line
     (`export_json_line_us_per_span`, protobuf's `json_format`). Inside a
     real run the exporter shares cores with training and pays about twice this
@@ -65,7 +64,6 @@ def _export_cpu(records: list[Any], offset: int, rounds: int) -> dict[str, float
 
     from otel_train._distributed import RunInfo
     from otel_train.export.attributes import AttributeCleaner
-    from otel_train.export.fast_path import _encode
     from otel_train.export.goodput import RunAccount
     from otel_train.export.metrics import TrainMetrics
     from otel_train.export.otlp import LeanEncoder
@@ -86,9 +84,7 @@ def _export_cpu(records: list[Any], offset: int, rounds: int) -> dict[str, float
         payloads = [dumps(("batch", [(False, records[i:i + _SLICE])], offset, {}))
                     for i in range(0, len(records), _SLICE)]
         keep("export_pickle_us_per_span", cpu() - t0, len(records))
-        variants = [("fast", True, True)] + ([("fast_python", True, False)] if _encode is not None else []) \
-            + [("general", False, False)]
-        for label, fast, c_encode in variants:
+        for label, fast in (("fast", True), ("general", False)):
             encoder = LeanEncoder(resource, semconv.SCOPE_NAME, "bench")
             account = RunAccount(0)  # goodput and slow steps, as `ExportPipeline` runs them
             metrics = TrainMetrics(Resource(resource), None, 60_000, [InMemoryMetricReader()], account=account)
@@ -96,7 +92,6 @@ def _export_cpu(records: list[Any], offset: int, rounds: int) -> dict[str, float
             assembler = SpanAssembler(RunInfo(run_id="bench"), 1, Resource(resource), AttributeCleaner(2048),
                                       out.extend, metrics=metrics, encoder=encoder, account=account)
             assembler.fast = fast
-            assembler.fast_path.c_encode = c_encode  # type: ignore[union-attr]
             t0 = cpu()
             messages = [loads(payload) for payload in payloads]
             t1 = cpu()
@@ -123,7 +118,6 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     from otel_train.bench.harness import print_figure
-    from otel_train.export import fast_path
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.export_cpu",
                                      description="the export pipeline's CPU per span, stage by stage, measured alone")
@@ -132,7 +126,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 1 or args.rounds < 1:
         parser.error("--steps and --rounds must be positive integers")
-    print_figure("export_fast_path_in_c", int(fast_path._encode is not None))  # else its Python loop
     for name, value in bench_export_cpu(args.steps, args.rounds).items():
         print_figure(name, value)
     return 0

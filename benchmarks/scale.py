@@ -3,7 +3,7 @@
 No cluster needed: each simulated rank is the real exporter path with that rank's identity
 (`RunInfo` rank, world size, node), its own resource (the SDK's detectors, as a rank's
 process has), one step's hot-path records (the shape below) fed to the span assembler
-(`SpanAssembler.feed_raw`: fast path, C encoder where built, rank and step sampling), encoded
+(`SpanAssembler.feed_raw`: fast path, rank and step sampling), encoded
 as OTLP requests (`LeanEncoder.batches`) and sent by the package's OTLP/gRPC exporter to a
 receiver: a local one this command starts (`receiver.py`, a separate process), or `--endpoint`.
 

@@ -115,7 +115,7 @@ def _init(span_processors: Sequence[Any], metric_readers: Sequence[Any], clock: 
         except OSError as err:
             _log.warning("otel_train: cannot start the exporter process (%s); exporting from a thread.", err)
             sink = local()
-    if isinstance(sink, ProcessSink) and _recorder._hotpath is not None and _exporter_unpacks():
+    if isinstance(sink, ProcessSink) and _recorder._hotpath is not None:  # the exporter unpacks with it too
         try:
             recorder.packing = True  # plain regions as slots: the worker moves them as bytes
         except MemoryError:
@@ -169,14 +169,6 @@ def _worker_notice_marker(trainer_pid: int) -> str:
 
     uid = os.getuid() if hasattr(os, "getuid") else 0
     return os.path.join(tempfile.gettempdir(), f"otel_train-{uid}-{trainer_pid}-dataloader-notice")
-
-
-def _exporter_unpacks() -> bool:
-    """Whether the exporter process can read packed slots: with its own C module
-    (`export._encode`), since it never imports the hot path's. Built wherever `_hotpath` was,
-    but for a broken build; there, records move as tuples."""
-    import importlib.util
-    return importlib.util.find_spec("otel_train.export._encode") is not None
 
 
 def state() -> _State | None:

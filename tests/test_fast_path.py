@@ -1,9 +1,12 @@
-"""The exporter's fast path in C (`otel_train/export/_encode.c`) against the Python loop it replaces:
-the same bytes, the same records left for the general path, the same metric durations."""
+"""The exporter's fast path (`otel_train/export/fast_path.py`) against the general path: the same
+spans and metrics, the same records left for the general path, the one definition of span ids;
+and a packed drain, unpacked in the exporter, encoded as its records would be."""
 
 from __future__ import annotations
 
+import struct
 import sys
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.resources import Resource
@@ -12,14 +15,14 @@ from otel_train._distributed import RunInfo
 from otel_train.export import fast_path, span_ids
 from otel_train.export.attributes import AttributeCleaner
 from otel_train.export.otlp import LeanEncoder
+from otel_train.export.pipeline import ExportPipeline
 from otel_train.export.spans import SpanAssembler
 from otel_train.record import recorder as _recorder
 from otel_train.record.clock import FakeClock
 from otel_train.wire import schema
 
-_encode = pytest.importorskip("otel_train.export._encode")
 sys.path.insert(0, "tests")
-from test_otlp import RESOURCE, mixed_records  # noqa: E402
+from test_otlp import RESOURCE, _assemble, mixed_records  # noqa: E402
 
 
 def _edge_records() -> list:
@@ -47,13 +50,12 @@ def _edge_records() -> list:
     return list(recorder.buf)
 
 
-def _fast(records: list, c_encode: bool, rank: int, step_sample: int, offset: int,
+def _fast(records: list, rank: int, step_sample: int, offset: int,
           salt: int = 0xDEADBEEF12345678) -> tuple[list, list, dict]:
     durations: dict[str, list[int]] = {}
     assembler = SpanAssembler(RunInfo(run_id="r", rank=rank), salt, Resource(RESOURCE),
                               AttributeCleaner(16), lambda spans: None, step_sample=step_sample,
                               encoder=LeanEncoder(RESOURCE, "otel_train", "1.2"))
-    assembler.fast_path.c_encode = c_encode
     out: list = []
     rest = assembler.fast_path.regions(records, offset, out, durations)
     return out, rest, durations
@@ -61,25 +63,41 @@ def _fast(records: list, c_encode: bool, rank: int, step_sample: int, offset: in
 
 @pytest.mark.parametrize("rank", [0, 1])
 @pytest.mark.parametrize("step_sample", [1, 2])  # 2: the odd steps' regions are counted, not sent
-@pytest.mark.parametrize("records", [mixed_records, _edge_records])
-def test_c_and_python_encode_the_same_bytes(records, rank: int, step_sample: int) -> None:
-    batch = records()
-    c_out, c_rest, c_durations = _fast(batch, True, rank, step_sample, 10**18)
-    py_out, py_rest, py_durations = _fast(batch, False, rank, step_sample, 10**18)
-    assert c_out and c_rest  # both paths had work
-    assert c_out == py_out
-    assert c_rest == py_rest
-    assert c_durations == py_durations
+def test_the_edge_records_encode_as_the_general_path_does(rank: int, step_sample: int) -> None:
+    """An unhashable or out-of-range attribute, regions before any step and after one ended,
+    nested parents, a step number beyond int64: the same spans and metrics either way."""
+    records = mixed_records() + _edge_records()
+    fast_spans, fast_metrics, encoded = _assemble(records, 10**18, fast=True, rank=rank, step_sample=step_sample)
+    general_spans, general_metrics, _ = _assemble(records, 10**18, fast=False, rank=rank, step_sample=step_sample)
+    assert encoded and fast_spans
+    assert (fast_spans, fast_metrics) == (general_spans, general_metrics)
+
+
+def test_the_records_left_and_the_durations() -> None:
+    """What the region loop leaves for the general path (steps, an exception or event, an
+    unhashable or unusual value, a sibling) in order, and a duration for every region it took,
+    sampled out or not."""
+    batch = mixed_records() + _edge_records()
+    out, rest, durations = _fast(batch, 0, 2, 10**18)
+    taken = [r for r in batch if not any(r is kept for kept in rest)]
+    assert out and rest and taken
+    assert all(r[schema.REC_KIND] == schema.KIND_SPAN for r in taken)
+    assert [r for r in batch if any(r is kept for kept in rest)] == rest  # in order
+    expected: dict[str, list[int]] = {}
+    for r in taken:
+        expected.setdefault(r[schema.REC_NAME], []).append(r[schema.REC_T1] - r[schema.REC_T0])
+    assert durations == expected
+    assert len(out) < len(taken)  # step_sample 2: the odd steps' regions counted, not sent
 
 
 def test_caches_cleared_in_the_middle_of_a_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     """`FastPath.body` and `FastPath.step` clear their caches past `_CACHE_MAX`, here on almost every
-    miss: the C loop must hold what it took from them (a freed step tuple would corrupt ids)."""
+    miss: the loop must hold what it took from them, and write what it would with full caches."""
+    batch = mixed_records() + _edge_records()
+    expected = [_fast(batch, rank, 1, 0) for rank in (0, 1)]
     monkeypatch.setattr(fast_path, "_CACHE_MAX", 2)
     monkeypatch.setattr(span_ids, "_CACHE_MAX", 2)
-    batch = mixed_records() + _edge_records()
-    for rank in (0, 1):
-        assert _fast(batch, True, rank, 1, 0) == _fast(batch, False, rank, 1, 0)
+    assert [_fast(batch, rank, 1, 0) for rank in (0, 1)] == expected
 
 
 def test_an_all_zero_span_id_becomes_one() -> None:
@@ -89,20 +107,19 @@ def test_an_all_zero_span_id_becomes_one() -> None:
     batch = mixed_records()
     seq = next(r[2] for r in batch if r[0] == schema.KIND_SPAN and r[1] == "inner")
     salt = (seq * REGION_ID_MULTIPLIER) & MASK64
-    c_out = _fast(batch, True, 0, 1, 0, salt)[0]
-    assert c_out == _fast(batch, False, 0, 1, 0, salt)[0]
-    assert sum(b"\x12\x08" + (1).to_bytes(8, "little") in field for field in c_out) == 1
+    out = _fast(batch, 0, 1, 0, salt)[0]
+    assert sum(b"\x12\x08" + (1).to_bytes(8, "little") in field for field in out) == 1
 
 
-def test_the_c_encoder_writes_the_one_definition_s_span_ids() -> None:
-    """The C computes a region's span id for speed; the ids it writes are `region_wire_id`'s."""
+def test_the_fast_path_writes_the_one_definition_s_span_ids() -> None:
+    """The loop writes span and parent ids inline; they are `region_span_id`'s."""
     from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans
 
     from otel_train.wire.ids import region_span_id
 
     salt = 0x0123456789ABCDEF
     batch = mixed_records()
-    out, rest, _ = _fast(batch, True, 0, 1, 0, salt)
+    out, rest, _ = _fast(batch, 0, 1, 0, salt)
     written = [span for field in out for span in ScopeSpans.FromString(field).spans]
     sent = [r for r in batch if r[0] == schema.KIND_SPAN and r not in rest]
     assert written and len(written) == len(sent)
@@ -111,35 +128,31 @@ def test_the_c_encoder_writes_the_one_definition_s_span_ids() -> None:
     assert parented and all(s.parent_span_id == region_span_id(salt, p).to_bytes(8, "big") for s, p in parented)
 
 
-def test_a_wall_time_out_of_range_raises_as_in_python() -> None:
+def test_a_wall_time_out_of_range_raises() -> None:
     batch = [r for r in mixed_records() if r[0] == schema.KIND_SPAN]
-    with pytest.raises(OverflowError):
-        _fast(batch, True, 0, 1, -(10**18))
-    with pytest.raises(Exception):  # noqa: B017 - struct.error from the Python loop
-        _fast(batch, False, 0, 1, -(10**18))
+    with pytest.raises(struct.error):
+        _fast(batch, 0, 1, -(10**18))
 
 
-def test_no_leak() -> None:
-    batch = mixed_records()
-    assembler = SpanAssembler(RunInfo(run_id="r"), 1, Resource(RESOURCE), AttributeCleaner(16), lambda spans: None,
-                              encoder=LeanEncoder(RESOURCE, "otel_train", "1.2"))
-    for _ in range(50):
-        assembler.fast_path.regions(batch, 10**18, [], {})
-    before = sys.getallocatedblocks()
-    for _ in range(2_000):
-        assembler.fast_path.regions(batch, 10**18, [], {})
-    assert sys.getallocatedblocks() - before < 500
+def test_many_bodies_in_one_batch_are_each_their_own() -> None:
+    """More distinct name and attribute pairs than one step repeats, interleaved: each span keeps its own."""
+    clock = FakeClock()
+    recorder = _recorder.Recorder(4096, clock)
+    _recorder.install(recorder)
+    try:
+        for n in range(40):
+            with _recorder.Step(n, None):
+                for i in range(23):
+                    value = [i, float(i) / 4, i % 2 == 0, f"v{i % 5}", None][i % 5]
+                    with _recorder.Region(f"r{(i * 7 + n) % 19}", **({} if value is None else {f"k{i % 3}": value})):
+                        clock.advance(i + 1)
+    finally:
+        _recorder.install(None)
+    records = list(recorder.buf)
+    fast, general = _assemble(records, 10**18, fast=True, rank=0), _assemble(records, 10**18, fast=False, rank=0)
+    assert fast[2] > len(records) // 2  # mostly the fast path
+    assert fast[:2] == general[:2]
 
-
-def test_bad_arguments_raise_instead_of_crashing() -> None:
-    with pytest.raises(TypeError):
-        _encode.regions([], 0, 0, {}, {}, None, None, {}, [])  # nine arguments
-    with pytest.raises(TypeError):
-        _encode.regions([], 0.5, 0, {}, {}, None, None, {}, [], [])
-    with pytest.raises(TypeError):
-        _encode.regions([], 0, 0, [], {}, None, None, {}, [], [])
-    with pytest.raises(TypeError):
-        _encode.regions(None, 0, 0, {}, {}, None, None, {}, [], [])
 
 
 # --- packed drains --------------------------------------------------------------------------
@@ -155,16 +168,18 @@ def _packed(records: list) -> tuple[int, bytes, list, list]:
     return count, slots, side, list(recorder.strings)
 
 
-def test_the_exporter_unpacks_a_packed_drain_as_the_recorder_does() -> None:
-    """The exporter process reads slots with `_encode.unpack`, never importing the hot path: the
-    same code (`wire/slots.h`) as the recorder's own `unpack`, so the same records."""
-    count, slots, side, strings = _packed(mixed_records())
-    for wire in (None, [i % 2 == 0 for i in range(len(side))]):
-        mine = _encode.unpack(slots, side, wire, strings)
-        assert mine == _recorder._hotpath.unpack(slots, side, wire, strings)
-        assert sum(len(records) for _, records in mine) == count
-    with pytest.raises(ValueError, match="whole number"):
-        _encode.unpack(slots[:-1], side, None, strings)
+class _Fed:
+    """What `ExportPipeline.feed_packed` hands its records on to: the pipeline's `feed`, here
+    straight to an assembler."""
+
+    def __init__(self, assembler: SpanAssembler) -> None:
+        self.assembler = assembler
+        self.received = 0
+
+    def feed(self, segments: Any, offset: int, dropped: Any, export: bool = True) -> None:
+        for is_wire, records in segments:
+            self.received += len(records)
+            self.assembler.feed(records) if is_wire else self.assembler.feed_raw(records, offset)
 
 
 def _fed(records: list, packed: bool, rank: int, step_sample: int) -> tuple[list, object, int, int]:
@@ -178,10 +193,11 @@ def _fed(records: list, packed: bool, rank: int, step_sample: int) -> tuple[list
     assembler = SpanAssembler(RunInfo(run_id="r", rank=rank), 0xDEADBEEF12345678, Resource(RESOURCE),
                               AttributeCleaner(16), out.extend, step_sample=step_sample, metrics=metrics,
                               encoder=LeanEncoder(RESOURCE, "otel_train", "1.2"))
-    assert assembler.can_feed_packed()
     if packed:
         count, slots, side, strings = _packed(records)
-        assert assembler.feed_packed(slots, side, strings, 10**18) == count
+        fed = _Fed(assembler)
+        ExportPipeline.feed_packed(fed, slots, side, None, strings, 10**18, {})  # type: ignore[arg-type]
+        assert fed.received == count
     else:
         count = len(records)
         assembler.feed_raw(records, 10**18)
@@ -192,63 +208,10 @@ def _fed(records: list, packed: bool, rank: int, step_sample: int) -> tuple[list
 @pytest.mark.parametrize("rank", [0, 1])
 @pytest.mark.parametrize("step_sample", [1, 2])
 def test_a_packed_drain_is_encoded_as_its_records_would_be(rank: int, step_sample: int) -> None:
-    """Slots encoded where they lie, side records and slots the fast path does not take (a
-    sibling span, an unusual value) through the general path: the same spans in the same order,
-    the same metrics, as the records the drain would unpack into."""
+    """The exporter unpacks a drain (the hot path's C `unpack`, the one reader of `wire/slots.h`)
+    and encodes it: the same spans in the same order, the same metrics, as the records the
+    recorder was given."""
     records = mixed_records() + _edge_records()
     packed = _fed(records, True, rank, step_sample)
     assert packed == _fed(records, False, rank, step_sample)
     assert sum(type(s) is bytes for s in packed[0]) > len(packed[0]) // 2  # mostly the fast path
-
-
-def test_many_bodies_in_one_drain_are_each_their_own() -> None:
-    """More distinct name and attribute pairs than the loop keeps at hand, interleaved."""
-    clock = FakeClock()
-    recorder = _recorder.Recorder(4096, clock)
-    _recorder.install(recorder)
-    try:
-        for n in range(40):
-            with _recorder.Step(n, None):
-                for i in range(23):
-                    value = [i, float(i) / 4, i % 2 == 0, f"v{i % 5}", None][i % 5]
-                    with _recorder.Region(f"r{(i * 7 + n) % 19}", **({} if value is None else {f"k{i % 3}": value})):
-                        clock.advance(i + 1)
-    finally:
-        _recorder.install(None)
-    records = list(recorder.buf)
-    assert _fed(records, True, 0, 1) == _fed(records, False, 0, 1)
-
-
-def test_packed_regions_refuses_what_a_recorder_cannot_have_packed() -> None:
-    count, slots, side, strings = _packed(mixed_records())
-    assembler = SpanAssembler(RunInfo(run_id="r"), 1, Resource(RESOURCE), AttributeCleaner(16), lambda spans: None,
-                              encoder=LeanEncoder(RESOURCE, "otel_train", "1.2"))
-    with pytest.raises(ValueError, match="whole number"):
-        assembler.feed_packed(slots[:-1], side, strings, 0)
-    with pytest.raises(ValueError, match="more side slots"):
-        assembler.feed_packed(slots, side[:-1], strings, 0)
-    with pytest.raises(ValueError, match="more side records"):
-        assembler.feed_packed(slots, side + [side[0]], strings, 0)
-    with pytest.raises(ValueError, match="cannot have packed"):
-        assembler.feed_packed(slots, side, strings[:1], 0)
-    with pytest.raises(TypeError):
-        _encode.packed_regions(slots, side, strings, 0, 0, {}, {}, None, None, {}, [])  # eleven
-    assert _encode.SLOT_SIZE == _recorder._hotpath.SLOT_SIZE  # one layout, in `_slots.h`
-
-
-def test_packed_regions_leaks_nothing() -> None:
-    count, slots, side, strings = _packed(mixed_records())
-    assembler = SpanAssembler(RunInfo(run_id="r"), 1, Resource(RESOURCE), AttributeCleaner(16), lambda spans: None,
-                              encoder=LeanEncoder(RESOURCE, "otel_train", "1.2"))
-
-    def once() -> None:  # the C loop alone, as `test_no_leak` runs the tuple one
-        fast = assembler.fast_path
-        _encode.packed_regions(slots, side, strings, 10**18, 1, fast.bodies, fast.steps, fast.body, fast.step,
-                               {}, [], [])
-
-    for _ in range(50):
-        once()
-    before = sys.getallocatedblocks()
-    for _ in range(2_000):
-        once()
-    assert sys.getallocatedblocks() - before < 500

@@ -2,7 +2,8 @@
 statement in the file, those inside functions included).
 
 - The exporter side (what the exporter process runs) never imports the training side: the hot
-  path (`otel_train.record`), detection, the runtime, or the worker and its sinks.
+  path (`otel_train.record`), detection, the runtime, or the worker and its sinks; but for the
+  hot path's C module, whose `unpack` reads packed drains.
 - The wire schema (`otel_train.wire`) imports neither side: both import it.
 - The hot path imports neither the OpenTelemetry SDK nor the export side nor detection.
 """
@@ -41,9 +42,13 @@ def _offending(path: Path, prefixes: tuple[str, ...]) -> set[str]:
     return {name for name in _imports(path) if name.startswith(prefixes)}
 
 
+#: The one exception: the hot path's C module, the one reader of packed slots (`wire/slots.h`).
+EXPORTER_MAY = {"otel_train.record", "otel_train.record._hotpath"}
+
+
 @pytest.mark.parametrize("module", EXPORTER_SIDE)
 def test_the_exporter_side_imports_nothing_of_the_training_side(module: str) -> None:
-    assert not _offending(PACKAGE / "export" / f"{module}.py", TRAINING_SIDE)
+    assert not _offending(PACKAGE / "export" / f"{module}.py", TRAINING_SIDE) - EXPORTER_MAY
 
 
 def test_the_wire_schema_imports_neither_side() -> None:

@@ -96,7 +96,7 @@ def test_batches_fill_each_request_greedily_and_a_huge_span_goes_alone() -> None
         assert encoder.batches(spans, 12, exact)[0].count == min(2, len(spans))
 
 
-def _assemble(records: list, offset: int, fast: bool, rank: int, c_encode: bool = True, lean_steps: bool = True,
+def _assemble(records: list, offset: int, fast: bool, rank: int, lean_steps: bool = True,
               step_sample: int = 1) -> tuple[list, object, int]:
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -112,8 +112,6 @@ def _assemble(records: list, offset: int, fast: bool, rank: int, c_encode: bool 
     assembler = SpanAssembler(RunInfo(run_id="r", rank=rank), 12345, Resource(RESOURCE), AttributeCleaner(16), out.extend,
                               step_sample=step_sample, metrics=metrics, version="1.2", encoder=encoder)
     assembler.fast = fast
-    if assembler.fast_path is not None:
-        assembler.fast_path.c_encode = c_encode
     assembler.lean_steps = lean_steps
     assembler.feed_raw(records, offset)
     assembler.flush()
@@ -185,14 +183,13 @@ def mixed_records() -> list:
     return records
 
 
-@pytest.mark.parametrize("c_encode", [True, False])  # the fast path in C (`_encode`) where built, and in Python
 @pytest.mark.parametrize("rank", [0, 1])  # rank 1: step spans have a remote parent
-def test_fast_path_encodes_exactly_what_the_general_path_does(rank: int, c_encode: bool) -> None:
+def test_fast_path_encodes_exactly_what_the_general_path_does(rank: int) -> None:
     """Usual regions go from hot-path tuple to bytes in one pass; the others (an exception, an
     event, a list or unusual attribute, a checkpoint sibling) take the general path. The spans
     and the metrics must not tell the two apart."""
     records = mixed_records()
-    fast_spans, fast_metrics, encoded = _assemble(records, 10**18, fast=True, rank=rank, c_encode=c_encode)
+    fast_spans, fast_metrics, encoded = _assemble(records, 10**18, fast=True, rank=rank)
     slow_spans, slow_metrics, none = _assemble(records, 10**18, fast=False, rank=rank)
     assert len(fast_spans) == 3 * 12 + 1
     # data, 2 forwards, 2 inner, the train.other inside a step, the update; "outside"; steps 0 and 2

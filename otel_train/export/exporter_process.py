@@ -1,7 +1,7 @@
 """The per-rank exporter process: reads wire records from stdin, exports spans and metrics.
 
 Started by the training process (`sinks.ProcessSink`); never imports torch, nor the training
-hot path (`otel_train.record`). Messages are length-prefixed, a format byte then a marshal or
+hot path (`otel_train.record`) but its C module's `unpack`. Messages are length-prefixed, a format byte then a marshal or
 pickle of a tuple (`pipe`): `("setup", ExportSetup)`, then `("batch", segments, offset, dropped
 totals)` or `("packed", slots, side records, wire flags, new strings, offset, dropped totals)`…,
 then `("shutdown", seconds)`. End of input (the trainer died) is a shutdown too. Once its

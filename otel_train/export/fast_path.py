@@ -8,9 +8,10 @@ and attribute fields as one `body` (per name, or per name and its one attribute)
 trace id, span id and `train.step` fields once per step. Everything else goes the general way
 (`spans.SpanAssembler`), which builds the same message from cleaned attributes.
 
-The region loop is C (`_encode.regions`, `_encode.packed_regions` for slots as the recorder
-packed them) where that was built, `regions_python` otherwise; `tests/test_fast_path.py` holds the
-two to the same bytes, durations and leftover records.
+The region loop is Python, the one implementation (a C twin, `_encode.c`, saved ~0.7 µs of
+exporter CPU a span off the training thread and was removed by issue 52); a packed drain reaches
+it unpacked (`pipeline.ExportPipeline.feed_packed`). `tests/test_fast_path.py` holds its bytes,
+durations and leftover records to the general path's.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from otel_train.export.otlp import (KIND_INTERNAL, REGION_HEAD, REGION_HEAD_PARE
                                     REGION_PREFIXES_MAX, TAIL_LOCAL, LeanEncoder, region_prefix)
 from otel_train.export.span_ids import SpanIds
 from otel_train.export.step_timeline import SIBLING_TAGS, HeldStep
-from otel_train.wire.ids import REGION_ID_MULTIPLIER, region_wire_id, wire_id
+from otel_train.wire.ids import region_wire_id, wire_id
 from otel_train.wire.schema import (KIND_SPAN, KIND_STEP, REC_ATTRS, REC_EVENTS, REC_EXC, REC_KIND, REC_NAME,
                                     REC_PARENT, REC_SEQ, REC_STEP, REC_T0, REC_T1, W_STEP, W_T0, W_T1,
                                     step_wire_attrs)
@@ -34,12 +35,6 @@ from otel_train.wire.schema import (KIND_SPAN, KIND_STEP, REC_ATTRS, REC_EVENTS,
 #: there is parented by rank 0's step (`SpanAssembler._on_span`); inside a step (its usual
 #: place, several a step) it is a usual region.
 BETWEEN_GENERAL = frozenset({semconv.SPAN_OTHER})
-
-try:  # the loop in C (`_encode.c`); `FastPath.regions_python` is the fallback
-    from otel_train.export import _encode
-    _encode.bind(KIND_SPAN, REGION_ID_MULTIPLIER, BETWEEN_GENERAL)
-except ImportError:
-    _encode = None  # type: ignore[assignment]
 
 #: Names the general path always takes: step siblings (their step gets a tag), and the
 #: benchmark's timed batches and the pipeline's spans, whose metrics need their attributes
@@ -50,7 +45,7 @@ _CACHE_MAX = 4096  # bodies, steps and attribute fields remembered; each cache i
 #: batches' shape (`detect.batch_size`), the same most steps of a run.
 _SIZES = frozenset({semconv.TRAIN_SAMPLES, semconv.TRAIN_TOKENS})
 _UNCOVERED = semconv.TRAIN_STEP_UNCOVERED_S
-_NO_STEP_YET = object()  # `regions_python` before its first region: equal to no step number
+_NO_STEP_YET = object()  # `regions` before its first region: equal to no step number
 
 #: What the fast path keeps of a step: its trace id field, the step span's id (wire form), the
 #: encoded `train.step` attribute, whether this rank's phase spans of the step are sampled
@@ -68,7 +63,6 @@ class FastPath:
         self.cleaner = cleaner
         self.ids = ids
         self.sampled = sampled
-        self.c_encode = True  # the loops in C where `_encode` was built (tests compare them with Python)
         self.bodies: dict[Any, bytes] = {}  # `body`'s: name field + user attribute fields
         self.steps: dict[int | None, StepFields] = {}  # `step`'s
         self._attr_kvs: dict[tuple[str, Any, type, Any], bytes] = {}
@@ -80,36 +74,11 @@ class FastPath:
                 durations: dict[str, list[int]]) -> list[tuple[Any, ...]]:
         """The usual regions among `records` (hot-path tuples, `offset` their perf-to-wall
         offset) straight to OTLP bytes into `out`, their host durations into `durations` (name
-        -> ns); returns the other records, in order, for the general path."""
+        -> ns); returns the other records, in order, for the general path. Cache misses call
+        `body` and `step`. `LeanEncoder.region` written out (every line here is paid per span);
+        the span ids are `wire.ids.region_wire_id`'s."""
         rest: list[tuple[Any, ...]] = []
-        loop = _encode.regions if _encode is not None and self.c_encode else self.regions_python
-        loop(records, offset, self.ids.salt, self.bodies, self.steps, self.body, self.step, durations, out, rest)
-        return rest
-
-    def can_take_packed(self) -> bool:
-        """Whether `packed` can take a packed drain (the C loop is built and on)."""
-        return self.c_encode and _encode is not None
-
-    def packed(self, slots: bytes, side: list[Any], strings: list[str], offset: int, out: list[Any],
-               durations: dict[str, list[int]]) -> tuple[int, list[tuple[Any, ...]]]:
-        """`regions` for a packed drain (`RecorderBase.drain_packed`'s slots and side records,
-        `strings` the recorder's string table so far), with no tuple made for a usual region.
-        Returns the number of records the drain held, and the records left for the general path."""
-        rest: list[tuple[Any, ...]] = []
-        count: int = _encode.packed_regions(slots, side, strings, offset, self.ids.salt, self.bodies, self.steps,
-                                            self.body, self.step, durations, out, rest)
-        return count, rest
-
-    @staticmethod
-    def regions_python(records: Iterable[tuple[Any, ...]], offset: int, salt: int, bodies: dict[Any, bytes],
-                       steps: dict[Any, StepFields], make_body: Callable[[str, Any], bytes | None],
-                       make_step: Callable[[Any], StepFields], durations: dict[str, list[int]],
-                       out: list[Any], rest: list[tuple[Any, ...]]) -> None:
-        """`_encode.regions` in Python, the same arguments: the usual regions encoded into `out`,
-        their host durations into `durations`, the other records into `rest`; cache misses
-        call `make_body` (`body`) and `make_step` (`step`). `LeanEncoder.region` and
-        written out (every call here is paid per span), but the span ids are
-        `wire.ids.region_wire_id`'s, the one definition the C computes too."""
+        salt, bodies, steps, make_body, make_step = self.ids.salt, self.bodies, self.steps, self.body, self.step
         keep, emit, join = rest.append, out.append, b"".join
         pack, pack_parent = REGION_HEAD.pack, REGION_HEAD_PARENT.pack
         head_len, head_parent_len = REGION_HEAD.size + len(TAIL_LOCAL), REGION_HEAD_PARENT.size + len(TAIL_LOCAL)
@@ -168,6 +137,7 @@ class FastPath:
                 length = head_len + len(body) + len(step_kv)
             emit(join((REGION_PREFIXES[length] if length < REGION_PREFIXES_MAX else region_prefix(length),
                        head, body, step_kv, TAIL_LOCAL)))
+        return rest
 
     def body(self, name: str, attrs: Mapping[Any, Any] | None) -> bytes | None:
         """A fast region's name field and user attribute fields, cached in `bodies` when it has
@@ -331,10 +301,3 @@ def _str_tuple(value: Any) -> bool:
     Only strings: `(1,) == (True,)`, so a cache keyed by value would mix ints and bools."""
     return type(value) is tuple and all(type(item) is str for item in value)
 
-
-def unpack(slots: bytes, side: list[Any], wire: list[bool] | None, strings: list[str]) -> Any:
-    """A packed drain back as runs of records (`pipe.Segments`), as the recorder's own `unpack`
-    gives them (the same C, `wire/slots.h`, built into `_encode`)."""
-    if _encode is None:
-        raise RuntimeError("otel_train: a packed drain reached an exporter without its C module")
-    return _encode.unpack(slots, side, wire, strings)

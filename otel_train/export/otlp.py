@@ -48,7 +48,7 @@ _TAIL_REMOTE = _STATUS_UNSET + _FLAGS_REMOTE
 _TAIL_LEN = len(TAIL_LOCAL)
 # `region`'s head: trace_id with its tag, span_id (and parent_span_id) as little-endian fixed64s
 # (`wire.ids.region_wire_id`), kind, start and end. The public names here (and
-# `region_prefix`) are for `fast_path.FastPath.regions_python`, which inlines `region`.
+# `region_prefix`) are for `fast_path.FastPath.regions`, which inlines `region`.
 REGION_HEAD = struct.Struct("<18s2sQ2sBQBQ")
 REGION_HEAD_PARENT = struct.Struct("<18s2sQ2sQ2sBQBQ")
 

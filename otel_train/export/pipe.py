@@ -5,7 +5,7 @@ a tuple: `("setup", ExportSetup)`, then `("batch", segments, offset, dropped tot
 `("packed", slots, side records, wire flags, new strings, offset, dropped totals)` (or
 `("strings", new strings)` where such a message had to be dropped), or `("flush", token,
 seconds)`, then `("shutdown", seconds)`. Both ends import this module; the exporter
-process never imports the training hot path. (Not in `exporter_process`, which runs as
+process imports of the training hot path only its C `unpack`. (Not in `exporter_process`, which runs as
 `python -m`: imported by the package first, runpy would warn.)
 """
 

@@ -24,7 +24,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_train import _resource, semconv
-from otel_train.export import fast_path, restarts
+from otel_train.export import restarts
 from otel_train.export.attributes import AttributeCleaner
 from otel_train.export.destination import ExportSetup
 from otel_train.export.exporters import build_metric_exporter, build_span_delivery
@@ -120,15 +120,14 @@ class ExportPipeline:
     def feed_packed(self, slots: bytes, side: list[Any], wire: list[bool] | None, strings: list[str],
                     offset: int, dropped: Mapping[str, int]) -> None:
         """`feed` for a packed drain (`RecorderBase.drain_packed`, `strings` the recorder's table
-        so far), encoded where the slots lie; unpacked into records where some side records are
-        wire tuples already (device time) or the assembler has no C fast path. No export here:
+        so far), unpacked into the records the recorder's deque would have held. No export here:
         `export_pending` does that."""
-        if wire is not None or not self.assembler.can_feed_packed():
-            self.feed(fast_path.unpack(slots, side, wire, strings), offset, dropped, export=False)
-            return
-        self.received += self.assembler.feed_packed(slots, side, strings, offset)
-        self.metrics.set_dropped({**dropped, "export_failed": self.failed()})
-        self._note_progress()
+        # The one reader of `wire/slots.h` is the hot path's C module: the exporter imports that
+        # module alone of the training side (no torch, no Python of the hot path). Packing is on
+        # only where it was built (`_runtime`), and the exporter runs the same installation.
+        from otel_train.record import _hotpath
+
+        self.feed(_hotpath.unpack(slots, side, wire, strings), offset, dropped, export=False)
 
     def _note_progress(self) -> None:
         """The restart marker, where the run may restart (`restarts.py`): once per drain."""

@@ -1,12 +1,11 @@
 """Span assembly: records in, spans out (the trace shape of docs/trace-shape.md), metrics on the way.
 
-Three kinds of input, one output:
+Two kinds of input, one output:
 
 - `feed_raw(records, offset)`: the hot path's tuples as the recorder appended them (the usual
   case). The usual regions go by the fast path (`fast_path.FastPath`: straight to OTLP bytes),
   usual steps by its lean step form, everything else the general way below.
-- `feed_packed(slots, side, strings, offset)`: a packed drain (`RecorderBase.drain_packed`),
-  the same, read where the slots lie.
+  A packed drain arrives unpacked into these tuples (`pipeline.ExportPipeline.feed_packed`).
 - `feed(wire records)`: wire tuples (`wire.schema`), records the worker converted already
   (device time, force-ended at shutdown): the general way.
 
@@ -136,22 +135,6 @@ class SpanAssembler:
                 self._observe_durations(durations)
             self._dispatch_records(records, offset, out)
         self._emit_all(out)
-
-    def can_feed_packed(self) -> bool:
-        """Whether `feed_packed` can take a packed drain (the C fast path is built and on)."""
-        return self.fast and self.fast_path is not None and self.fast_path.can_take_packed()
-
-    def feed_packed(self, slots: bytes, side: list[Any], strings: list[str], offset: int) -> int:
-        """`feed_raw` for a packed drain, with no tuple made for a usual region. Only where
-        `can_feed_packed()`. Returns the number of records the drain held."""
-        out: list[Any] = []
-        durations: dict[str, list[int]] = {}
-        with self.metrics.lock if self.metrics is not None else _NO_LOCK:
-            count, rest = self.fast_path.packed(slots, side, strings, offset, out, durations)  # type: ignore[union-attr]
-            self._observe_durations(durations)
-            self._dispatch_records(rest, offset, out)
-        self._emit_all(out)
-        return count
 
     def flush(self) -> None:
         """Emit every held step (at shutdown, or when a caller must see everything now)."""

@@ -8,9 +8,8 @@
   (`region_wire_id`), so the worker (or `inject()`) can name a span before it has ended.
 - An **inference actor's** span outside any step has the trace of its top-level span
   (`actor_trace_id`, from the salt and that span's sequence number): one trace per call.
-  `region_wire_id` is the one definition of a region's span id: the exporter's Python calls it,
-  and its C encoder (`export/_encode.c`, one or two a span) computes the same with the
-  multiplier it takes from here (`_encode.bind`); `tests/test_fast_path.py` pins the values.
+  `region_wire_id` is the one definition of a region's span id: the exporter's fast path calls
+  it (one or two a span); `tests/test_fast_path.py` pins the values.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 MASK64 = (1 << 64) - 1
-#: `region_wire_id`'s odd multiplier (given to the exporter's C encoder, `_encode.bind`).
+#: `region_wire_id`'s odd multiplier.
 REGION_ID_MULTIPLIER = 0x9E3779B97F4A7C15
 
 

@@ -1,9 +1,8 @@
-/* The packed ring's slot: its layout and how one becomes a record again, shared by the recorder
- * (`record/_hotpath.c`, which packs slots, and unpacks them in the training process when it
- * must) and the exporter (`export/_encode.c`, which encodes them straight to OTLP bytes, and
- * unpacks the rest). See "the packed ring" in `record/_hotpath_recorder.c`. Static functions:
- * each extension gets its own copy, and neither process imports the other's. The Python side of
- * the schema (record kinds, tuple layouts) is `wire/schema.py`. */
+/* The packed ring's slot: its layout and how one becomes a record again, used by the recorder
+ * (`record/_hotpath.c`), which packs slots, and whose `unpack` reads them back, in the training
+ * process when it must and in the exporter process for every packed drain
+ * (`export/pipeline.py`). See "the packed ring" in `record/_hotpath_recorder.c`. The Python side
+ * of the schema (record kinds, tuple layouts) is `wire/schema.py`. */
 #ifndef OTEL_TRAIN_SLOTS_H
 #define OTEL_TRAIN_SLOTS_H
 
