@@ -74,9 +74,9 @@ the batched figures left it out.
   from their slots, in the same rounds: `auto_`, `root_hooks_` and
   `root_hooks_minus_auto_us_per_step` (what the slot saves: torch's dispatch for a module with
   hooks, `detect/torch_hooks.py`).
-- with `--parts`: where automatic mode's cost lies, four variants in the same rounds as
-  `--per-call` times its four: plain; `hooks`, automatic mode's hooks and patched functions
-  calling stubs that only run the user's function (`benchmarks.switches.entry_points_stubbed`);
+- with `--parts`: where automatic mode's cost lies, four variants in the same rounds: plain;
+  `hooks`, automatic mode's hooks and patched functions calling stubs that only run the user's
+  function (`benchmarks.switches.entry_points_stubbed`);
   `notes`, the calls noted as usual but never replayed (`benchmarks.switches.notes_dropped`:
   nothing recorded); and automatic. `hooks_`, `notes_`, `auto_us_per_step` against plain, and
   `notes_minus_hooks_` (making the notes) and `auto_minus_notes_us_per_step` (their replay and
@@ -515,8 +515,8 @@ def main(argv: list[str] | None = None) -> int:
                       help="no-op hooks at the places automatic mode hooks in (no otel_train) against plain "
                            "steps: what hooking in costs before anything is done there")
     auto.add_argument("--per-call", action="store_true",
-                      help="also time automatic mode with batched detection's notes in Python, and with each "
-                           "of detection's calls run at once (no batching), in the same rounds")
+                      help="also time automatic mode with each of detection's calls run at once (no batching), "
+                           "in the same rounds")
     auto.add_argument("--parts", action="store_true",
                       help="where automatic mode's cost lies: its hooks alone (stub entry points), its calls "
                            "noted but not replayed, and all of it, against plain steps in the same rounds")

@@ -179,7 +179,8 @@ def run_device_bench(steps: int) -> dict[str, float]:
             result[f"syncs_{mode}"] = float(counter.total())
             result[f"phase_spans_{mode}"] = float(sum(s.name in _PHASES for s in exporter.get_finished_spans()))
     if device == "cuda":
-        for mode, prefix in (("instrumented", ""), ("automatic", "automatic_"))[:len(modes)]:
+        for mode in modes:
+            prefix = "automatic_" if mode == "automatic" else ""
             compared = _compare_with_profiler(torch, model, opt, x, y, min(steps, 20), mode)
             result.update({prefix + name: value for name, value in compared.items()})
     return result

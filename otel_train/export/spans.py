@@ -193,11 +193,7 @@ class SpanAssembler:
             # (before that the device was finishing the step's work) until both host and device
             # are done with it (async eval work may outlive its host span).
             s0, s1 = sibling_interval(wire, dev)
-            self.timeline.sibling(s0, s1)
-            if self.account is not None:
-                self.account.sibling(name, s0, s1)
-            if step_n is not None:
-                self.timeline.tag(step_n, step_seq, sibling_tag)
+            self._sibling(name, s0, s1, step_n, step_seq, sibling_tag)
         remote = False
         if parent_seq is not None:
             parent_id = self.ids.region(parent_seq)
@@ -257,11 +253,8 @@ class SpanAssembler:
         evaluation pass it was: a `train.eval`, a sibling of the steps that tags the one before."""
         step_n, t0, t1 = wire[W_STEP], wire[W_T0], wire[W_T1]
         self.timeline.work_ends.pop(wire[W_SEQ], None)
-        self.timeline.sibling(t0, t1)
-        if self.account is not None:
-            self.account.sibling(semconv.SPAN_EVAL, t0, t1)
-        if type(step_n) is int and step_n:
-            self.timeline.tag(step_n - 1, None, semconv.TAG_EVAL)
+        before = step_n - 1 if type(step_n) is int and step_n else None
+        self._sibling(semconv.SPAN_EVAL, t0, t1, before, None, semconv.TAG_EVAL)
         attrs = {semconv.TRAIN_STEP: step_n}
         if self.metrics is not None:
             self.metrics.observe(semconv.SPAN_EVAL, (t1 - t0) / 1e9, attrs)
@@ -269,6 +262,15 @@ class SpanAssembler:
             parent = self.ids.root_step(step_n)
             out.append(self._build(semconv.SPAN_EVAL, self.ids.trace(step_n), self.ids.step_span(step_n), parent,
                                    parent is not None, wire, attrs, None, None))
+
+    def _sibling(self, name: str, s0: int, s1: int, step_n: Any, step_seq: Any, tag: str) -> None:
+        """A step's sibling (checkpoint, eval, GC) holds the timeline from `s0` to `s1`, counts in
+        the goodput account under `name`, and tags step `step_n` (none: no step to tag)."""
+        self.timeline.sibling(s0, s1)
+        if self.account is not None:
+            self.account.sibling(name, s0, s1)
+        if step_n is not None:
+            self.timeline.tag(step_n, step_seq, tag)
 
     def _hold(self, wire: tuple[Any, ...], end: int, lean: bytes | None, out: list[Any]) -> None:
         if self.progress is not None and type(wire[W_STEP]) is int:

@@ -38,7 +38,7 @@ import itertools
 import logging
 import weakref
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
